@@ -1,0 +1,302 @@
+//! The validated domain model every manifest shape resolves into, and the plan built from it.
+//!
+//! These types are the contract between `casebatch-manifest` (which produces them) and the
+//! engine (which reads `batch_plan.json`). The JSON Schema printed by
+//! `casebatch config schema --kind batch` is generated from [`BatchManifest`].
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Version tag written into `batch_plan.json`.
+pub const PLAN_SCHEMA_VERSION: &str = "batch_plan_v1";
+/// Bounds from the design brief.
+pub const CONCURRENCY_RANGE: std::ops::RangeInclusive<u32> = 1..=512;
+pub const MAX_RETRIES_RANGE: std::ops::RangeInclusive<u32> = 0..=5;
+pub const DEFAULT_CONCURRENCY: u32 = 2;
+pub const DEFAULT_MAX_RETRIES: u32 = 1;
+pub const DEFAULT_TIMEOUT_SECONDS: u64 = 600;
+
+/// A YAML or JSON batch manifest: defaults plus tasks.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchManifest {
+    /// Stable identity within the output root; change it for a new workload.
+    /// Letters, digits, `.`, `_`, `-`; not starting with `.` (it names a directory).
+    #[schemars(length(min = 1, max = 128), pattern(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$"))]
+    pub batch_id: String,
+    #[serde(default)]
+    pub defaults: Defaults,
+    #[schemars(length(min = 1))]
+    pub tasks: Vec<Task>,
+    #[serde(default)]
+    pub summary: Option<SummarySpec>,
+}
+
+/// Settings every task inherits unless it overrides them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Defaults {
+    /// Active case limit (1..=512).
+    #[schemars(range(min = 1, max = 512))]
+    pub concurrency: Option<u32>,
+    /// Extra whole-case attempts after a retryable failure (0..=5).
+    #[schemars(range(max = 5))]
+    pub max_retries: Option<u32>,
+    /// Wall-clock limit for one attempt of the actor.
+    #[schemars(range(min = 1))]
+    pub timeout_seconds: Option<u64>,
+    pub sandbox: Option<Sandbox>,
+    pub resources: Option<Resources>,
+    /// The actor command (see the harness contract in the README).
+    pub harness: Option<CommandSpec>,
+    /// Optional evaluator command; writes `{"verdict": "pass"|"fail"}`.
+    pub evaluator: Option<CommandSpec>,
+    pub runtime: Option<RuntimeKind>,
+    /// Endpoint used by the batch submitter (passed to harnesses as `CASEBATCH_CONTROLLER_URL`).
+    pub controller_url: Option<String>,
+    /// Optional worker-facing endpoint; leave empty for local use.
+    pub device_controller_url: Option<String>,
+    /// Scripted outcome for the `fake` runtime (a simulation).
+    pub fake: Option<FakeScript>,
+}
+
+/// Where and how an attempt's environment is provisioned. A task's `sandbox` replaces the
+/// default one whole; it is never merged field by field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Sandbox {
+    pub provider: String,
+    pub template: Option<String>,
+    pub platform: Option<String>,
+    /// Attempt lifetime in seconds.
+    pub lifetime: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    pub cpu: Option<f64>,
+    /// Memory limit enforced by the runtime; a kill by this limit is `infra/OOM_KILLED`.
+    pub memory_mb: Option<u64>,
+}
+
+/// A command: a string run by `sh -c`, or an argv list run as is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum CommandSpec {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuntimeKind {
+    /// A fresh child process per attempt on the worker's host.
+    LocalProcess,
+    /// A simulation with scripted outcomes and durations; runs nothing.
+    Fake,
+}
+
+impl RuntimeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuntimeKind::LocalProcess => "local-process",
+            RuntimeKind::Fake => "fake",
+        }
+    }
+}
+
+/// What the `fake` runtime pretends happened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FakeScript {
+    #[serde(default)]
+    pub duration_ms: u64,
+    #[serde(default)]
+    pub outcome: FakeOutcome,
+    /// The first N attempts fail with a retryable infra error before `outcome` applies.
+    #[serde(default)]
+    pub infra_failures_first: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FakeOutcome {
+    #[default]
+    Pass,
+    Fail,
+    HarnessError,
+    InfraError,
+    OomKilled,
+}
+
+/// One task of a YAML/JSON manifest (or one JSONL line).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Task {
+    /// Unique stable identity, used by resume.
+    #[schemars(length(min = 1))]
+    pub task_id: String,
+    pub agent_kind: Option<String>,
+    pub query: Option<String>,
+    pub url: Option<String>,
+    /// Actor step budget, independent of evaluator and infra timeouts.
+    pub max_steps: Option<u32>,
+    /// Complete per-task sandbox; replaces `defaults.sandbox` whole.
+    pub sandbox: Option<Sandbox>,
+    pub resources: Option<Resources>,
+    #[schemars(range(min = 1))]
+    pub timeout_seconds: Option<u64>,
+    pub fake: Option<FakeScript>,
+    /// Free-form task fields handed to the harness in `CASEBATCH_INPUT`.
+    #[serde(default)]
+    pub inputs: BTreeMap<String, serde_json::Value>,
+}
+
+/// `summary:`: which result fields make the one-row-per-case summary.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SummarySpec {
+    /// Dotted paths into each case's result (e.g. `scores.accuracy`).
+    #[serde(default)]
+    #[schemars(inner(length(min = 1)))]
+    pub fields: Vec<String>,
+    #[serde(default)]
+    pub write_csv: bool,
+}
+
+/// A `schema_version: batch_v1` manifest: an explicit list of independently authored
+/// single-run specs, each referenced by path relative to the manifest.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchV1Manifest {
+    /// Always `batch_v1`.
+    #[schemars(pattern(r"^batch_v1$"))]
+    pub schema_version: String,
+    /// Optional here: `--batch-id` or the manifest's file stem is used when absent.
+    #[serde(default)]
+    #[schemars(length(min = 1, max = 128), pattern(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$"))]
+    pub batch_id: Option<String>,
+    #[serde(default)]
+    pub defaults: Defaults,
+    pub batch: BatchV1,
+}
+
+/// The `batch:` block of a batch_v1 manifest.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchV1 {
+    #[schemars(length(min = 1))]
+    pub cases: Vec<BatchV1Case>,
+    #[serde(default)]
+    pub summary: Option<SummarySpec>,
+}
+
+/// One batch_v1 case: a unique label (the case id) and the path of its run spec.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchV1Case {
+    /// The case id: unique within the batch.
+    #[schemars(length(min = 1))]
+    pub label: String,
+    /// Relative to the manifest's directory; must stay inside it.
+    pub runspec: String,
+}
+
+/// A single-run spec referenced by a batch_v1 case: one task without its id (the case label
+/// is the id), optionally with its own harness, evaluator and runtime. Sweeps are refused.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    pub agent_kind: Option<String>,
+    pub query: Option<String>,
+    pub url: Option<String>,
+    pub max_steps: Option<u32>,
+    /// Complete sandbox for this case; replaces `defaults.sandbox` whole.
+    pub sandbox: Option<Sandbox>,
+    pub resources: Option<Resources>,
+    #[schemars(range(min = 1))]
+    pub timeout_seconds: Option<u64>,
+    pub fake: Option<FakeScript>,
+    #[serde(default)]
+    pub inputs: BTreeMap<String, serde_json::Value>,
+    pub harness: Option<CommandSpec>,
+    pub evaluator: Option<CommandSpec>,
+    pub runtime: Option<RuntimeKind>,
+}
+
+/// Which of the three manifest shapes a file was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ManifestFormat {
+    Yaml,
+    Json,
+    Jsonl,
+    BatchV1,
+}
+
+/// Settings that apply to the whole batch after defaults and flags are resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchSettings {
+    pub concurrency: u32,
+    pub max_retries: u32,
+    pub controller_url: Option<String>,
+    pub device_controller_url: Option<String>,
+}
+
+/// Where the plan came from: enough to prove which input produced it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// Absolute path of the manifest.
+    pub manifest_path: String,
+    pub manifest_sha256: String,
+    pub format: ManifestFormat,
+}
+
+/// The materialized batch: what `batch_plan.json` holds and what the engine executes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub schema_version: String,
+    pub batch_id: String,
+    pub provenance: Provenance,
+    pub settings: BatchSettings,
+    /// sha256 over the case ids and their specs: a batch id may only ever run one task list.
+    pub fingerprint: String,
+    pub summary: SummarySpec,
+    pub cases: Vec<PlannedCase>,
+    /// Non-fatal notes (for example `--max-cases` exceeded).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// One case, fully resolved: nothing about it depends on defaults any more.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedCase {
+    /// Position in the batch; the workflow refers to cases by index.
+    pub index: u32,
+    pub case_id: String,
+    /// Filesystem-safe, collision-free directory name under `cases/`.
+    pub case_dir: String,
+    pub runtime: RuntimeKind,
+    pub harness: Option<CommandSpec>,
+    pub evaluator: Option<CommandSpec>,
+    pub sandbox: Option<Sandbox>,
+    pub resources: Resources,
+    pub timeout_seconds: u64,
+    pub fake: Option<FakeScript>,
+    /// The task fields handed to the harness (`query`, `url`, `max_steps`, `agent_kind`,
+    /// plus free-form inputs), as written to `CASEBATCH_INPUT`.
+    pub input: BTreeMap<String, serde_json::Value>,
+    pub source: CaseSource,
+}
+
+/// Where a case was declared.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaseSource {
+    /// 1-based line in the manifest, where known.
+    pub line: Option<usize>,
+    /// For batch_v1: the resolved absolute path of the referenced runspec.
+    pub runspec: Option<String>,
+}

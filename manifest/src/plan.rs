@@ -1,0 +1,426 @@
+//! From a loaded manifest (any shape) to the materialized [`Plan`]: defaults layered, every
+//! case fully resolved, ids checked for uniqueness, directories named, fingerprint taken.
+//!
+//! Precedence, lowest first: built-in defaults < defaults file < manifest `defaults` <
+//! command-line flags < the case's own fields. Object-valued settings (`sandbox`,
+//! `resources`, `fake`) are replaced whole by a more specific layer, never merged field by
+//! field: a sandbox is only meaningful as a complete description.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::LoadOptions;
+use crate::case_dir::case_dir_name;
+use crate::model::{
+    BatchSettings, CaseSource, CommandSpec, DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT_SECONDS, Defaults, FakeScript, ManifestFormat, PLAN_SCHEMA_VERSION, Plan,
+    PlannedCase, Provenance, Resources, RunSpec, RuntimeKind, Sandbox, SummarySpec,
+};
+use crate::report::{FieldPath, Report};
+use crate::source::sha256_hex;
+use crate::validate::batch_id_error;
+
+/// What every manifest shape produces before planning.
+pub(crate) struct Loaded {
+    pub(crate) format: ManifestFormat,
+    /// The batch id written in the manifest, and where.
+    pub(crate) batch_id: Option<(String, FieldPath)>,
+    pub(crate) defaults: Defaults,
+    pub(crate) summary: SummarySpec,
+    pub(crate) cases: Vec<CaseDecl>,
+}
+
+/// One declared case, not yet combined with the defaults.
+pub(crate) struct CaseDecl {
+    pub(crate) id: String,
+    /// Where the id is written (`tasks[3].task_id`, `batch.cases[0].label`, `id`).
+    pub(crate) id_path: FieldPath,
+    /// The case as a whole.
+    pub(crate) path: FieldPath,
+    /// Where the case's own settings live (the runspec for batch_v1).
+    pub(crate) spec_path: FieldPath,
+    pub(crate) line: Option<usize>,
+    pub(crate) spec: RunSpec,
+    pub(crate) runspec: Option<String>,
+}
+
+/// Everything besides the loaded manifest that the plan depends on.
+pub(crate) struct PlanInput<'a> {
+    pub(crate) manifest: &'a Path,
+    pub(crate) bytes: &'a [u8],
+    pub(crate) opts: &'a LoadOptions,
+    pub(crate) file_defaults: Defaults,
+}
+
+/// Resolve into a plan; `None` if any problem was found (here or earlier in `r`).
+pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Option<Plan> {
+    let batch_id = resolve_batch_id(&loaded, input, r);
+    let defaults = overlay(
+        overlay(input.file_defaults.clone(), &loaded.defaults),
+        &input.opts.overrides,
+    );
+    check_duplicate_ids(&loaded.cases, r);
+
+    let mut taken = HashSet::new();
+    let mut default_harness_reported = false;
+    let mut cases = Vec::with_capacity(loaded.cases.len());
+    for (index, decl) in loaded.cases.into_iter().enumerate() {
+        let Ok(index) = u32::try_from(index) else {
+            r.at_line(
+                decl.line,
+                decl.path.to_string(),
+                "too many cases",
+                "split the batch",
+            );
+            break;
+        };
+        if let Some(case) = resolve_case(
+            index,
+            decl,
+            &defaults,
+            &mut taken,
+            &mut default_harness_reported,
+            r,
+        ) {
+            cases.push(case);
+        }
+    }
+
+    let mut warnings = Vec::new();
+    if let Some(max) = input.opts.max_cases
+        && cases.len() > max
+    {
+        warnings.push(format!(
+            "the batch has {} cases, more than the --max-cases threshold of {max}",
+            cases.len()
+        ));
+    }
+
+    let batch_id = batch_id?;
+    if !r.is_clean() {
+        return None;
+    }
+    let manifest_path = input
+        .manifest
+        .canonicalize()
+        .or_else(|_| std::path::absolute(input.manifest))
+        .unwrap_or_else(|_| input.manifest.to_path_buf());
+    Some(Plan {
+        schema_version: PLAN_SCHEMA_VERSION.to_string(),
+        batch_id,
+        provenance: Provenance {
+            manifest_path: manifest_path.display().to_string(),
+            manifest_sha256: sha256_hex(input.bytes),
+            format: loaded.format,
+        },
+        settings: BatchSettings {
+            concurrency: defaults.concurrency.unwrap_or(DEFAULT_CONCURRENCY),
+            max_retries: defaults.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
+            controller_url: defaults.controller_url,
+            device_controller_url: defaults.device_controller_url,
+        },
+        fingerprint: fingerprint(&cases),
+        summary: loaded.summary,
+        cases,
+        warnings,
+    })
+}
+
+/// `--batch-id` wins; then the manifest's own; JSONL and batch_v1 fall back to the file stem.
+fn resolve_batch_id(loaded: &Loaded, input: &PlanInput<'_>, r: &mut Report) -> Option<String> {
+    const SAFE: &str = "letters, digits, '.', '_' and '-', not starting with '.'";
+    let (id, field, line, fix) = if let Some(id) = &input.opts.batch_id {
+        (
+            id.clone(),
+            "batch_id (--batch-id)".to_string(),
+            None,
+            format!("pass a --batch-id made of {SAFE}"),
+        )
+    } else if let Some((id, path)) = &loaded.batch_id {
+        (
+            id.clone(),
+            path.to_string(),
+            r.line_of(path),
+            format!("set batch_id to {SAFE}"),
+        )
+    } else if matches!(
+        loaded.format,
+        ManifestFormat::Jsonl | ManifestFormat::BatchV1
+    ) {
+        let stem = input
+            .manifest
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let fix = format!("pass --batch-id (the default is the file name {stem:?}); use {SAFE}");
+        (stem, "batch_id".to_string(), None, fix)
+    } else {
+        r.at(
+            &FieldPath::root(),
+            "missing required field `batch_id`",
+            "add `batch_id: my-batch` (stable per workload) or pass --batch-id",
+        );
+        return None;
+    };
+    match batch_id_error(&id) {
+        Some(message) => {
+            r.at_line(line, field, message, fix);
+            None
+        }
+        None => Some(id),
+    }
+}
+
+/// Later layer wins field by field; object-valued fields are taken whole.
+fn overlay(lower: Defaults, upper: &Defaults) -> Defaults {
+    let u = upper.clone();
+    Defaults {
+        concurrency: u.concurrency.or(lower.concurrency),
+        max_retries: u.max_retries.or(lower.max_retries),
+        timeout_seconds: u.timeout_seconds.or(lower.timeout_seconds),
+        sandbox: u.sandbox.or(lower.sandbox),
+        resources: u.resources.or(lower.resources),
+        harness: u.harness.or(lower.harness),
+        evaluator: u.evaluator.or(lower.evaluator),
+        runtime: u.runtime.or(lower.runtime),
+        controller_url: u.controller_url.or(lower.controller_url),
+        device_controller_url: u.device_controller_url.or(lower.device_controller_url),
+        fake: u.fake.or(lower.fake),
+    }
+}
+
+fn case_line(decl: &CaseDecl, r: &Report) -> Option<usize> {
+    r.line_of(&decl.id_path).or(decl.line)
+}
+
+/// Ids are how resume recognises a case, so two cases may never share one.
+fn check_duplicate_ids(cases: &[CaseDecl], r: &mut Report) {
+    let mut first: HashMap<&str, &CaseDecl> = HashMap::new();
+    for decl in cases {
+        let Some(prev) = first.get(decl.id.as_str()) else {
+            first.insert(&decl.id, decl);
+            continue;
+        };
+        let prev_at = match case_line(prev, r) {
+            Some(l) => format!("line {l} ({})", prev.id_path),
+            None => prev.id_path.to_string(),
+        };
+        let line = case_line(decl, r);
+        r.at_line(
+            line,
+            decl.id_path.to_string(),
+            format!(
+                "duplicate case id {:?}, first declared at {prev_at}",
+                decl.id
+            ),
+            "give every case a unique id (a new task list belongs in a new batch)",
+        );
+    }
+}
+
+fn resolve_case(
+    index: u32,
+    decl: CaseDecl,
+    defaults: &Defaults,
+    taken: &mut HashSet<String>,
+    default_harness_reported: &mut bool,
+    r: &mut Report,
+) -> Option<PlannedCase> {
+    let spec = &decl.spec;
+    let harness = spec.harness.clone().or_else(|| defaults.harness.clone());
+    let runtime = spec
+        .runtime
+        .or(defaults.runtime)
+        .or(harness.as_ref().map(|_| RuntimeKind::LocalProcess));
+    let missing = match runtime {
+        None => Some("no harness command and no runtime, so nothing would run this case"),
+        Some(RuntimeKind::LocalProcess) if harness.is_none() => {
+            Some("runtime local-process needs a harness command")
+        }
+        _ => None,
+    };
+    if let Some(message) = missing {
+        let fix = "set defaults.harness to the command that runs one case (or pass --harness), \
+                   or use runtime: fake for a simulation";
+        // Report once at the defaults when the case only inherits; per case when it chose.
+        if spec.runtime.is_some() || spec.harness.is_some() {
+            let p = decl.spec_path.key("harness");
+            let line = r.line_of(&p).or(decl.line);
+            r.at_line(line, p.to_string(), message, fix);
+        } else if !*default_harness_reported {
+            *default_harness_reported = true;
+            r.at(
+                &FieldPath::root().key("defaults").key("harness"),
+                message,
+                fix,
+            );
+        }
+    }
+    let input = case_input(&decl, r);
+    let case_dir = case_dir_name(&decl.id, taken);
+    let spec = decl.spec;
+    Some(PlannedCase {
+        index,
+        case_id: decl.id,
+        case_dir,
+        runtime: runtime?,
+        harness,
+        evaluator: spec.evaluator.or_else(|| defaults.evaluator.clone()),
+        sandbox: spec.sandbox.or_else(|| defaults.sandbox.clone()),
+        resources: spec
+            .resources
+            .or_else(|| defaults.resources.clone())
+            .unwrap_or_default(),
+        timeout_seconds: spec
+            .timeout_seconds
+            .or(defaults.timeout_seconds)
+            .unwrap_or(DEFAULT_TIMEOUT_SECONDS),
+        fake: spec.fake.or_else(|| defaults.fake.clone()),
+        input,
+        source: CaseSource {
+            line: decl.line,
+            runspec: decl.runspec,
+        },
+    })
+}
+
+/// The harness's `CASEBATCH_INPUT`: task fields that are set, free-form inputs, the id.
+/// A free-form input may not silently shadow a task field.
+fn case_input(decl: &CaseDecl, r: &mut Report) -> BTreeMap<String, Value> {
+    let spec = &decl.spec;
+    let mut input = spec.inputs.clone();
+    let fields = [
+        ("query", spec.query.clone().map(Value::from)),
+        ("url", spec.url.clone().map(Value::from)),
+        ("max_steps", spec.max_steps.map(Value::from)),
+        ("agent_kind", spec.agent_kind.clone().map(Value::from)),
+        ("task_id", Some(Value::from(decl.id.clone()))),
+    ];
+    for (key, value) in fields {
+        let Some(value) = value else { continue };
+        if input.contains_key(key) {
+            let p = decl.spec_path.key("inputs").key(key);
+            let line = r.line_of(&p).or(decl.line);
+            r.at_line(
+                line,
+                p.to_string(),
+                format!("input `{key}` collides with the task field `{key}` given to the harness"),
+                format!("rename the input or drop it; `{key}` is set from the task"),
+            );
+        }
+        input.insert(key.to_string(), value);
+    }
+    input
+}
+
+/// What the fingerprint covers for one case: its identity and everything that decides how it
+/// runs, but not where it was written (lines, absolute paths) or batch-wide knobs
+/// (concurrency, retries), so reformatting or moving a manifest keeps resume possible.
+#[derive(Serialize)]
+struct FingerprintCase<'a> {
+    case_id: &'a str,
+    runtime: RuntimeKind,
+    harness: &'a Option<CommandSpec>,
+    evaluator: &'a Option<CommandSpec>,
+    sandbox: &'a Option<Sandbox>,
+    resources: &'a Resources,
+    timeout_seconds: u64,
+    fake: &'a Option<FakeScript>,
+    input: &'a BTreeMap<String, Value>,
+}
+
+/// sha256 over the canonical JSON (sorted keys, no whitespace) of the cases, in order.
+pub(crate) fn fingerprint(cases: &[PlannedCase]) -> String {
+    let view: Vec<FingerprintCase<'_>> = cases
+        .iter()
+        .map(|c| FingerprintCase {
+            case_id: &c.case_id,
+            runtime: c.runtime,
+            harness: &c.harness,
+            evaluator: &c.evaluator,
+            sandbox: &c.sandbox,
+            resources: &c.resources,
+            timeout_seconds: c.timeout_seconds,
+            fake: &c.fake,
+            input: &c.input,
+        })
+        .collect();
+    let value = serde_json::to_value(view).unwrap_or(Value::Null);
+    let mut text = String::from("casebatch-fingerprint-v1\n");
+    canonical_json(&value, &mut text);
+    sha256_hex(text.as_bytes())
+}
+
+/// JSON with object keys sorted, whatever map type serde_json was built with.
+fn canonical_json(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::from(k.as_str()).to_string());
+                out.push(':');
+                canonical_json(&map[k], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical_json(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_json_sorts_keys() {
+        let v: Value =
+            serde_json::from_str(r#"{"b": 1, "a": {"d": [1, "x"], "c": null}}"#).unwrap();
+        let mut out = String::new();
+        canonical_json(&v, &mut out);
+        assert_eq!(out, r#"{"a":{"c":null,"d":[1,"x"]},"b":1}"#);
+    }
+
+    #[test]
+    fn overlay_replaces_objects_whole() {
+        let lower = Defaults {
+            concurrency: Some(3),
+            sandbox: Some(Sandbox {
+                provider: "a".into(),
+                template: Some("t".into()),
+                platform: None,
+                lifetime: Some(60),
+            }),
+            ..Defaults::default()
+        };
+        let upper = Defaults {
+            sandbox: Some(Sandbox {
+                provider: "b".into(),
+                template: None,
+                platform: None,
+                lifetime: None,
+            }),
+            ..Defaults::default()
+        };
+        let merged = overlay(lower, &upper);
+        assert_eq!(merged.concurrency, Some(3));
+        assert_eq!(merged.sandbox.unwrap().template, None);
+    }
+}

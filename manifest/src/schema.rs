@@ -1,0 +1,52 @@
+//! JSON Schemas of the manifest formats, generated from the model so they cannot drift.
+//!
+//! The schemas document shapes and simple bounds for editors and `config schema`; the loader
+//! does its own, stricter checks (lines, fixes, runspec paths) and does not use them.
+
+use schemars::{JsonSchema, generate::SchemaSettings};
+use serde_json::Value;
+
+use crate::model::{BatchManifest, BatchV1Manifest, RunSpec};
+
+const SCHEMA_BASE: &str = "https://casebatch.dev/schemas";
+
+/// Schema of the YAML/JSON tasks manifest ([`BatchManifest`]).
+pub fn batch_schema() -> Value {
+    schema_of::<BatchManifest>("batch.json", "casebatch batch manifest")
+}
+
+/// Schema of a `schema_version: batch_v1` manifest ([`BatchV1Manifest`]).
+pub fn batch_v1_schema() -> Value {
+    schema_of::<BatchV1Manifest>("batch_v1.json", "casebatch batch_v1 manifest")
+}
+
+/// Schema of one runspec referenced by a batch_v1 case ([`RunSpec`]).
+pub fn runspec_schema() -> Value {
+    schema_of::<RunSpec>("runspec.json", "casebatch single-run spec")
+}
+
+fn schema_of<T: JsonSchema>(file: &str, title: &str) -> Value {
+    let generator = SchemaSettings::draft2020_12().into_generator();
+    let schema = generator.into_root_schema_for::<T>();
+    let mut value = schema.to_value();
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert("$id".into(), Value::from(format!("{SCHEMA_BASE}/{file}")));
+        obj.insert("title".into(), Value::from(title));
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_is_stable_and_identified() {
+        let a = batch_schema();
+        assert_eq!(a, batch_schema());
+        assert_eq!(a["$id"], "https://casebatch.dev/schemas/batch.json");
+        assert_eq!(a["title"], "casebatch batch manifest");
+        assert!(a["properties"]["tasks"].is_object());
+        assert_eq!(a["additionalProperties"], false);
+    }
+}

@@ -1,0 +1,317 @@
+//! What a valid manifest resolves into: settings, fully resolved cases, fingerprint.
+
+mod common;
+
+use casebatch_manifest::{
+    CommandSpec, FakeOutcome, LoadOptions, ManifestFormat, Plan, RuntimeKind, load_plan,
+};
+use common::*;
+
+const SANDBOXED: &str = "\
+batch_id: sb
+defaults:
+  harness: ./run.sh
+  sandbox:
+    provider: e2b
+    template: web-default
+    platform: linux
+    lifetime: 900
+tasks:
+  - task_id: inherits
+  - task_id: replaces
+    sandbox:
+      provider: local
+";
+
+#[test]
+fn a_task_sandbox_replaces_the_default_whole() {
+    let plan = accept("m.yaml", SANDBOXED);
+    let inherits = plan.cases[0].sandbox.as_ref().unwrap();
+    assert_eq!(inherits.provider, "e2b");
+    assert_eq!(inherits.template.as_deref(), Some("web-default"));
+    let replaces = plan.cases[1].sandbox.as_ref().unwrap();
+    assert_eq!(replaces.provider, "local");
+    // Not merged: nothing of the default survives in the task's sandbox.
+    assert_eq!(replaces.template, None);
+    assert_eq!(replaces.platform, None);
+    assert_eq!(replaces.lifetime, None);
+}
+
+#[test]
+fn defaults_flags_and_tasks_layer_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "m.yaml",
+        "\
+batch_id: layers
+defaults:
+  concurrency: 3
+  max_retries: 2
+  timeout_seconds: 100
+  harness: ./manifest.sh
+  controller_url: ws://manifest
+tasks:
+  - task_id: a
+  - task_id: b
+    timeout_seconds: 5
+",
+    );
+    let plan = load(&path).unwrap();
+    assert_eq!(plan.settings.concurrency, 3);
+    assert_eq!(plan.settings.max_retries, 2);
+    assert_eq!(
+        plan.settings.controller_url.as_deref(),
+        Some("ws://manifest")
+    );
+    assert_eq!(plan.cases[0].timeout_seconds, 100);
+    assert_eq!(plan.cases[1].timeout_seconds, 5);
+
+    let mut opts = LoadOptions::default();
+    opts.overrides.concurrency = Some(7);
+    opts.overrides.timeout_seconds = Some(50);
+    opts.overrides.harness = Some(CommandSpec::Shell("./flag.sh".into()));
+    opts.batch_id = Some("from-flag".into());
+    let plan = load_plan(&path, &opts).unwrap();
+    assert_eq!(plan.batch_id, "from-flag");
+    assert_eq!(
+        plan.settings.concurrency, 7,
+        "flags win over manifest defaults"
+    );
+    assert_eq!(plan.settings.max_retries, 2);
+    assert_eq!(plan.cases[0].timeout_seconds, 50);
+    assert_eq!(
+        plan.cases[1].timeout_seconds, 5,
+        "a task's own value wins over flags"
+    );
+    assert_eq!(
+        plan.cases[0].harness,
+        Some(CommandSpec::Shell("./flag.sh".into()))
+    );
+}
+
+#[test]
+fn built_in_defaults() {
+    let plan = accept("m.yaml", &with_tasks("  - task_id: a\n"));
+    assert_eq!(plan.settings.concurrency, 2);
+    assert_eq!(plan.settings.max_retries, 1);
+    let case = &plan.cases[0];
+    assert_eq!(
+        case.runtime,
+        RuntimeKind::LocalProcess,
+        "a harness implies local-process"
+    );
+    assert_eq!(case.timeout_seconds, 600);
+    assert_eq!(case.index, 0);
+    assert_eq!(plan.schema_version, "batch_plan_v1");
+    assert!(plan.warnings.is_empty());
+}
+
+#[test]
+fn the_input_holds_the_task_fields_that_are_set() {
+    let plan = accept(
+        "m.yaml",
+        &with_tasks(
+            "  - task_id: t1\n    query: find it\n    url: https://x\n    max_steps: 9\n    inputs:\n      level: 2\n  - task_id: t2\n    agent_kind: desktop\n",
+        ),
+    );
+    let input = serde_json::to_value(&plan.cases[0].input).unwrap();
+    assert_eq!(
+        input,
+        serde_json::json!({
+            "task_id": "t1", "query": "find it", "url": "https://x", "max_steps": 9, "level": 2
+        })
+    );
+    let input = serde_json::to_value(&plan.cases[1].input).unwrap();
+    assert_eq!(
+        input,
+        serde_json::json!({"task_id": "t2", "agent_kind": "desktop"})
+    );
+}
+
+#[test]
+fn an_input_may_not_shadow_a_task_field() {
+    let err = refuse(
+        "m.yaml",
+        &with_tasks(
+            "  - task_id: a\n    query: q\n    inputs:\n      query: other\n      task_id: x\n",
+        ),
+    );
+    let p = says(&err, "tasks[0].inputs.query", "collides");
+    assert_eq!(p.line, Some(8));
+    says(&err, "tasks[0].inputs.task_id", "collides");
+}
+
+#[test]
+fn fake_runtime_needs_no_harness() {
+    let plan = accept(
+        "m.yaml",
+        "batch_id: f\ndefaults:\n  runtime: fake\n  fake: {duration_ms: 5}\ntasks:\n  - task_id: a\n  - task_id: b\n    fake: {outcome: oom_killed}\n",
+    );
+    assert_eq!(plan.cases[0].runtime, RuntimeKind::Fake);
+    assert_eq!(plan.cases[0].harness, None);
+    assert_eq!(plan.cases[0].fake.as_ref().unwrap().duration_ms, 5);
+    let fake = plan.cases[1].fake.as_ref().unwrap();
+    assert_eq!(fake.outcome, FakeOutcome::OomKilled);
+    assert_eq!(
+        fake.duration_ms, 0,
+        "a task's fake script replaces the default whole"
+    );
+}
+
+#[test]
+fn fingerprint_is_stable_and_tracks_the_task_list() {
+    let base = with_tasks("  - task_id: a\n    query: q\n  - task_id: b\n");
+    let fp = |text: &str| accept("m.yaml", text).fingerprint;
+    let first = fp(&base);
+    assert_eq!(first.len(), 64);
+    assert_eq!(first, fp(&base), "same manifest, same fingerprint");
+    // Formatting and comments do not matter; the task list does.
+    assert_eq!(first, fp(&format!("# a comment\n{base}\n\n")));
+    assert_ne!(first, fp(&with_tasks("  - task_id: a\n    query: q\n")));
+    assert_ne!(
+        first,
+        fp(&with_tasks(
+            "  - task_id: a\n    query: Q\n  - task_id: b\n"
+        ))
+    );
+    assert_ne!(
+        first,
+        fp(&with_tasks(
+            "  - task_id: b\n  - task_id: a\n    query: q\n"
+        ))
+    );
+    assert_ne!(
+        first,
+        fp(&with_tasks(
+            "  - task_id: a\n    query: q\n  - task_id: c\n"
+        ))
+    );
+    // The same cases written as JSON give the same fingerprint.
+    let json = r#"{"batch_id": "t", "defaults": {"harness": "./run.sh"},
+                   "tasks": [{"task_id": "a", "query": "q"}, {"task_id": "b"}]}"#;
+    assert_eq!(first, accept("m.json", json).fingerprint);
+}
+
+#[test]
+fn provenance_names_the_file_and_its_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = with_tasks("  - task_id: a\n");
+    let path = write(dir.path(), "m.yml", &text);
+    let plan = load(&path).unwrap();
+    assert_eq!(plan.provenance.format, ManifestFormat::Yaml);
+    assert!(std::path::Path::new(&plan.provenance.manifest_path).is_absolute());
+    assert!(plan.provenance.manifest_path.ends_with("m.yml"));
+    use sha2::Digest;
+    assert_eq!(
+        plan.provenance.manifest_sha256,
+        hex::encode(sha2::Sha256::digest(text.as_bytes()))
+    );
+}
+
+#[test]
+fn max_cases_is_a_warning_not_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "m.yaml",
+        &with_tasks("  - task_id: a\n  - task_id: b\n"),
+    );
+    let opts = LoadOptions {
+        max_cases: Some(1),
+        ..LoadOptions::default()
+    };
+    let plan = load_plan(&path, &opts).unwrap();
+    assert_eq!(plan.cases.len(), 2);
+    assert_eq!(plan.warnings.len(), 1);
+    assert!(plan.warnings[0].contains("more than the --max-cases threshold of 1"));
+    let opts = LoadOptions {
+        max_cases: Some(2),
+        ..LoadOptions::default()
+    };
+    assert!(load_plan(&path, &opts).unwrap().warnings.is_empty());
+}
+
+#[test]
+fn jsonl_records_with_aliases_defaults_file_and_extra_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "tasks.jsonl",
+        "{\"id\": \"a 1\", \"ques\": \"q\", \"web\": \"https://w\", \"web_name\": \"W\"}\n\n{\"task_id\": \"b\", \"query\": \"q2\", \"max_steps\": 4, \"inputs\": {\"k\": 1}}\n",
+    );
+    let defaults = write(
+        dir.path(),
+        "defaults.json",
+        "{\"harness\": [\"./run\"], \"concurrency\": 5}",
+    );
+    let opts = LoadOptions {
+        defaults_file: Some(defaults),
+        ..LoadOptions::default()
+    };
+    let plan = load_plan(&path, &opts).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plan.batch_id, "tasks");
+    assert_eq!(plan.provenance.format, ManifestFormat::Jsonl);
+    assert_eq!(plan.settings.concurrency, 5);
+    assert_eq!(plan.cases.len(), 2);
+    let a = &plan.cases[0];
+    assert_eq!(a.case_id, "a 1");
+    assert_eq!(a.source.line, Some(1));
+    assert_eq!(
+        serde_json::to_value(&a.input).unwrap(),
+        serde_json::json!({"task_id": "a 1", "query": "q", "url": "https://w", "web_name": "W"})
+    );
+    assert_eq!(plan.cases[1].source.line, Some(3));
+    assert_eq!(plan.cases[1].input["k"], 1);
+    assert_eq!(plan.cases[1].input["max_steps"], 4);
+}
+
+#[test]
+fn jsonl_type_checks_known_keys_and_aliases() {
+    let err = refuse(
+        "d.jsonl",
+        "{\"id\": 1, \"ques\": \"q\"}\n{\"id\": \"b\", \"task_id\": \"b\", \"max_steps\": \"x\"}\n[1]\n{\"ques\": \"no id\"}\n",
+    );
+    let at = |line: usize, field: &str, needle: &str| {
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.line == Some(line) && p.field == field && p.message.contains(needle)),
+            "no problem at line {line} {field} mentioning {needle:?}:\n{err}"
+        );
+    };
+    at(1, "id", "expected a string, found number 1");
+    at(2, "max_steps", "expected a whole number");
+    at(2, "id", "both `task_id` and its alias `id`");
+    at(3, "(document)", "expected a mapping");
+    at(4, "task_id", "no `task_id`");
+}
+
+#[test]
+fn the_plan_round_trips_through_json() {
+    let plan = accept("m.yaml", SANDBOXED);
+    let text = serde_json::to_string_pretty(&plan).unwrap();
+    let back: Plan = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, plan);
+}
+
+#[test]
+fn the_examples_plan() {
+    let local = load(&examples().join("batch-local.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(local.cases.len(), 3);
+    assert!(
+        local
+            .cases
+            .iter()
+            .all(|c| c.runtime == RuntimeKind::LocalProcess)
+    );
+    assert_ne!(
+        local.cases[2].case_dir, local.cases[2].case_id,
+        "`web task/3` is made safe"
+    );
+    let fake = load(&examples().join("batch-fake.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(fake.cases.iter().all(|c| c.runtime == RuntimeKind::Fake));
+    let v1 = load(&examples().join("batch-v1/batch.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(v1.batch_id, "v1-example");
+    assert_eq!(v1.cases.len(), 2);
+}

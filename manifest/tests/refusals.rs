@@ -1,0 +1,326 @@
+//! Every kind of broken manifest is refused, and the error names the problem, its field,
+//! its line where known, and a fix.
+
+mod common;
+
+use casebatch_manifest::LoadOptions;
+use common::*;
+
+#[test]
+fn duplicate_task_ids_name_both_lines() {
+    let err = refuse(
+        "m.yaml",
+        &with_tasks("  - task_id: a\n  - task_id: b\n  - task_id: a\n"),
+    );
+    let p = says(&err, "tasks[2].task_id", "duplicate case id \"a\"");
+    assert_eq!(p.line, Some(7));
+    assert!(p.message.contains("line 5"), "{err}");
+    assert_eq!(err.problems.len(), 1, "{err}");
+}
+
+#[test]
+fn duplicate_ids_in_json_and_jsonl() {
+    let err = refuse(
+        "m.json",
+        r#"{
+  "batch_id": "t",
+  "defaults": {"runtime": "fake"},
+  "tasks": [
+    {"task_id": "x"},
+    {"task_id": "x"}
+  ]
+}"#,
+    );
+    let p = says(&err, "tasks[1].task_id", "first declared at line 5");
+    assert_eq!(p.line, Some(6));
+
+    let err = refuse("data.jsonl", "{\"id\": \"q1\"}\n\n{\"id\": \"q1\"}\n");
+    // JSONL has no manifest defaults: the missing harness is one problem, the duplicate another.
+    let p = says(&err, "id", "first declared at line 1");
+    assert_eq!(p.line, Some(3));
+}
+
+#[test]
+fn unknown_field_is_named_with_its_nearest_match() {
+    let err = refuse("m.yaml", &with_tasks("  - task_id: a\n    qurey: hello\n"));
+    let p = says(&err, "tasks[0].qurey", "unknown field `qurey`");
+    assert_eq!(p.line, Some(6));
+    assert!(p.fix.contains("`query`"), "{err}");
+
+    let err = refuse(
+        "m.yaml",
+        "batch_id: t\ndefaults:\n  harness: x\n  paralelism: 2\ntasks:\n  - task_id: a\n",
+    );
+    let p = says(&err, "defaults.paralelism", "unknown field");
+    assert_eq!(p.line, Some(4));
+    assert!(p.fix.contains("allowed here: concurrency"), "{err}");
+
+    let err = refuse("m.yaml", "batch_id: t\ntask:\n  - task_id: a\n");
+    let p = says(&err, "task", "unknown field");
+    assert!(p.fix.contains("`tasks`"), "{err}");
+}
+
+#[test]
+fn missing_and_empty_task_id() {
+    let err = refuse(
+        "m.yaml",
+        &with_tasks("  - task_id: a\n  - query: no id here\n  - task_id: \"\"\n"),
+    );
+    let p = says(&err, "tasks[1]", "missing required field `task_id`");
+    assert_eq!(p.line, Some(6));
+    let p = says(&err, "tasks[2].task_id", "empty");
+    assert_eq!(p.line, Some(7));
+}
+
+#[test]
+fn wrong_types_are_reported_with_what_was_expected() {
+    let err = refuse(
+        "m.yaml",
+        &with_tasks("  - task_id: 12\n    max_steps: ten\n    sandbox: docker\n"),
+    );
+    let p = says(
+        &err,
+        "tasks[0].task_id",
+        "expected a string, found number 12",
+    );
+    assert!(p.fix.contains("quote"), "{err}");
+    says(&err, "tasks[0].max_steps", "expected a whole number");
+    says(&err, "tasks[0].sandbox", "expected a mapping");
+    let err = refuse(
+        "m.yaml",
+        "batch_id: t\ndefaults:\n  runtime: docker\ntasks:\n  - task_id: a\n",
+    );
+    says(&err, "defaults.runtime", "`local-process` or `fake`");
+}
+
+#[test]
+fn malformed_yaml_has_a_line() {
+    let err = refuse(
+        "m.yaml",
+        "batch_id: t\ntasks:\n  - task_id: a\n   query: [unclosed\n",
+    );
+    let p = says(&err, "(syntax)", "malformed YAML");
+    assert!(p.line.is_some_and(|l| l >= 3), "{err}");
+}
+
+#[test]
+fn malformed_json_and_jsonl_have_lines() {
+    let err = refuse("m.json", "{\n  \"batch_id\": \"t\",\n  \"tasks\": [\n}\n");
+    let p = says(&err, "(syntax)", "malformed JSON");
+    assert_eq!(p.line, Some(4));
+
+    let err = refuse(
+        "d.jsonl",
+        "{\"id\": \"a\"}\n{\"id\": \"b\"\n{\"id\": \"c\"}\n",
+    );
+    let p = says(&err, "(syntax)", "malformed JSON");
+    assert_eq!(p.line, Some(2));
+}
+
+#[test]
+fn bytes_that_are_not_utf8_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.yaml");
+    std::fs::write(&path, b"batch_id: t\ntasks:\n  - task_id: \xff\xfe\n").unwrap();
+    let err = load(&path).unwrap_err();
+    let p = says(&err, "(file)", "not UTF-8");
+    assert_eq!(p.line, Some(3));
+}
+
+#[test]
+fn concurrency_out_of_range() {
+    for bad in [0, 513] {
+        let err = refuse(
+            "m.yaml",
+            &format!(
+                "batch_id: t\ndefaults:\n  harness: x\n  concurrency: {bad}\ntasks:\n  - task_id: a\n"
+            ),
+        );
+        let p = says(&err, "defaults.concurrency", "outside 1..=512");
+        assert_eq!(p.line, Some(4));
+    }
+}
+
+#[test]
+fn max_retries_out_of_range() {
+    let err = refuse(
+        "m.yaml",
+        "batch_id: t\ndefaults:\n  harness: x\n  max_retries: 6\ntasks:\n  - task_id: a\n",
+    );
+    let p = says(&err, "defaults.max_retries", "outside 0..=5");
+    assert_eq!(p.line, Some(4));
+    let err = refuse(
+        "m.yaml",
+        "batch_id: t\ndefaults:\n  harness: x\n  max_retries: -1\ntasks:\n  - task_id: a\n",
+    );
+    says(&err, "defaults.max_retries", "expected a whole number");
+}
+
+#[test]
+fn flags_are_range_checked_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "m.yaml", &with_tasks("  - task_id: a\n"));
+    let mut opts = LoadOptions::default();
+    opts.overrides.concurrency = Some(1000);
+    let err = casebatch_manifest::load_plan(&path, &opts).unwrap_err();
+    says(&err, "flags.concurrency", "outside 1..=512");
+}
+
+#[test]
+fn empty_task_list() {
+    let err = refuse(
+        "m.yaml",
+        "batch_id: t\ndefaults:\n  harness: x\ntasks: []\n",
+    );
+    let p = says(&err, "tasks", "empty");
+    assert_eq!(p.line, Some(4));
+    let err = refuse("m.yaml", "batch_id: t\n");
+    says(&err, "(document)", "missing required field `tasks`");
+    let err = refuse("d.jsonl", "\n\n");
+    says(&err, "(file)", "no records");
+}
+
+#[test]
+fn zero_timeout_and_bad_batch_ids() {
+    let err = refuse(
+        "m.yaml",
+        "batch_id: ../escape\ndefaults:\n  harness: x\n  timeout_seconds: 0\ntasks:\n  - task_id: a\n    timeout_seconds: 0\n",
+    );
+    says(&err, "batch_id", "not safe in a directory name");
+    says(&err, "defaults.timeout_seconds", "timeout_seconds is 0");
+    says(&err, "tasks[0].timeout_seconds", "timeout_seconds is 0");
+    let err = refuse(
+        "m.yaml",
+        "batch_id: .hidden\ndefaults:\n  harness: x\ntasks:\n  - task_id: a\n",
+    );
+    says(&err, "batch_id", "starts with '.'");
+    let err = refuse(
+        "m.yaml",
+        "batch_id: ''\ndefaults:\n  harness: x\ntasks:\n  - task_id: a\n",
+    );
+    says(&err, "batch_id", "empty");
+    // JSONL without --batch-id: the file stem must be a safe id.
+    let err = refuse("my data.jsonl", "{\"id\": \"a\"}\n");
+    says(&err, "batch_id", "not safe");
+}
+
+#[test]
+fn local_process_without_a_harness() {
+    let err = refuse(
+        "m.yaml",
+        "batch_id: t\ndefaults:\n  runtime: local-process\ntasks:\n  - task_id: a\n  - task_id: b\n",
+    );
+    // Reported once, at the defaults, not once per task.
+    let p = says(
+        &err,
+        "defaults.harness",
+        "runtime local-process needs a harness command",
+    );
+    assert_eq!(p.line, Some(2));
+    assert_eq!(err.problems.len(), 1, "{err}");
+
+    let err = refuse("m.yaml", "batch_id: t\ntasks:\n  - task_id: a\n");
+    says(
+        &err,
+        "defaults.harness",
+        "no harness command and no runtime",
+    );
+}
+
+#[test]
+fn empty_commands_and_summary_paths() {
+    let err = refuse(
+        "m.yaml",
+        "batch_id: t\ndefaults:\n  harness: []\n  evaluator: '  '\ntasks:\n  - task_id: a\nsummary:\n  fields: ['', scores..x]\n",
+    );
+    says(&err, "defaults.harness", "empty");
+    says(&err, "defaults.evaluator", "empty");
+    let p = says(&err, "summary.fields[0]", "empty");
+    assert_eq!(p.line, Some(8));
+    says(&err, "summary.fields[1]", "empty segment");
+}
+
+#[test]
+fn sandbox_without_provider_is_incomplete() {
+    let err = refuse(
+        "m.yaml",
+        &with_tasks("  - task_id: a\n    sandbox:\n      template: only-a-template\n"),
+    );
+    let p = says(
+        &err,
+        "tasks[0].sandbox",
+        "missing required field `provider`",
+    );
+    assert!(p.fix.contains("replaces the default whole"), "{err}");
+}
+
+#[test]
+fn several_problems_are_all_reported() {
+    let err = refuse(
+        "m.yaml",
+        "\
+batch_id: bad id
+defaults:
+  concurrency: 0
+  max_retries: 9
+  harness: ./run.sh
+  colour: blue
+tasks:
+  - task_id: a
+  - task_id: a
+  - query: no id
+  - task_id: b
+    max_steps: many
+",
+    );
+    for field in [
+        "batch_id",
+        "defaults.concurrency",
+        "defaults.max_retries",
+        "defaults.colour",
+        "tasks[1].task_id",
+        "tasks[2]",
+        "tasks[3].max_steps",
+    ] {
+        problem(&err, field);
+    }
+    assert_eq!(err.problems.len(), 7, "{err}");
+    let text = err.to_string();
+    assert!(text.starts_with(&format!(
+        "failed to load manifest {}: 7 problem(s)\n",
+        err.file.display()
+    )));
+    assert!(
+        text.contains("m.yaml:9: tasks[1].task_id: duplicate case id \"a\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("m.yaml:6: defaults.colour: unknown field `colour` (fix: "),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_missing_file_is_one_problem() {
+    let err = load(std::path::Path::new("/nonexistent/casebatch/m.yaml")).unwrap_err();
+    says(&err, "(file)", "cannot read the manifest");
+}
+
+#[test]
+fn a_broken_defaults_file_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "d.jsonl", "{\"id\": \"a\"}\n");
+    let defaults = write(
+        dir.path(),
+        "defaults.yaml",
+        "harness: ./x\nconcurrency: 0\nbogus: 1\n",
+    );
+    let opts = LoadOptions {
+        defaults_file: Some(defaults.clone()),
+        ..LoadOptions::default()
+    };
+    let err = casebatch_manifest::load_plan(&path, &opts).unwrap_err();
+    let p = says(&err, "defaults.concurrency", "outside 1..=512");
+    assert!(p.message.contains("defaults.yaml line 2"), "{err}");
+    says(&err, "defaults.bogus", "unknown field");
+}

@@ -1,0 +1,91 @@
+//! The generated JSON Schemas accept the shipped examples and reject broken manifests.
+
+mod common;
+
+use std::path::Path;
+
+use casebatch_manifest::{batch_schema, batch_v1_schema, runspec_schema};
+use common::examples;
+use serde_json::Value;
+
+fn yaml(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_yaml::from_str(&text).unwrap()
+}
+
+fn errors(schema: &Value, instance: &Value) -> Vec<String> {
+    let validator = jsonschema::validator_for(schema).expect("the schema itself is valid");
+    validator
+        .iter_errors(instance)
+        .map(|e| e.to_string())
+        .collect()
+}
+
+#[test]
+fn batch_schema_validates_the_examples() {
+    let schema = batch_schema();
+    for name in ["batch-local.yaml", "batch-fake.yaml"] {
+        let errs = errors(&schema, &yaml(&examples().join(name)));
+        assert!(errs.is_empty(), "{name}: {errs:#?}");
+    }
+}
+
+#[test]
+fn batch_v1_schemas_validate_the_example_and_its_runspecs() {
+    let dir = examples().join("batch-v1");
+    let errs = errors(&batch_v1_schema(), &yaml(&dir.join("batch.yaml")));
+    assert!(errs.is_empty(), "{errs:#?}");
+    for name in ["cases/greet-en.yaml", "cases/greet-fr.json"] {
+        let errs = errors(&runspec_schema(), &yaml(&dir.join(name)));
+        assert!(errs.is_empty(), "{name}: {errs:#?}");
+    }
+}
+
+#[test]
+fn batch_schema_rejects_invalid_manifests() {
+    let schema = batch_schema();
+    let invalid = [
+        (
+            "unknown field",
+            "batch_id: x\ntasks:\n  - task_id: a\n    qurey: q\n",
+        ),
+        ("missing tasks", "batch_id: x\n"),
+        ("empty tasks", "batch_id: x\ntasks: []\n"),
+        (
+            "concurrency",
+            "batch_id: x\ndefaults:\n  concurrency: 0\ntasks:\n  - task_id: a\n",
+        ),
+        (
+            "max_retries",
+            "batch_id: x\ndefaults:\n  max_retries: 6\ntasks:\n  - task_id: a\n",
+        ),
+        (
+            "runtime",
+            "batch_id: x\ndefaults:\n  runtime: docker\ntasks:\n  - task_id: a\n",
+        ),
+        ("batch id", "batch_id: a/b\ntasks:\n  - task_id: a\n"),
+        ("task id type", "batch_id: x\ntasks:\n  - task_id: [a]\n"),
+    ];
+    for (what, text) in invalid {
+        let value: Value = serde_yaml::from_str(text).unwrap();
+        assert!(
+            !errors(&schema, &value).is_empty(),
+            "{what} was accepted by the schema"
+        );
+    }
+    let runspec_sweep: Value = serde_yaml::from_str("matrix: {a: [1, 2]}\n").unwrap();
+    assert!(!errors(&runspec_schema(), &runspec_sweep).is_empty());
+}
+
+#[test]
+fn batch_schema_is_pretty_stable_and_documented() {
+    let schema = batch_schema();
+    assert_eq!(schema["$id"], "https://casebatch.dev/schemas/batch.json");
+    assert_eq!(schema["title"], "casebatch batch manifest");
+    let pretty = serde_json::to_string_pretty(&schema).unwrap();
+    assert_eq!(
+        pretty,
+        serde_json::to_string_pretty(&batch_schema()).unwrap()
+    );
+    assert!(pretty.contains("Stable identity within the output root"));
+}
