@@ -1,0 +1,48 @@
+//! The result bundle on disk: `<output-dir>/<batch_id>/`.
+//!
+//! Owns the layout (which file lives where), schema-versioned JSON records, atomic writes,
+//! the per-case current result and attempt history, and assembling the batch-level files
+//! (`batch_results.json`, `batch_attempts.json`, `batch_summary.json`, `batch_summary.csv`)
+//! from them. Knows nothing of Temporal or of how cases run.
+//!
+//! ```text
+//! <batch_id>/
+//!   manifest.json  run_config.json  batch_plan.json  events.jsonl
+//!   batch_results.json  batch_attempts.json  batch_summary.json  [batch_summary.csv]
+//!   cases/<case_dir>/result.json                 current outcome of the case
+//!   cases/<case_dir>/attempts/<n>/               spec.json result.json stdout.log stderr.log
+//!                                                evaluation.json cleanup.json attempt.json
+//! ```
+
+pub mod layout;
+pub mod records;
+pub mod summary;
+mod write;
+
+pub use layout::Bundle;
+pub use records::*;
+pub use summary::{BatchSummary, SummaryRow, assemble, write_batch_files};
+pub use write::{append_jsonl, read_json, write_json_atomic};
+
+/// Errors reading or writing the bundle; each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    #[error("failed to read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to write {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not valid JSON of the expected shape: {source}")]
+    Parse {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}

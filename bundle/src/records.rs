@@ -1,0 +1,119 @@
+//! Schema-versioned records written into the bundle.
+
+use std::collections::BTreeMap;
+
+use casebatch_proto::{ActorStatus, AttemptSummary, CaseState, Failure, Verdict};
+use serde::{Deserialize, Serialize};
+
+pub const RECORD_SCHEMA_VERSION: &str = "casebatch_v1";
+
+/// `cases/<case_dir>/result.json`: the case's current outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaseResult {
+    pub schema_version: String,
+    pub case_id: String,
+    pub case_dir: String,
+    pub state: CaseRecordState,
+    pub attempts: u32,
+    pub actor_status: Option<ActorStatus>,
+    pub exit_code: Option<i32>,
+    pub evaluation_configured: bool,
+    pub verdict: Option<Verdict>,
+    pub cleanup_confirmed: bool,
+    pub failure: Option<Failure>,
+    pub collect_failure: Option<Failure>,
+    pub adopted: bool,
+    #[serde(default)]
+    pub scores: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    pub outputs: serde_json::Value,
+    /// Simulated by the `fake` runtime: nothing ran.
+    #[serde(default)]
+    pub simulated: bool,
+}
+
+/// The state a case's record shows; `Retrying` while another attempt is coming.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaseRecordState {
+    Queued,
+    Running,
+    Retrying,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl From<CaseState> for CaseRecordState {
+    fn from(s: CaseState) -> Self {
+        match s {
+            CaseState::Queued => Self::Queued,
+            CaseState::Running => Self::Running,
+            CaseState::Succeeded => Self::Succeeded,
+            CaseState::Failed => Self::Failed,
+            CaseState::Cancelled => Self::Cancelled,
+        }
+    }
+}
+
+impl CaseRecordState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Retrying => "retrying",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// `attempts/<n>/attempt.json`: the engine's record of one attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub schema_version: String,
+    pub case_id: String,
+    pub summary: AttemptSummary,
+    pub cleanup_confirmed: bool,
+    pub will_retry: bool,
+    pub runtime: String,
+}
+
+/// `attempts/<n>/cleanup.json`: the cleanup receipt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CleanupReceipt {
+    pub schema_version: String,
+    pub marker: String,
+    pub cleanup_confirmed: bool,
+    /// Processes carrying the marker that were found and signalled.
+    pub killed: Vec<u32>,
+    /// Processes still alive (or unreadable) after the last scan: why it is unconfirmed.
+    pub remaining: Vec<u32>,
+    pub scans: u32,
+    pub message: String,
+}
+
+/// `attempts/<n>/evaluation.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvaluationRecord {
+    pub schema_version: String,
+    pub configured: bool,
+    pub verdict: Option<Verdict>,
+    #[serde(default)]
+    pub scores: BTreeMap<String, serde_json::Value>,
+    pub failure: Option<Failure>,
+    pub exit_code: Option<i32>,
+}
+
+/// One line of `events.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub ts_ms: u64,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub case_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    pub message: String,
+}

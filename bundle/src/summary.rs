@@ -1,0 +1,278 @@
+//! Assembling the batch-level files from the per-case records.
+//!
+//! Per-case files are the source of truth on disk (they stream in as each case finishes);
+//! the batch files are a projection that `finalize` and `report` rebuild at any time.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use casebatch_manifest::model::Plan;
+use serde::{Deserialize, Serialize};
+
+use crate::layout::attempt_files;
+use crate::records::{AttemptRecord, CaseRecordState, CaseResult, RECORD_SCHEMA_VERSION};
+use crate::{Bundle, BundleError, read_json, write_json_atomic};
+
+/// `batch_summary.json`: counts, failure breakdown, one row per case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchSummary {
+    pub schema_version: String,
+    pub batch_id: String,
+    pub total: usize,
+    pub counts: BTreeMap<String, usize>,
+    /// Failed cases by `stage/class` of their deciding failure.
+    pub failures_by_stage_class: BTreeMap<String, usize>,
+    pub failures_by_code: BTreeMap<String, usize>,
+    pub cleanup_unconfirmed: usize,
+    pub collect_failed: usize,
+    pub adopted_attempts: usize,
+    pub attempts_total: usize,
+    pub simulated: bool,
+    pub rows: Vec<SummaryRow>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SummaryRow {
+    pub case_id: String,
+    pub case_dir: String,
+    pub state: CaseRecordState,
+    pub attempts: u32,
+    pub actor_status: Option<String>,
+    pub verdict: Option<String>,
+    pub cleanup_confirmed: Option<bool>,
+    pub failure_stage: Option<String>,
+    pub failure_class: Option<String>,
+    pub failure_code: Option<String>,
+    /// Values of `summary.fields`, by dotted path.
+    pub fields: BTreeMap<String, serde_json::Value>,
+}
+
+/// Everything read back from a bundle.
+pub struct Assembled {
+    pub results: Vec<Option<CaseResult>>,
+    pub attempts: Vec<AttemptRecord>,
+    pub summary: BatchSummary,
+}
+
+/// Reads every case's records and builds the batch-level view.
+pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> {
+    let mut results = Vec::with_capacity(plan.cases.len());
+    let mut attempts = Vec::new();
+    let mut rows = Vec::with_capacity(plan.cases.len());
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut by_stage_class = BTreeMap::new();
+    let mut by_code = BTreeMap::new();
+    let (mut cleanup_unconfirmed, mut collect_failed, mut adopted) = (0, 0, 0);
+    let mut simulated = false;
+
+    for case in &plan.cases {
+        let path = bundle.case_result(&case.case_dir);
+        let result: Option<CaseResult> = if path.exists() {
+            Some(read_json(&path)?)
+        } else {
+            None
+        };
+        let case_attempts = read_attempts(bundle, &case.case_dir)?;
+        adopted += case_attempts.iter().filter(|a| a.summary.adopted).count();
+        attempts.extend(case_attempts);
+
+        let state = result.as_ref().map_or(CaseRecordState::Queued, |r| r.state);
+        *counts.entry(state.as_str().to_string()).or_default() += 1;
+        let row = match &result {
+            Some(r) => {
+                simulated |= r.simulated;
+                if !r.cleanup_confirmed {
+                    cleanup_unconfirmed += 1;
+                }
+                if r.collect_failure.is_some() {
+                    collect_failed += 1;
+                }
+                if let (CaseRecordState::Failed, Some(f)) = (r.state, &r.failure) {
+                    let key = format!("{}/{}", f.stage.as_str(), f.class.as_str());
+                    *by_stage_class.entry(key).or_default() += 1;
+                    *by_code.entry(f.code.clone()).or_default() += 1;
+                }
+                let json = serde_json::to_value(r).expect("records serialize");
+                SummaryRow {
+                    case_id: r.case_id.clone(),
+                    case_dir: r.case_dir.clone(),
+                    state: r.state,
+                    attempts: r.attempts,
+                    actor_status: r.actor_status.map(|a| enum_name(&a)),
+                    verdict: r.verdict.map(|v| enum_name(&v)),
+                    cleanup_confirmed: Some(r.cleanup_confirmed),
+                    failure_stage: r.failure.as_ref().map(|f| f.stage.as_str().into()),
+                    failure_class: r.failure.as_ref().map(|f| f.class.as_str().into()),
+                    failure_code: r.failure.as_ref().map(|f| f.code.clone()),
+                    fields: plan
+                        .summary
+                        .fields
+                        .iter()
+                        .map(|p| (p.clone(), lookup(&json, p)))
+                        .collect(),
+                }
+            }
+            None => SummaryRow {
+                case_id: case.case_id.clone(),
+                case_dir: case.case_dir.clone(),
+                state,
+                attempts: 0,
+                actor_status: None,
+                verdict: None,
+                cleanup_confirmed: None,
+                failure_stage: None,
+                failure_class: None,
+                failure_code: None,
+                fields: BTreeMap::new(),
+            },
+        };
+        rows.push(row);
+        results.push(result);
+    }
+
+    let summary = BatchSummary {
+        schema_version: RECORD_SCHEMA_VERSION.into(),
+        batch_id: plan.batch_id.clone(),
+        total: plan.cases.len(),
+        counts,
+        failures_by_stage_class: by_stage_class,
+        failures_by_code: by_code,
+        cleanup_unconfirmed,
+        collect_failed,
+        adopted_attempts: adopted,
+        attempts_total: attempts.len(),
+        simulated,
+        rows,
+    };
+    Ok(Assembled {
+        results,
+        attempts,
+        summary,
+    })
+}
+
+/// Writes `batch_results.json`, `batch_attempts.json`, `batch_summary.json` (and the CSV when
+/// the manifest asks for it).
+pub fn write_batch_files(bundle: &Bundle, plan: &Plan) -> Result<BatchSummary, BundleError> {
+    let a = assemble(bundle, plan)?;
+    let results: Vec<_> = a.results.iter().flatten().collect();
+    write_json_atomic(
+        &bundle.results(),
+        &serde_json::json!({
+            "schema_version": RECORD_SCHEMA_VERSION,
+            "batch_id": plan.batch_id,
+            "results": results,
+        }),
+    )?;
+    write_json_atomic(
+        &bundle.attempts(),
+        &serde_json::json!({
+            "schema_version": RECORD_SCHEMA_VERSION,
+            "batch_id": plan.batch_id,
+            "attempts": a.attempts,
+        }),
+    )?;
+    write_json_atomic(&bundle.summary(), &a.summary)?;
+    if plan.summary.write_csv {
+        write_csv(&bundle.summary_csv(), &a.summary, &plan.summary.fields)?;
+    }
+    Ok(a.summary)
+}
+
+fn read_attempts(bundle: &Bundle, case_dir: &str) -> Result<Vec<AttemptRecord>, BundleError> {
+    let mut out = Vec::new();
+    for n in 1.. {
+        let dir = bundle.attempt(case_dir, n);
+        if !dir.exists() {
+            break;
+        }
+        let path = dir.join(attempt_files::RECORD);
+        if path.exists() {
+            out.push(read_json(&path)?);
+        }
+    }
+    Ok(out)
+}
+
+fn enum_name<T: Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        other => format!("{other:?}"),
+    }
+}
+
+/// Resolves a dotted path (`scores.accuracy`) in a JSON value; `null` when absent.
+fn lookup(v: &serde_json::Value, path: &str) -> serde_json::Value {
+    let mut cur = v;
+    for part in path.split('.') {
+        match cur.get(part) {
+            Some(next) => cur = next,
+            None => return serde_json::Value::Null,
+        }
+    }
+    cur.clone()
+}
+
+fn write_csv(path: &Path, s: &BatchSummary, fields: &[String]) -> Result<(), BundleError> {
+    let mut out = String::from(
+        "case_id,state,attempts,actor_status,verdict,cleanup_confirmed,failure_stage,failure_class,failure_code",
+    );
+    for f in fields {
+        out.push(',');
+        out.push_str(&csv_cell(f));
+    }
+    out.push('\n');
+    for r in &s.rows {
+        let cells = [
+            r.case_id.clone(),
+            r.state.as_str().to_string(),
+            r.attempts.to_string(),
+            r.actor_status.clone().unwrap_or_default(),
+            r.verdict.clone().unwrap_or_default(),
+            r.cleanup_confirmed
+                .map(|b| b.to_string())
+                .unwrap_or_default(),
+            r.failure_stage.clone().unwrap_or_default(),
+            r.failure_class.clone().unwrap_or_default(),
+            r.failure_code.clone().unwrap_or_default(),
+        ];
+        let mut line: Vec<String> = cells.iter().map(|c| csv_cell(c)).collect();
+        for f in fields {
+            let v = r.fields.get(f).cloned().unwrap_or_default();
+            let text = match v {
+                serde_json::Value::Null => String::new(),
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            line.push(csv_cell(&text));
+        }
+        out.push_str(&line.join(","));
+        out.push('\n');
+    }
+    std::fs::write(path, out).map_err(|source| BundleError::Write {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn csv_cell(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dotted_lookup_and_csv_quoting() {
+        let v = serde_json::json!({"scores": {"acc": 0.5}});
+        assert_eq!(lookup(&v, "scores.acc"), serde_json::json!(0.5));
+        assert_eq!(lookup(&v, "scores.missing"), serde_json::Value::Null);
+        assert_eq!(csv_cell("a,b"), "\"a,b\"");
+        assert_eq!(csv_cell("say \"hi\""), "\"say \"\"hi\"\"\"");
+    }
+}

@@ -1,0 +1,55 @@
+//! Atomic JSON writes (temp file + rename), so a crash never leaves a half-written record.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::BundleError;
+
+pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<(), BundleError> {
+    let werr = |source| BundleError::Write {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).map_err(werr)?;
+    }
+    let mut bytes = serde_json::to_vec_pretty(value).expect("bundle records always serialize");
+    bytes.push(b'\n');
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let mut f = fs::File::create(&tmp).map_err(werr)?;
+    f.write_all(&bytes).map_err(werr)?;
+    f.sync_data().map_err(werr)?;
+    fs::rename(&tmp, path).map_err(werr)
+}
+
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, BundleError> {
+    let bytes = fs::read(path).map_err(|source| BundleError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|source| BundleError::Parse {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Appends one JSON object as a line. A single `write` of a line opened with O_APPEND lands
+/// whole, so concurrent writers do not interleave.
+pub fn append_jsonl<T: Serialize>(path: &Path, value: &T) -> Result<(), BundleError> {
+    let werr = |source| BundleError::Write {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut line = serde_json::to_vec(value).expect("events always serialize");
+    line.push(b'\n');
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(werr)?;
+    f.write_all(&line).map_err(werr)
+}

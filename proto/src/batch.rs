@@ -1,0 +1,168 @@
+//! The batch workflow's input, result and status: compact state carried through
+//! continue-as-new and resume.
+
+use serde::{Deserialize, Serialize};
+
+/// Start (or continue-as-new) input of `BatchWorkflow`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchInput {
+    pub batch_id: String,
+    /// Absolute path of the batch's bundle directory.
+    pub bundle_dir: String,
+    /// sha256 of the plan: a batch id only ever runs one task list.
+    pub fingerprint: String,
+    pub case_count: u32,
+    pub concurrency: u32,
+    pub max_retries: u32,
+    /// Linear backoff step between attempts of one case.
+    pub retry_backoff_ms: u64,
+    /// Wall-clock budget of one actor attempt, used for the await activity's timeout.
+    pub max_timeout_seconds: u64,
+    /// State carried from an earlier run (resume) or an earlier segment (continue-as-new).
+    #[serde(default)]
+    pub carried: Option<Carried>,
+    /// Continue-as-new after this many history events (small values exercise it in tests).
+    #[serde(default)]
+    pub history_budget: Option<u32>,
+}
+
+/// Compact state that survives continue-as-new and resume.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Carried {
+    pub slots: Vec<CaseSlot>,
+    pub counters: Counters,
+    pub timeline: Vec<TimelineStep>,
+    pub paused: bool,
+    /// How many workflow runs (segments) this batch has had.
+    pub segment: u32,
+}
+
+/// Per-case state in the workflow. `Running` never survives a run: a resumed run re-queues it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaseState {
+    #[default]
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl CaseState {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            CaseState::Succeeded | CaseState::Failed | CaseState::Cancelled
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaseSlot {
+    #[serde(rename = "s")]
+    pub state: CaseState,
+    /// Attempts made so far.
+    #[serde(rename = "a", default)]
+    pub attempts: u32,
+}
+
+/// Running totals the report shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Attempts whose in-flight job was re-attached after a crash (zero re-run).
+    pub adopted: u32,
+    /// Attempts re-dispatched because nothing was adoptable.
+    pub redispatched: u32,
+    /// Extra attempts after retryable failures.
+    pub retries: u32,
+    pub cleanup_unconfirmed: u32,
+}
+
+/// One step of the progress timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimelineStep {
+    /// Workflow time (ms since the epoch), deterministic under replay.
+    pub at_ms: u64,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub queued: u32,
+    pub running: u32,
+    pub succeeded: u32,
+    pub failed: u32,
+    pub cancelled: u32,
+}
+
+impl Counts {
+    pub fn of(slots: &[CaseSlot]) -> Self {
+        let mut c = Counts::default();
+        for s in slots {
+            match s.state {
+                CaseState::Queued => c.queued += 1,
+                CaseState::Running => c.running += 1,
+                CaseState::Succeeded => c.succeeded += 1,
+                CaseState::Failed => c.failed += 1,
+                CaseState::Cancelled => c.cancelled += 1,
+            }
+        }
+        c
+    }
+
+    pub fn total(&self) -> u32 {
+        self.queued + self.running + self.succeeded + self.failed + self.cancelled
+    }
+
+    pub fn done(&self) -> u32 {
+        self.succeeded + self.failed + self.cancelled
+    }
+}
+
+/// What admission is doing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    #[default]
+    Running,
+    Paused,
+    Draining,
+    Cancelling,
+    /// The workflow has returned (see [`BatchEnd`]).
+    Finished,
+}
+
+/// How a workflow run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchEnd {
+    /// Every case reached a terminal state.
+    Completed,
+    /// Drained: admitted cases finished, queued work remains for `resume`.
+    Drained,
+    /// Cancelled: in-flight cases were cancelled (cleanup ran); done work is kept.
+    Cancelled,
+}
+
+/// Answer of the `status` query, and (with `end`) the workflow's result.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchStatus {
+    pub batch_id: String,
+    pub phase: Phase,
+    pub counts: Counts,
+    /// Case indices currently admitted.
+    pub in_flight: Vec<u32>,
+    pub counters: Counters,
+    pub timeline: Vec<TimelineStep>,
+    pub segment: u32,
+    pub concurrency: u32,
+}
+
+/// The workflow's result: final status plus the per-case slots a resume starts from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchOutcome {
+    pub end: BatchEnd,
+    pub status: BatchStatus,
+    pub slots: Vec<CaseSlot>,
+}

@@ -1,0 +1,32 @@
+//! Stable wire types: everything that crosses a process boundary through Temporal.
+//!
+//! Owns the workflow input/result, activity inputs/outputs, the names of signals and
+//! queries, and the failure taxonomy. These payloads live in Temporal history, so they stay
+//! compact (ids, statuses, small summaries) and change only in backward-compatible ways: new
+//! fields are `#[serde(default)]`. This crate must not do I/O or depend on the engine.
+
+pub mod batch;
+pub mod failure;
+pub mod stage;
+
+pub use batch::*;
+pub use failure::codes;
+pub use failure::{Failure, FailureClass, Stage};
+pub use stage::*;
+
+/// Task queue the worker polls and batches are started on.
+pub const TASK_QUEUE: &str = "casebatch";
+
+/// Workflow id of a batch: one workflow per batch id.
+pub fn workflow_id(batch_id: &str) -> String {
+    format!("casebatch-{batch_id}")
+}
+
+/// Names of the operations, usable from `temporal workflow signal/query` as well as the CLI.
+pub mod ops {
+    pub const SIGNAL_DRAIN: &str = "drain";
+    pub const SIGNAL_PAUSE: &str = "pause";
+    pub const SIGNAL_UNPAUSE: &str = "unpause";
+    pub const SIGNAL_CANCEL: &str = "cancel";
+    pub const QUERY_STATUS: &str = "status";
+}

@@ -1,0 +1,144 @@
+//! Inputs and outputs of the per-case stage activities.
+//!
+//! Every activity is keyed by [`AttemptKey`], which makes it idempotent by
+//! `(batch_id, case_index, attempt)`: a retried `submit` finds the job it already started.
+
+use serde::{Deserialize, Serialize};
+
+use crate::failure::Failure;
+
+/// Identity of one attempt of one case, plus where its bundle lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptKey {
+    pub batch_id: String,
+    /// Absolute path of `<output-dir>/<batch_id>`; shared storage in cluster mode.
+    pub bundle_dir: String,
+    pub case_index: u32,
+    /// Starts at 1.
+    pub attempt: u32,
+    /// Extra memory granted to this attempt only (OOM escalation); the manifest is unchanged.
+    #[serde(default)]
+    pub memory_boost_mb: Option<u64>,
+}
+
+impl AttemptKey {
+    /// The allocation marker: inherited by every process of the attempt, so cleanup can find
+    /// descendants that detached, and adoption can find a job without trusting a stale pid.
+    pub fn marker(&self) -> String {
+        format!("{}/{}/{}", self.batch_id, self.case_index, self.attempt)
+    }
+}
+
+/// What `provision` and `submit` report. `Err` means the stage failed with a classified failure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StageResult {
+    Ok,
+    Failed(Failure),
+}
+
+/// A reference to a started job, heartbeated by `await` so a retry can re-attach to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRef {
+    pub marker: String,
+    pub pid: Option<u32>,
+    /// Process start time in clock ticks since boot (`/proc/<pid>/stat` field 22): with the
+    /// pid it names one process, never a recycled pid.
+    pub start_ticks: Option<u64>,
+}
+
+/// Status of the actor, kept apart from the evaluator's verdict and cleanup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActorStatus {
+    /// Exited 0 (or said it finished in its result JSON).
+    Finished,
+    /// Exited non-zero, was killed, timed out or could not start.
+    Failed,
+    /// Stopped by a batch cancel.
+    Cancelled,
+}
+
+/// What `await` returns once the job is over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorReport {
+    pub status: ActorStatus,
+    pub exit_code: Option<i32>,
+    pub failure: Option<Failure>,
+    /// True when this result was harvested from a job started before a crash.
+    #[serde(default)]
+    pub adopted: bool,
+}
+
+/// The evaluator's verdict on the actor's work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Pass,
+    Fail,
+}
+
+/// What `evaluate` returns. `verdict: None` with no failure means no evaluator is configured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evaluation {
+    pub configured: bool,
+    pub verdict: Option<Verdict>,
+    pub failure: Option<Failure>,
+}
+
+/// The compact record of one finished attempt: what the workflow decided from the stages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptSummary {
+    pub attempt: u32,
+    pub actor: Option<ActorStatus>,
+    pub exit_code: Option<i32>,
+    pub evaluation_configured: bool,
+    pub verdict: Option<Verdict>,
+    /// The failure that decides this attempt's outcome (first one born), if any.
+    pub failure: Option<Failure>,
+    /// A trace-collection failure that kept the work (reported apart).
+    #[serde(default)]
+    pub collect_failure: Option<Failure>,
+    #[serde(default)]
+    pub adopted: bool,
+    #[serde(default)]
+    pub memory_boost_mb: Option<u64>,
+}
+
+/// Input of `cleanup`: it also records the attempt (cleanup runs for every provisioned attempt,
+/// so it is the one stage that sees every outcome).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CleanupInput {
+    pub key: AttemptKey,
+    pub summary: AttemptSummary,
+    /// Whether the workflow will run another attempt of this case.
+    pub will_retry: bool,
+}
+
+/// The cleanup receipt's essentials.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CleanupReport {
+    pub cleanup_confirmed: bool,
+    pub failure: Option<Failure>,
+}
+
+/// Input of `finalize`: writes the batch-level files of the bundle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalizeInput {
+    pub batch_id: String,
+    pub bundle_dir: String,
+    pub status: crate::batch::BatchStatus,
+}
+
+/// What `submit` returns: the started (or already running) job, or a classified failure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SubmitResult {
+    Started(JobRef),
+    Failed(Failure),
+}
+
+/// Input of `await`: the attempt and the job `submit` started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AwaitInput {
+    pub key: AttemptKey,
+    pub job: JobRef,
+}
