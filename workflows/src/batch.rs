@@ -1,0 +1,379 @@
+//! `BatchWorkflow`: one workflow per batch. Admits cases up to the concurrency limit, obeys
+//! drain / pause / unpause / cancel signals, answers the `status` query, and continues as new
+//! before history grows large.
+//!
+//! Lifecycle of one run:
+//!
+//! ```text
+//!            ┌──────── pause ───────┐
+//!            ▼                      │
+//!  start → Running ⇄ Paused    (unpause)
+//!            │ drain → Draining ──(in-flight done)──→ end: Drained   (queued work kept)
+//!            │ cancel → Cancelling ─(cleanup done)──→ end: Cancelled (done work kept)
+//!            │ history budget → stop admitting ─────→ continue-as-new (state carried)
+//!            └─ every case terminal ────────────────→ end: Completed
+//! ```
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::{Duration, UNIX_EPOCH};
+
+use casebatch_proto::{
+    BatchEnd, BatchInput, BatchOutcome, BatchStatus, Carried, CaseSlot, CaseState, Counters,
+    Counts, FinalizeInput, Phase, TimelineStep,
+};
+use futures::future::LocalBoxFuture;
+use temporalio_common::RetryPolicy;
+use temporalio_macros::{workflow, workflow_methods};
+use temporalio_sdk::{
+    ContinueAsNewOptions, LocalActivityOptions, SyncWorkflowContext, WorkflowCancellationToken,
+    WorkflowContext, WorkflowContextView, WorkflowResult,
+};
+
+use crate::case::{CaseDone, CaseParams, run_case};
+use crate::contracts::Finalize;
+
+/// The timeline keeps its newest steps only, so history stays compact.
+const TIMELINE_KEEP: usize = 200;
+/// Continue-as-new once history passes this many events (Temporal's limit is 51,200).
+const DEFAULT_HISTORY_BUDGET: u32 = 10_000;
+
+#[workflow]
+pub struct BatchWorkflow {
+    input: BatchInput,
+    slots: Vec<CaseSlot>,
+    counters: Counters,
+    timeline: Vec<TimelineStep>,
+    segment: u32,
+    paused: bool,
+    draining: bool,
+    cancelling: bool,
+    /// Bumped by every control signal so the admission loop wakes up.
+    control_gen: u64,
+    in_flight: BTreeSet<u32>,
+    finished: bool,
+}
+
+#[workflow_methods]
+impl BatchWorkflow {
+    #[init]
+    pub fn new(_ctx: &WorkflowContextView, mut input: BatchInput) -> Self {
+        let carried = input.carried.take().unwrap_or_default();
+        let mut slots = carried.slots;
+        slots.resize(input.case_count as usize, CaseSlot::default());
+        for s in &mut slots {
+            // A case running when its run ended was not finished: it is queued again (its
+            // next attempt adopts the job if it is still alive).
+            if s.state == CaseState::Running {
+                s.state = CaseState::Queued;
+            }
+        }
+        Self {
+            input,
+            slots,
+            counters: carried.counters,
+            timeline: carried.timeline,
+            segment: carried.segment + 1,
+            paused: carried.paused,
+            draining: false,
+            cancelling: false,
+            control_gen: 0,
+            in_flight: BTreeSet::new(),
+            finished: false,
+        }
+    }
+
+    #[run]
+    pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<BatchOutcome> {
+        let (segment, counts) = ctx.state(|s| (s.segment, Counts::of(&s.slots)));
+        note(
+            ctx,
+            format!(
+                "segment {segment} started: {} queued, {} done",
+                counts.queued,
+                counts.done()
+            ),
+        );
+        // In-flight case work is cancelled through this token (child of the workflow's own
+        // cancellation, so `temporal workflow cancel` works too); cleanup uses detached tokens.
+        let case_cancel = ctx.cancellation_token().child_token();
+        let budget = ctx.state(|s| s.input.history_budget.unwrap_or(DEFAULT_HISTORY_BUDGET));
+        let mut inflight: Vec<(u32, LocalBoxFuture<'static, CaseDone>)> = Vec::new();
+        let mut cursor = 0usize;
+
+        loop {
+            let (paused, draining, cancelling, gen_seen) =
+                ctx.state(|s| (s.paused, s.draining, s.cancelling, s.control_gen));
+            let history_full = ctx.history_length() >= budget || ctx.continue_as_new_suggested();
+
+            if cancelling && !case_cancel.is_cancelled() {
+                case_cancel.cancel();
+            }
+            if !paused && !draining && !cancelling && !history_full {
+                let limit = ctx.state(|s| s.input.concurrency.max(1)) as usize;
+                while inflight.len() < limit {
+                    let Some(index) = next_queued(ctx, &mut cursor) else {
+                        break;
+                    };
+                    let params = ctx.state_mut(|s| {
+                        s.slots[index as usize].state = CaseState::Running;
+                        s.in_flight.insert(index);
+                        CaseParams {
+                            batch_id: s.input.batch_id.clone(),
+                            bundle_dir: s.input.bundle_dir.clone(),
+                            case_index: index,
+                            attempts_before: s.slots[index as usize].attempts,
+                            max_retries: s.input.max_retries,
+                            retry_backoff_ms: s.input.retry_backoff_ms,
+                            max_timeout_seconds: s.input.max_timeout_seconds,
+                        }
+                    });
+                    let fut = run_case(ctx.clone(), params, case_cancel.clone());
+                    inflight.push((index, Box::pin(fut)));
+                }
+            }
+
+            if inflight.is_empty() {
+                let queued = ctx.state(|s| s.slots.iter().any(|c| !c.state.is_terminal()));
+                if cancelling {
+                    return finish(ctx, BatchEnd::Cancelled).await;
+                }
+                if !queued {
+                    return finish(ctx, BatchEnd::Completed).await;
+                }
+                if draining {
+                    return finish(ctx, BatchEnd::Drained).await;
+                }
+                if history_full {
+                    return continue_as_new(ctx);
+                }
+                // Paused with nothing in flight: sleep until a control signal arrives.
+                let _ = ctx
+                    .wait_condition(move |s: &Self| s.control_gen != gen_seen)
+                    .await;
+                if ctx.cancellation_token().is_cancelled() {
+                    ctx.state_mut(|s| s.cancelling = true);
+                }
+                continue;
+            }
+
+            // Wait for the first of: a case finishing, or a control signal. Polled in index
+            // order with poll_fn (not FuturesUnordered, which trips the SDK's determinism
+            // detector).
+            let mut control =
+                Box::pin(ctx.wait_condition(move |s: &Self| s.control_gen != gen_seen));
+            let event = std::future::poll_fn(|cx| {
+                for (i, (_, fut)) in inflight.iter_mut().enumerate() {
+                    if let Poll::Ready(done) = fut.as_mut().poll(cx) {
+                        return Poll::Ready(Some((i, done)));
+                    }
+                }
+                match Pin::new(&mut control).poll(cx) {
+                    Poll::Ready(_) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+            drop(control);
+
+            match event {
+                Some((i, done)) => {
+                    // Remove in place: keeps the admission order of the rest.
+                    drop(inflight.remove(i));
+                    record_case(ctx, done);
+                }
+                None => {
+                    if ctx.cancellation_token().is_cancelled() {
+                        ctx.state_mut(|s| s.cancelling = true);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Admit nothing new; admitted cases finish; the run then ends as drained.
+    #[signal(name = "drain")]
+    pub fn drain(&mut self, ctx: &mut SyncWorkflowContext<Self>) {
+        if !self.draining {
+            self.draining = true;
+            self.push_note(ctx, "drain requested: no new admissions".into());
+        }
+        self.control_gen += 1;
+    }
+
+    /// Stop admissions; the run keeps waiting.
+    #[signal(name = "pause")]
+    pub fn pause(&mut self, ctx: &mut SyncWorkflowContext<Self>) {
+        if !self.paused {
+            self.paused = true;
+            self.push_note(ctx, "paused".into());
+        }
+        self.control_gen += 1;
+    }
+
+    /// Restart admissions after a pause.
+    #[signal(name = "unpause")]
+    pub fn unpause(&mut self, ctx: &mut SyncWorkflowContext<Self>) {
+        if self.paused {
+            self.paused = false;
+            self.push_note(ctx, "unpaused".into());
+        }
+        self.control_gen += 1;
+    }
+
+    /// Cancel in-flight cases (their cleanup still runs) and end as cancelled.
+    #[signal(name = "cancel")]
+    pub fn cancel(&mut self, ctx: &mut SyncWorkflowContext<Self>) {
+        if !self.cancelling {
+            self.cancelling = true;
+            self.push_note(
+                ctx,
+                "cancel requested: in-flight cases are being cancelled".into(),
+            );
+        }
+        self.control_gen += 1;
+    }
+
+    /// Per-state counts, in-flight cases, counters and the progress timeline.
+    #[query(name = "status")]
+    pub fn status(&self, _ctx: &WorkflowContextView) -> BatchStatus {
+        self.snapshot()
+    }
+}
+
+impl BatchWorkflow {
+    fn phase(&self) -> Phase {
+        if self.finished {
+            Phase::Finished
+        } else if self.cancelling {
+            Phase::Cancelling
+        } else if self.draining {
+            Phase::Draining
+        } else if self.paused {
+            Phase::Paused
+        } else {
+            Phase::Running
+        }
+    }
+
+    fn snapshot(&self) -> BatchStatus {
+        BatchStatus {
+            batch_id: self.input.batch_id.clone(),
+            phase: self.phase(),
+            counts: Counts::of(&self.slots),
+            in_flight: self.in_flight.iter().copied().collect(),
+            counters: self.counters.clone(),
+            timeline: self.timeline.clone(),
+            segment: self.segment,
+            concurrency: self.input.concurrency,
+        }
+    }
+
+    fn push_note(&mut self, ctx: &SyncWorkflowContext<Self>, message: String) {
+        let at_ms = ctx
+            .workflow_time()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_millis() as u64);
+        push_step(&mut self.timeline, at_ms, message);
+    }
+}
+
+fn push_step(timeline: &mut Vec<TimelineStep>, at_ms: u64, message: String) {
+    timeline.push(TimelineStep { at_ms, message });
+    if timeline.len() > TIMELINE_KEEP {
+        let excess = timeline.len() - TIMELINE_KEEP;
+        timeline.drain(..excess);
+    }
+}
+
+fn note(ctx: &WorkflowContext<BatchWorkflow>, message: String) {
+    let at_ms = ctx
+        .workflow_time()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64);
+    ctx.state_mut(|s| push_step(&mut s.timeline, at_ms, message));
+}
+
+/// The next queued case at or after the cursor (cases are admitted in plan order).
+fn next_queued(ctx: &WorkflowContext<BatchWorkflow>, cursor: &mut usize) -> Option<u32> {
+    ctx.state(|s| {
+        while *cursor < s.slots.len() {
+            let i = *cursor;
+            *cursor += 1;
+            if s.slots[i].state == CaseState::Queued {
+                return Some(i as u32);
+            }
+        }
+        None
+    })
+}
+
+fn record_case(ctx: &WorkflowContext<BatchWorkflow>, done: CaseDone) {
+    for n in &done.notes {
+        note(ctx, n.clone());
+    }
+    ctx.state_mut(|s| {
+        let slot = &mut s.slots[done.case_index as usize];
+        slot.state = done.state;
+        slot.attempts = done.attempts;
+        s.in_flight.remove(&done.case_index);
+        s.counters.adopted += done.adopted;
+        s.counters.redispatched += done.redispatched;
+        s.counters.retries += done.retries;
+        s.counters.cleanup_unconfirmed += done.cleanup_unconfirmed;
+    });
+}
+
+async fn finish(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    end: BatchEnd,
+) -> WorkflowResult<BatchOutcome> {
+    let counts = ctx.state(|s| Counts::of(&s.slots));
+    note(
+        ctx,
+        format!(
+            "run ended ({end:?}): {} succeeded, {} failed, {} cancelled, {} queued",
+            counts.succeeded, counts.failed, counts.cancelled, counts.queued
+        ),
+    );
+    ctx.state_mut(|s| s.finished = true);
+    let (input, status) = ctx.state(|s| {
+        (
+            FinalizeInput {
+                batch_id: s.input.batch_id.clone(),
+                bundle_dir: s.input.bundle_dir.clone(),
+                status: s.snapshot(),
+            },
+            s.snapshot(),
+        )
+    });
+    let opts = LocalActivityOptions::builder()
+        .start_to_close_timeout(Duration::from_secs(120))
+        .retry_policy(RetryPolicy::builder().maximum_attempts(3).build())
+        .cancellation_token(WorkflowCancellationToken::new())
+        .build();
+    // The bundle can always be rebuilt by `report`; a failed write must not lose the outcome.
+    let _ = ctx.execute_local_activity(Finalize, input, opts).await;
+    let slots = ctx.state(|s| s.slots.clone());
+    Ok(BatchOutcome { end, status, slots })
+}
+
+fn continue_as_new(ctx: &WorkflowContext<BatchWorkflow>) -> WorkflowResult<BatchOutcome> {
+    let next = ctx.state(|s| {
+        let mut input = s.input.clone();
+        input.carried = Some(Carried {
+            slots: s.slots.clone(),
+            counters: s.counters.clone(),
+            timeline: s.timeline.clone(),
+            paused: s.paused,
+            segment: s.segment,
+        });
+        input
+    });
+    match ctx.continue_as_new(next, ContinueAsNewOptions::default()) {
+        Err(termination) => Err(termination),
+        Ok(never) => match never {},
+    }
+}

@@ -1,0 +1,311 @@
+//! The per-case pipeline: provision → submit → await → evaluate → collect → cleanup, repeated
+//! for each attempt the failure taxonomy allows.
+//!
+//! Short idempotent stages run as local activities (they re-run on replay after a worker
+//! crash, which is harmless because each is keyed by its attempt); the long wait is a full
+//! activity that heartbeats its job reference so a retry on another worker adopts the job.
+
+use std::time::Duration;
+
+use casebatch_proto::{
+    ActorReport, ActorStatus, AttemptKey, AttemptSummary, AwaitInput, CaseState, CleanupInput,
+    Failure, Stage, StageResult, SubmitResult, codes,
+};
+use temporalio_common::RetryPolicy;
+use temporalio_sdk::{
+    ActivityExecutionError, ActivityOptions, LocalActivityOptions, WorkflowCancellationToken,
+    WorkflowContext,
+};
+
+use crate::batch::BatchWorkflow;
+use crate::contracts::{AwaitJob, Cleanup, Collect, Evaluate, Provision, Submit};
+use crate::decide::{self, Next, Spent};
+
+/// Heartbeat timeout of `await`: how quickly a crashed worker's job is adopted elsewhere.
+const AWAIT_HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// Static facts the pipeline needs about its batch.
+#[derive(Debug, Clone)]
+pub(crate) struct CaseParams {
+    pub batch_id: String,
+    pub bundle_dir: String,
+    pub case_index: u32,
+    /// Attempts made by earlier runs of this batch (resume continues the numbering).
+    pub attempts_before: u32,
+    pub max_retries: u32,
+    pub retry_backoff_ms: u64,
+    pub max_timeout_seconds: u64,
+}
+
+/// What a finished case reports back to admission.
+#[derive(Debug, Clone)]
+pub(crate) struct CaseDone {
+    pub case_index: u32,
+    pub state: CaseState,
+    pub attempts: u32,
+    pub adopted: u32,
+    pub redispatched: u32,
+    pub retries: u32,
+    pub cleanup_unconfirmed: u32,
+    pub notes: Vec<String>,
+}
+
+fn local(timeout: Duration, token: &WorkflowCancellationToken) -> LocalActivityOptions {
+    LocalActivityOptions::builder()
+        .start_to_close_timeout(timeout)
+        .retry_policy(
+            RetryPolicy::builder()
+                .initial_interval(Duration::from_millis(500))
+                .maximum_attempts(3)
+                .build(),
+        )
+        .cancellation_token(token.clone())
+        .build()
+}
+
+/// An activity error that is not a classified outcome: the platform's fault.
+fn activity_failure(stage: Stage, err: &ActivityExecutionError) -> Failure {
+    Failure::infra(stage, codes::ACTIVITY_ERROR, err.to_string())
+}
+
+/// Runs every attempt of one case until it finishes, is cancelled, or runs out of budget.
+pub(crate) async fn run_case(
+    ctx: WorkflowContext<BatchWorkflow>,
+    p: CaseParams,
+    cancel: WorkflowCancellationToken,
+) -> CaseDone {
+    let mut done = CaseDone {
+        case_index: p.case_index,
+        state: CaseState::Failed,
+        attempts: p.attempts_before,
+        adopted: 0,
+        redispatched: 0,
+        retries: 0,
+        cleanup_unconfirmed: 0,
+        notes: Vec::new(),
+    };
+    let mut spent = Spent::default();
+    loop {
+        done.attempts += 1;
+        let key = AttemptKey {
+            batch_id: p.batch_id.clone(),
+            bundle_dir: p.bundle_dir.clone(),
+            case_index: p.case_index,
+            attempt: done.attempts,
+            memory_boost_mb: None,
+        };
+        let summary = run_attempt(&ctx, &p, &key, &cancel, &mut done).await;
+        let cancelled = cancel.is_cancelled();
+        let next = decide::next(&summary, cancelled, p.max_retries, spent);
+        done.adopted += u32::from(summary.adopted);
+
+        match next {
+            Next::Finish(state) => {
+                done.state = state;
+                return done;
+            }
+            Next::Redispatch => {
+                spent.redispatches += 1;
+                done.redispatched += 1;
+                done.notes.push(format!(
+                    "case {}: job lost with nothing to adopt; re-dispatched as attempt {}",
+                    p.case_index,
+                    done.attempts + 1
+                ));
+            }
+            Next::Retry => {
+                spent.retries += 1;
+                done.retries += 1;
+                let failure = summary.failure.as_ref().map(ToString::to_string);
+                done.notes.push(format!(
+                    "case {}: retry {} after {}",
+                    p.case_index,
+                    spent.retries,
+                    failure.unwrap_or_default()
+                ));
+                // Linear backoff; a cancel during the wait ends the case.
+                let backoff = Duration::from_millis(p.retry_backoff_ms * u64::from(spent.retries));
+                if !backoff.is_zero() {
+                    temporalio_sdk::workflows::select! {
+                        _ = ctx.timer(backoff) => {}
+                        _ = cancel.cancelled() => {}
+                    }
+                }
+                if cancel.is_cancelled() {
+                    done.state = CaseState::Cancelled;
+                    return done;
+                }
+            }
+        }
+    }
+}
+
+/// One attempt through every stage. Cleanup runs for every provisioned attempt, on a
+/// cancellation token detached from the batch's so a cancel cannot skip it.
+async fn run_attempt(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    p: &CaseParams,
+    key: &AttemptKey,
+    cancel: &WorkflowCancellationToken,
+    done: &mut CaseDone,
+) -> AttemptSummary {
+    let mut s = AttemptSummary {
+        attempt: key.attempt,
+        actor: None,
+        exit_code: None,
+        evaluation_configured: false,
+        verdict: None,
+        failure: None,
+        collect_failure: None,
+        adopted: false,
+        memory_boost_mb: key.memory_boost_mb,
+    };
+    let short = Duration::from_secs(60);
+
+    // provision
+    let provisioned = match ctx
+        .execute_local_activity(Provision, key.clone(), local(short, cancel))
+        .await
+    {
+        Ok(StageResult::Ok) => true,
+        Ok(StageResult::Failed(f)) => {
+            s.failure = Some(f);
+            // A failed provision may have created things: clean them up too.
+            true
+        }
+        Err(e) => {
+            mark_error(&mut s, cancel, Stage::Provision, &e);
+            false
+        }
+    };
+
+    // submit
+    let mut job = None;
+    if s.failure.is_none() && s.actor.is_none() {
+        match ctx
+            .execute_local_activity(Submit, key.clone(), local(short, cancel))
+            .await
+        {
+            Ok(SubmitResult::Started(j)) => job = Some(j),
+            Ok(SubmitResult::Failed(f)) => {
+                s.actor = Some(ActorStatus::Failed);
+                s.failure = Some(f);
+            }
+            Err(e) => mark_error(&mut s, cancel, Stage::Submit, &e),
+        }
+    }
+
+    // await: a full activity, so a crashed worker's job is adopted by the retry
+    if let Some(job) = job {
+        let timeout = Duration::from_secs(p.max_timeout_seconds) + Duration::from_secs(120);
+        let opts = ActivityOptions::with_start_to_close_timeout(timeout)
+            .heartbeat_timeout(AWAIT_HEARTBEAT)
+            .cancellation_token(cancel.clone())
+            .retry_policy(
+                RetryPolicy::builder()
+                    .initial_interval(Duration::from_millis(500))
+                    .backoff_coefficient(1.5)
+                    .maximum_interval(Duration::from_secs(5))
+                    .maximum_attempts(20)
+                    .build(),
+            )
+            .build();
+        let input = AwaitInput {
+            key: key.clone(),
+            job,
+        };
+        match ctx.execute_activity(AwaitJob, input, opts).await {
+            Ok(ActorReport {
+                status,
+                exit_code,
+                failure,
+                adopted,
+            }) => {
+                s.actor = Some(status);
+                s.exit_code = exit_code;
+                s.failure = failure;
+                s.adopted = adopted;
+            }
+            Err(e) => mark_error(&mut s, cancel, Stage::Await, &e),
+        }
+    }
+
+    let actor_finished = s.actor == Some(ActorStatus::Finished) && s.failure.is_none();
+
+    // evaluate: only a finished actor has work to judge
+    if actor_finished && !cancel.is_cancelled() {
+        let long = Duration::from_secs(p.max_timeout_seconds.max(60));
+        match ctx
+            .execute_local_activity(Evaluate, key.clone(), local(long, cancel))
+            .await
+        {
+            Ok(eval) => {
+                s.evaluation_configured = eval.configured;
+                s.verdict = eval.verdict;
+                if eval.failure.is_some() {
+                    s.failure = eval.failure;
+                }
+            }
+            Err(e) => {
+                s.evaluation_configured = true;
+                mark_error(&mut s, cancel, Stage::Evaluate, &e);
+            }
+        }
+    }
+
+    // collect: a failure keeps the work
+    if actor_finished && !cancel.is_cancelled() {
+        match ctx
+            .execute_local_activity(Collect, key.clone(), local(short, cancel))
+            .await
+        {
+            Ok(f) => s.collect_failure = f,
+            Err(e) => s.collect_failure = Some(activity_failure(Stage::Collect, &e)),
+        }
+    }
+
+    if cancel.is_cancelled() && s.actor != Some(ActorStatus::Finished) {
+        s.actor = Some(ActorStatus::Cancelled);
+    }
+
+    // cleanup: always, for every provisioned attempt
+    if provisioned {
+        let spent_now = Spent {
+            retries: done.retries,
+            redispatches: done.redispatched,
+        };
+        let will_retry = !matches!(
+            decide::next(&s, cancel.is_cancelled(), p.max_retries, spent_now),
+            Next::Finish(_)
+        );
+        let input = CleanupInput {
+            key: key.clone(),
+            summary: s.clone(),
+            will_retry,
+        };
+        let detached = WorkflowCancellationToken::new();
+        match ctx
+            .execute_local_activity(Cleanup, input, local(short, &detached))
+            .await
+        {
+            Ok(r) if r.cleanup_confirmed => {}
+            Ok(_) | Err(_) => done.cleanup_unconfirmed += 1,
+        }
+    }
+    s
+}
+
+/// Records an unexpected activity error; a cancel is not a failure.
+fn mark_error(
+    s: &mut AttemptSummary,
+    cancel: &WorkflowCancellationToken,
+    stage: Stage,
+    err: &ActivityExecutionError,
+) {
+    if cancel.is_cancelled() || matches!(err, ActivityExecutionError::Cancelled(_)) {
+        s.actor = Some(ActorStatus::Cancelled);
+    } else {
+        s.actor.get_or_insert(ActorStatus::Failed);
+        s.failure = Some(activity_failure(stage, err));
+    }
+}

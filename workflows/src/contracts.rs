@@ -1,0 +1,57 @@
+//! The stage activities as typed contracts: name, input and output.
+//!
+//! Declared here (not in `casebatch-activities`) so workflow code never links the code that
+//! does I/O. The activities crate implements each with `#[activity(definition = ...)]`.
+
+use casebatch_proto::{
+    ActorReport, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation, Failure,
+    FinalizeInput, StageResult, SubmitResult,
+};
+use temporalio_common::ActivityDefinition;
+
+macro_rules! contract {
+    ($(#[$doc:meta])* $ty:ident, $name:literal, $input:ty => $output:ty) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy)]
+        pub struct $ty;
+
+        impl ActivityDefinition for $ty {
+            type Input = $input;
+            type Output = $output;
+
+            fn name(&self) -> &str {
+                $name
+            }
+        }
+    };
+}
+
+contract!(
+    /// Prepare a fresh environment for the attempt (working and evidence directories).
+    Provision, "casebatch.provision", AttemptKey => StageResult
+);
+contract!(
+    /// Start the attempt's job, or find the one already started for this attempt.
+    Submit, "casebatch.submit", AttemptKey => SubmitResult
+);
+contract!(
+    /// Wait for the job to end, heartbeating its reference; a retry re-attaches (adoption).
+    AwaitJob, "casebatch.await", AwaitInput => ActorReport
+);
+contract!(
+    /// Run the evaluator, which observes the actor's effect and writes a verdict.
+    Evaluate, "casebatch.evaluate", AttemptKey => Evaluation
+);
+contract!(
+    /// Collect the attempt's trace; a failure keeps the work and is reported apart.
+    Collect, "casebatch.collect", AttemptKey => Option<Failure>
+);
+contract!(
+    /// Stop every process of the attempt, confirm they are gone, write the receipt and the
+    /// attempt record.
+    Cleanup, "casebatch.cleanup", CleanupInput => CleanupReport
+);
+contract!(
+    /// Write the batch-level files of the bundle (results, attempts, summary).
+    Finalize, "casebatch.finalize", FinalizeInput => bool
+);

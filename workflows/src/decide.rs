@@ -1,0 +1,164 @@
+//! Pure decisions of the case pipeline: what an attempt's stages add up to, and whether the
+//! case gets another attempt. No SDK types here, so it is unit-tested directly.
+
+use casebatch_proto::{ActorStatus, AttemptSummary, CaseState, FailureClass, Verdict, codes};
+
+/// Crashes that left nothing to adopt are re-dispatched without spending `max_retries`, up
+/// to this many times per case.
+pub const MAX_REDISPATCHES: u32 = 3;
+
+/// What to do after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// The case is over in this state.
+    Finish(CaseState),
+    /// Run another attempt because a retryable failure happened (counts against max_retries).
+    Retry,
+    /// Run another attempt because the job was lost with nothing to adopt.
+    Redispatch,
+}
+
+/// Budget already spent by earlier attempts of this case.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Spent {
+    pub retries: u32,
+    pub redispatches: u32,
+}
+
+/// The outcome of a finished attempt, before any retry decision.
+pub fn attempt_state(s: &AttemptSummary) -> CaseState {
+    if s.actor == Some(ActorStatus::Cancelled) {
+        return CaseState::Cancelled;
+    }
+    if s.failure.is_some() {
+        return CaseState::Failed;
+    }
+    let actor_ok = s.actor == Some(ActorStatus::Finished);
+    // A finished actor with a pending or failed evaluation is not a verified success.
+    let verified = !s.evaluation_configured || s.verdict == Some(Verdict::Pass);
+    if actor_ok && verified {
+        CaseState::Succeeded
+    } else {
+        CaseState::Failed
+    }
+}
+
+/// Decide the next step from the attempt's summary and the budget left.
+pub fn next(s: &AttemptSummary, cancelled: bool, max_retries: u32, spent: Spent) -> Next {
+    let state = attempt_state(s);
+    if cancelled || state != CaseState::Failed {
+        return Next::Finish(if cancelled {
+            CaseState::Cancelled
+        } else {
+            state
+        });
+    }
+    let Some(failure) = &s.failure else {
+        return Next::Finish(state);
+    };
+    if failure.class != FailureClass::Infra || !failure.retryable {
+        return Next::Finish(state);
+    }
+    if failure.code == codes::JOB_LOST && spent.redispatches < MAX_REDISPATCHES {
+        return Next::Redispatch;
+    }
+    if spent.retries < max_retries {
+        Next::Retry
+    } else {
+        Next::Finish(state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use casebatch_proto::{Failure, Stage};
+
+    fn summary(actor: ActorStatus, failure: Option<Failure>) -> AttemptSummary {
+        AttemptSummary {
+            attempt: 1,
+            actor: Some(actor),
+            exit_code: Some(0),
+            evaluation_configured: false,
+            verdict: None,
+            failure,
+            collect_failure: None,
+            adopted: false,
+            memory_boost_mb: None,
+        }
+    }
+
+    #[test]
+    fn finished_actor_without_evaluator_succeeds() {
+        let s = summary(ActorStatus::Finished, None);
+        assert_eq!(
+            next(&s, false, 1, Spent::default()),
+            Next::Finish(CaseState::Succeeded)
+        );
+    }
+
+    #[test]
+    fn finished_actor_with_missing_verdict_is_not_a_success() {
+        let mut s = summary(ActorStatus::Finished, None);
+        s.evaluation_configured = true;
+        assert_eq!(attempt_state(&s), CaseState::Failed);
+        s.verdict = Some(Verdict::Pass);
+        assert_eq!(attempt_state(&s), CaseState::Succeeded);
+    }
+
+    #[test]
+    fn retryable_infra_is_retried_until_budget_is_spent() {
+        let f = Failure::infra(Stage::Submit, codes::SPAWN_FAILED, "boom");
+        let s = summary(ActorStatus::Failed, Some(f));
+        assert_eq!(next(&s, false, 2, Spent::default()), Next::Retry);
+        let spent = Spent {
+            retries: 2,
+            redispatches: 0,
+        };
+        assert_eq!(next(&s, false, 2, spent), Next::Finish(CaseState::Failed));
+        assert_eq!(
+            next(&s, false, 0, Spent::default()),
+            Next::Finish(CaseState::Failed)
+        );
+    }
+
+    #[test]
+    fn harness_config_agent_and_oom_are_never_retried() {
+        let failures = [
+            Failure::harness(Stage::Await, codes::HARNESS_EXIT, "exit 3"),
+            Failure::config(Stage::Provision, "MISSING", "no harness"),
+            Failure::agent("verdict fail"),
+            Failure::oom(Some(64)),
+        ];
+        for f in failures {
+            let s = summary(ActorStatus::Failed, Some(f.clone()));
+            assert_eq!(
+                next(&s, false, 5, Spent::default()),
+                Next::Finish(CaseState::Failed),
+                "{f}"
+            );
+        }
+    }
+
+    #[test]
+    fn lost_jobs_are_redispatched_without_spending_retries() {
+        let f = Failure::infra(Stage::Await, codes::JOB_LOST, "gone");
+        let s = summary(ActorStatus::Failed, Some(f));
+        assert_eq!(next(&s, false, 0, Spent::default()), Next::Redispatch);
+        let spent = Spent {
+            retries: 0,
+            redispatches: MAX_REDISPATCHES,
+        };
+        assert_eq!(next(&s, false, 0, spent), Next::Finish(CaseState::Failed));
+    }
+
+    #[test]
+    fn cancel_wins_over_everything() {
+        let f = Failure::infra(Stage::Submit, codes::SPAWN_FAILED, "boom");
+        let s = summary(ActorStatus::Failed, Some(f));
+        assert_eq!(
+            next(&s, true, 5, Spent::default()),
+            Next::Finish(CaseState::Cancelled)
+        );
+    }
+}

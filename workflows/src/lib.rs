@@ -1,0 +1,14 @@
+//! Deterministic workflow code: the `BatchWorkflow` and the per-case stage pipeline.
+//!
+//! Owns admission (bounded concurrency, drain, pause, cancel), the order of stages for each
+//! case, retry decisions from the failure taxonomy, the progress timeline and
+//! continue-as-new. It must not do I/O, read the wall clock or use randomness other than the
+//! SDK's: everything that touches the world is an activity, declared here only as a contract
+//! ([`contracts`]) and implemented in `casebatch-activities`.
+
+pub mod batch;
+mod case;
+pub mod contracts;
+pub mod decide;
+
+pub use batch::BatchWorkflow;
