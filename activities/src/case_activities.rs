@@ -1,0 +1,355 @@
+//! `CaseActivities`: the implementations of the stage contracts declared in
+//! `casebatch_workflows::contracts`, dispatching to the case's runtime.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use casebatch_bundle::{
+    AttemptRecord, Bundle, CaseResult, EvaluationRecord, Event, RECORD_SCHEMA_VERSION,
+    append_jsonl, layout::attempt_files, read_json, write_batch_files, write_json_atomic,
+};
+use casebatch_manifest::model::{Plan, RuntimeKind};
+use casebatch_proto::{
+    ActorReport, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation, Failure,
+    FinalizeInput, JobRef, Stage, StageResult, SubmitResult, codes,
+};
+use casebatch_workflows::{contracts, decide};
+use temporalio_macros::activities;
+use temporalio_sdk::activities::{ActivityContext, ActivityError};
+
+use crate::evaluator;
+use crate::harness;
+use crate::runtime::fake::Fake;
+use crate::runtime::local_process::LocalProcess;
+use crate::runtime::{AttemptEnv, Liveness, Runtime};
+
+/// The stage activities. One instance per worker; runtimes keep per-process state (children
+/// this worker spawned) and plans are cached per bundle because they never change.
+#[derive(Default)]
+pub struct CaseActivities {
+    local: LocalProcess,
+    fake: Fake,
+    plans: Mutex<HashMap<String, Arc<Plan>>>,
+}
+
+/// Heartbeats through the activity context.
+struct ActivityLiveness<'a>(&'a ActivityContext);
+
+impl Liveness for ActivityLiveness<'_> {
+    async fn heartbeat(&self, job: &JobRef) {
+        let _ = self.0.record_heartbeat(job.clone()).await;
+    }
+    fn is_cancelled(&self) -> bool {
+        self.0.is_cancelled()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Runs `$body` with the case's runtime bound to `$rt`.
+macro_rules! with_runtime {
+    ($self:ident, $env:expr, |$rt:ident| $body:expr) => {
+        match $env.case.runtime {
+            RuntimeKind::LocalProcess => {
+                let $rt = &$self.local;
+                $body
+            }
+            RuntimeKind::Fake => {
+                let $rt = &$self.fake;
+                $body
+            }
+        }
+    };
+}
+
+impl CaseActivities {
+    fn plan(&self, bundle_dir: &str) -> Result<Arc<Plan>, ActivityError> {
+        if let Some(p) = self.plans.lock().expect("lock").get(bundle_dir) {
+            return Ok(p.clone());
+        }
+        let plan = Arc::new(Bundle::at(bundle_dir).read_plan()?);
+        self.plans
+            .lock()
+            .expect("lock")
+            .insert(bundle_dir.to_string(), plan.clone());
+        Ok(plan)
+    }
+
+    fn env(&self, key: &AttemptKey) -> Result<AttemptEnv, ActivityError> {
+        let plan = self.plan(&key.bundle_dir)?;
+        let case = plan.cases.get(key.case_index as usize).ok_or_else(|| {
+            ActivityError::from(anyhow_msg(format!(
+                "case index {} is not in the plan of {}",
+                key.case_index, key.bundle_dir
+            )))
+        })?;
+        Ok(AttemptEnv::new(key.clone(), case.clone()))
+    }
+
+    fn event(env: &AttemptEnv, kind: &str, message: String) {
+        let _ = append_jsonl(
+            &env.bundle.events(),
+            &Event {
+                ts_ms: now_ms(),
+                kind: kind.into(),
+                case_id: Some(env.case.case_id.clone()),
+                attempt: Some(env.key.attempt),
+                message,
+            },
+        );
+    }
+}
+
+fn anyhow_msg(msg: String) -> std::io::Error {
+    std::io::Error::other(msg)
+}
+
+#[activities]
+impl CaseActivities {
+    #[activity(definition = contracts::Provision)]
+    pub async fn provision(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        key: AttemptKey,
+    ) -> Result<StageResult, ActivityError> {
+        let env = self.env(&key)?;
+        std::fs::create_dir_all(&env.dir)?;
+        let spec = serde_json::json!({
+            "schema_version": RECORD_SCHEMA_VERSION,
+            "key": key,
+            "case": env.case,
+            "simulated": env.case.runtime == RuntimeKind::Fake,
+        });
+        write_json_atomic(&env.file(attempt_files::SPEC), &spec)?;
+        let result = with_runtime!(self, env, |rt| rt.provision(&env).await);
+        Ok(match result {
+            Ok(()) => StageResult::Ok,
+            Err(f) => StageResult::Failed(f),
+        })
+    }
+
+    #[activity(definition = contracts::Submit)]
+    pub async fn submit(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        key: AttemptKey,
+    ) -> Result<SubmitResult, ActivityError> {
+        let env = self.env(&key)?;
+        let result = with_runtime!(self, env, |rt| rt.submit(&env).await);
+        Ok(match result {
+            Ok(job) => SubmitResult::Started(job),
+            Err(f) => SubmitResult::Failed(f),
+        })
+    }
+
+    #[activity(definition = contracts::AwaitJob)]
+    pub async fn await_job(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        input: AwaitInput,
+    ) -> Result<ActorReport, ActivityError> {
+        let env = self.env(&input.key)?;
+        // A retry of this activity (the previous worker died) re-attaches to the job named
+        // by the last heartbeat, or finds it by its case key.
+        let job = ctx
+            .heartbeat_details()
+            .deserialize::<JobRef>()
+            .ok()
+            .flatten()
+            .or_else(|| with_runtime!(self, env, |rt| rt.adopt(&env)))
+            .unwrap_or(input.job);
+        let retried = ctx.info().attempt > 1;
+        let live = ActivityLiveness(&ctx);
+        let mut report = with_runtime!(self, env, |rt| rt.await_job(&env, &job, &live).await);
+        report.adopted |= retried
+            && report
+                .failure
+                .as_ref()
+                .is_none_or(|f| f.code != codes::JOB_LOST);
+        if report.adopted {
+            Self::event(
+                &env,
+                "adopted",
+                format!("re-attached to job {}", job.marker),
+            );
+        }
+        if report.status == casebatch_proto::ActorStatus::Cancelled {
+            return Err(ActivityError::cancelled());
+        }
+        Ok(report)
+    }
+
+    #[activity(definition = contracts::Evaluate)]
+    pub async fn evaluate(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        key: AttemptKey,
+    ) -> Result<Evaluation, ActivityError> {
+        let env = self.env(&key)?;
+        let path = env.file(attempt_files::EVALUATION);
+        // Replayed after a crash: the verdict already written stands.
+        if let Ok(done) = read_json::<EvaluationRecord>(&path) {
+            return Ok(evaluator::to_evaluation(&done));
+        }
+        let record = match (&env.case.runtime, &env.case.evaluator) {
+            (RuntimeKind::Fake, _) => {
+                let outcome = env
+                    .case
+                    .fake
+                    .as_ref()
+                    .map(|f| f.outcome)
+                    .unwrap_or_default();
+                evaluator::simulated(outcome)
+            }
+            (_, Some(cmd)) => evaluator::run(&env, cmd).await,
+            (_, None) => EvaluationRecord {
+                schema_version: RECORD_SCHEMA_VERSION.into(),
+                configured: false,
+                verdict: None,
+                scores: Default::default(),
+                failure: None,
+                exit_code: None,
+            },
+        };
+        write_json_atomic(&path, &record)?;
+        Ok(evaluator::to_evaluation(&record))
+    }
+
+    #[activity(definition = contracts::Collect)]
+    pub async fn collect(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        key: AttemptKey,
+    ) -> Result<Option<Failure>, ActivityError> {
+        // The harness writes its artifacts into CASEBATCH_OUTPUT_DIR, which already lives in
+        // the bundle; a remote trace source is not configured, so there is nothing to pull.
+        let env = self.env(&key)?;
+        let output = env.file(attempt_files::OUTPUT);
+        if env.case.runtime == RuntimeKind::LocalProcess && !output.is_dir() {
+            return Ok(Some(Failure::infra(
+                Stage::Collect,
+                "TRACE_COLLECT_FAILED",
+                format!(
+                    "the attempt's output directory {} is gone",
+                    output.display()
+                ),
+            )));
+        }
+        Ok(None)
+    }
+
+    #[activity(definition = contracts::Cleanup)]
+    pub async fn cleanup(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        input: CleanupInput,
+    ) -> Result<CleanupReport, ActivityError> {
+        let env = self.env(&input.key)?;
+        std::fs::create_dir_all(&env.dir)?;
+        let receipt = with_runtime!(self, env, |rt| rt.cleanup(&env).await);
+        write_json_atomic(&env.file(attempt_files::CLEANUP), &receipt)?;
+        let confirmed = receipt.cleanup_confirmed;
+        let s = &input.summary;
+
+        write_json_atomic(
+            &env.file(attempt_files::RECORD),
+            &AttemptRecord {
+                schema_version: RECORD_SCHEMA_VERSION.into(),
+                case_id: env.case.case_id.clone(),
+                summary: s.clone(),
+                cleanup_confirmed: confirmed,
+                will_retry: input.will_retry,
+                runtime: env.case.runtime.as_str().into(),
+            },
+        )?;
+
+        let harness_result = harness::read_result(&env.file(attempt_files::RESULT))
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let eval: Option<EvaluationRecord> = read_json(&env.file(attempt_files::EVALUATION)).ok();
+        let mut scores = harness_result.scores;
+        if let Some(e) = &eval {
+            scores.extend(e.scores.clone());
+        }
+        let state = if input.will_retry {
+            casebatch_bundle::CaseRecordState::Retrying
+        } else {
+            decide::attempt_state(s).into()
+        };
+        let result = CaseResult {
+            schema_version: RECORD_SCHEMA_VERSION.into(),
+            case_id: env.case.case_id.clone(),
+            case_dir: env.case.case_dir.clone(),
+            state,
+            attempts: s.attempt,
+            actor_status: s.actor,
+            exit_code: s.exit_code,
+            evaluation_configured: s.evaluation_configured,
+            verdict: s.verdict,
+            cleanup_confirmed: confirmed,
+            failure: s.failure.clone(),
+            collect_failure: s.collect_failure.clone(),
+            adopted: s.adopted,
+            scores,
+            outputs: harness_result.outputs,
+            simulated: env.case.runtime == RuntimeKind::Fake,
+        };
+        write_json_atomic(&env.bundle.case_result(&env.case.case_dir), &result)?;
+        let simulated = if result.simulated { " (simulated)" } else { "" };
+        Self::event(
+            &env,
+            "attempt_finished",
+            format!(
+                "{}{simulated}: {}{}",
+                state.as_str(),
+                s.failure
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_else(|| "ok".into()),
+                if confirmed {
+                    ""
+                } else {
+                    "; cleanup NOT confirmed"
+                }
+            ),
+        );
+        Ok(CleanupReport {
+            cleanup_confirmed: confirmed,
+            failure: (!confirmed).then(|| {
+                Failure::infra(
+                    Stage::Cleanup,
+                    codes::CLEANUP_UNCONFIRMED,
+                    receipt.message.clone(),
+                )
+            }),
+        })
+    }
+
+    #[activity(definition = contracts::Finalize)]
+    pub async fn finalize(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        input: FinalizeInput,
+    ) -> Result<bool, ActivityError> {
+        let plan = self.plan(&input.bundle_dir)?;
+        let bundle = Bundle::at(&input.bundle_dir);
+        write_batch_files(&bundle, &plan)?;
+        append_jsonl(
+            &bundle.events(),
+            &Event {
+                ts_ms: now_ms(),
+                kind: "run_ended".into(),
+                case_id: None,
+                attempt: None,
+                message: serde_json::to_string(&input.status.counts).unwrap_or_default(),
+            },
+        )?;
+        Ok(true)
+    }
+}

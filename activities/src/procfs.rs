@@ -1,0 +1,156 @@
+//! Process identity from `/proc`: a process is named by pid *and* start time, and an
+//! attempt's processes are found by the allocation marker they inherit in their environment.
+//! Nothing is ever signalled on the strength of a pid read from old state alone.
+
+use std::fs;
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+
+/// Environment variable carrying the allocation marker into every process of an attempt.
+pub const MARKER_ENV: &str = "CASEBATCH_ALLOC_MARKER";
+
+/// Start time of a process in clock ticks since boot (field 22 of `/proc/<pid>/stat`).
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: parse after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state), so field 22 is index 19.
+    fields.get(19)?.parse().ok()
+}
+
+/// Fields of `/proc/<pid>/stat` from field 3 (state) on.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// Process state letter (`R`, `S`, `Z`, ...).
+fn state(pid: u32) -> Option<char> {
+    stat_fields(pid)?.first()?.chars().next()
+}
+
+/// Kernel threads have no environment to read and are never an attempt's descendants.
+fn is_kernel_thread(pid: u32) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    stat_fields(pid)
+        .and_then(|f| f.get(6)?.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_KTHREAD != 0)
+}
+
+/// True when `pid` is alive and is the same process that had `ticks` as its start time.
+pub fn is_same_process(pid: u32, ticks: u64) -> bool {
+    start_ticks(pid) == Some(ticks) && !matches!(state(pid), Some('Z' | 'X'))
+}
+
+/// What a scan for marked processes found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct MarkerScan {
+    /// Live processes whose environment carries the marker.
+    pub marked: Vec<u32>,
+    /// Processes whose environment could not be read (they may carry the marker).
+    pub unreadable: Vec<u32>,
+}
+
+/// Finds every live process whose environment carries `MARKER_ENV=marker`, including ones
+/// that detached (setsid, double fork) and so left the process group. A process whose
+/// environment cannot be read counts as `unreadable` only if it appeared at or after
+/// `since_ticks` (the attempt's start): older processes cannot be its descendants.
+pub fn scan_marker(marker: &str) -> MarkerScan {
+    scan_marker_since(marker, None)
+}
+
+pub fn scan_marker_since(marker: &str, since_ticks: Option<u64>) -> MarkerScan {
+    let needle = format!("{MARKER_ENV}={marker}");
+    let me = std::process::id();
+    let mut scan = MarkerScan::default();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return scan;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        match fs::read(format!("/proc/{pid}/environ")) {
+            Ok(env) => {
+                if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes())
+                    && !matches!(state(pid), Some('Z' | 'X') | None)
+                {
+                    scan.marked.push(pid);
+                }
+            }
+            // Gone between listing and reading: not a survivor.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(_) => {
+                let Some(since) = since_ticks else { continue };
+                let newer = start_ticks(pid).is_some_and(|t| t >= since);
+                if newer && !is_kernel_thread(pid) && !matches!(state(pid), Some('Z' | 'X') | None)
+                {
+                    scan.unreadable.push(pid);
+                }
+            }
+        }
+    }
+    scan
+}
+
+/// Kills the process group led by `pid`, but only if `pid` is still the process we started.
+pub fn kill_group_if_same(pid: u32, ticks: u64) -> bool {
+    if !is_same_process(pid, ticks) {
+        return false;
+    }
+    killpg(Pid::from_raw(pid as i32), Signal::SIGKILL).is_ok()
+}
+
+/// SIGKILL to one process found by marker in this very scan.
+pub fn kill_pid(pid: u32) {
+    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+}
+
+/// Resident memory of a process in bytes.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let statm = fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_identity_is_readable_and_stable() {
+        let me = std::process::id();
+        let ticks = start_ticks(me).expect("own stat readable");
+        assert!(is_same_process(me, ticks));
+        assert!(
+            !is_same_process(me, ticks + 1),
+            "a different start time is another process"
+        );
+    }
+
+    #[test]
+    fn scan_finds_a_marked_child_and_only_it() {
+        let marker = format!("test-{}", std::process::id());
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .env(MARKER_ENV, &marker)
+            .spawn()
+            .unwrap();
+        let found = scan_marker(&marker);
+        assert_eq!(found.marked, vec![child.id()]);
+        assert!(scan_marker("some-other-marker").marked.is_empty());
+        kill_pid(child.id());
+        child.wait().unwrap();
+        assert!(scan_marker(&marker).marked.is_empty());
+    }
+}

@@ -1,0 +1,151 @@
+//! `fake`: a SIMULATION. It runs nothing; each attempt sleeps for its scripted duration and
+//! reports its scripted outcome. For orchestration tests and benchmarks of the engine
+//! itself. Every record it produces says `simulated: true`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use casebatch_bundle::{CleanupReceipt, RECORD_SCHEMA_VERSION, layout::attempt_files};
+use casebatch_manifest::model::{FakeOutcome, FakeScript};
+use casebatch_proto::{ActorReport, ActorStatus, Failure, JobRef, Stage, codes};
+
+use super::{AttemptEnv, Liveness, Runtime};
+
+#[derive(Default)]
+pub struct Fake;
+
+fn script(env: &AttemptEnv) -> FakeScript {
+    env.case.fake.clone().unwrap_or(FakeScript {
+        duration_ms: 0,
+        outcome: FakeOutcome::Pass,
+        infra_failures_first: 0,
+    })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What the simulated actor reports for an attempt.
+pub fn simulated_report(script: &FakeScript, attempt: u32) -> ActorReport {
+    let failed = |f: Failure| ActorReport {
+        status: ActorStatus::Failed,
+        exit_code: Some(1),
+        failure: Some(f),
+        adopted: false,
+    };
+    if attempt <= script.infra_failures_first {
+        return failed(Failure::infra(
+            Stage::Await,
+            codes::SIMULATED,
+            format!("simulated infra failure on attempt {attempt}"),
+        ));
+    }
+    match script.outcome {
+        // A verdict of fail is the evaluator's to give; the actor itself finished.
+        FakeOutcome::Pass | FakeOutcome::Fail => ActorReport {
+            status: ActorStatus::Finished,
+            exit_code: Some(0),
+            failure: None,
+            adopted: false,
+        },
+        FakeOutcome::HarnessError => failed(Failure::harness(
+            Stage::Await,
+            codes::HARNESS_EXIT,
+            "simulated harness crash",
+        )),
+        FakeOutcome::InfraError => failed(Failure::infra(
+            Stage::Await,
+            codes::SIMULATED,
+            "simulated infra failure",
+        )),
+        FakeOutcome::OomKilled => failed(Failure::oom(None)),
+    }
+}
+
+impl Runtime for Fake {
+    async fn provision(&self, env: &AttemptEnv) -> Result<(), Failure> {
+        std::fs::create_dir_all(&env.dir).map_err(|e| {
+            Failure::infra(
+                Stage::Provision,
+                "PROVISION_IO",
+                format!("{}: {e}", env.dir.display()),
+            )
+        })
+    }
+
+    async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, Failure> {
+        // The "job" is the time it started, kept so a re-attached await only waits the rest.
+        let path = env.file(attempt_files::JOB);
+        if !path.exists() {
+            let rec = serde_json::json!({
+                "schema_version": RECORD_SCHEMA_VERSION,
+                "simulated": true,
+                "marker": env.marker(),
+                "started_at_ms": now_ms(),
+            });
+            casebatch_bundle::write_json_atomic(&path, &rec)
+                .map_err(|e| Failure::infra(Stage::Submit, codes::SPAWN_FAILED, e.to_string()))?;
+        }
+        Ok(JobRef {
+            marker: env.marker(),
+            pid: None,
+            start_ticks: None,
+        })
+    }
+
+    async fn await_job<L: Liveness>(
+        &self,
+        env: &AttemptEnv,
+        job: &JobRef,
+        live: &L,
+    ) -> ActorReport {
+        let script = script(env);
+        let started =
+            casebatch_bundle::read_json::<serde_json::Value>(&env.file(attempt_files::JOB))
+                .ok()
+                .and_then(|v| v["started_at_ms"].as_u64())
+                .unwrap_or_else(now_ms);
+        let end = started + script.duration_ms;
+        loop {
+            let now = now_ms();
+            if now >= end {
+                break;
+            }
+            if live.is_cancelled() {
+                return ActorReport {
+                    status: ActorStatus::Cancelled,
+                    exit_code: None,
+                    failure: None,
+                    adopted: false,
+                };
+            }
+            live.heartbeat(job).await;
+            tokio::time::sleep(Duration::from_millis((end - now).min(1000))).await;
+        }
+        simulated_report(&script, env.key.attempt)
+    }
+
+    fn adopt(&self, env: &AttemptEnv) -> Option<JobRef> {
+        env.file(attempt_files::JOB).exists().then(|| JobRef {
+            marker: env.marker(),
+            pid: None,
+            start_ticks: None,
+        })
+    }
+
+    fn kill(&self, _env: &AttemptEnv) {}
+
+    async fn cleanup(&self, env: &AttemptEnv) -> CleanupReceipt {
+        CleanupReceipt {
+            schema_version: RECORD_SCHEMA_VERSION.into(),
+            marker: env.marker(),
+            cleanup_confirmed: true,
+            killed: vec![],
+            remaining: vec![],
+            scans: 0,
+            message: "simulated runtime: nothing ran, nothing to clean".into(),
+        }
+    }
+}

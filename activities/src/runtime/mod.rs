@@ -1,0 +1,94 @@
+//! Runtimes: where an attempt's job actually runs.
+//!
+//! The [`Runtime`] trait is shaped for remote runtimes (a later step): every operation is
+//! keyed by the attempt, `submit` is idempotent, `await_job` reports liveness through
+//! heartbeats, `adopt` finds a job by its case key without trusting a stale pid, and
+//! `cleanup` confirms that nothing of the attempt is left.
+
+pub mod fake;
+pub mod local_process;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+
+use casebatch_bundle::{Bundle, CleanupReceipt, layout::attempt_files};
+use casebatch_manifest::model::PlannedCase;
+use casebatch_proto::{ActorReport, AttemptKey, Failure, JobRef};
+
+/// Everything a runtime needs to know about one attempt.
+#[derive(Debug, Clone)]
+pub struct AttemptEnv {
+    pub key: AttemptKey,
+    pub case: PlannedCase,
+    pub bundle: Bundle,
+    /// `cases/<case_dir>/attempts/<n>/`.
+    pub dir: PathBuf,
+}
+
+impl AttemptEnv {
+    pub fn new(key: AttemptKey, case: PlannedCase) -> Self {
+        let bundle = Bundle::at(&key.bundle_dir);
+        let dir = bundle.attempt(&case.case_dir, key.attempt);
+        Self {
+            key,
+            case,
+            bundle,
+            dir,
+        }
+    }
+
+    pub fn marker(&self) -> String {
+        self.key.marker()
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Memory limit for this attempt: the manifest's, or the boosted one.
+    pub fn memory_mb(&self) -> Option<u64> {
+        self.key.memory_boost_mb.or(self.case.resources.memory_mb)
+    }
+
+    /// The harness contract's environment variables (see the README).
+    pub fn contract_env(&self) -> BTreeMap<String, String> {
+        let path = |name: &str| self.file(name).display().to_string();
+        let mut env = BTreeMap::new();
+        env.insert("CASEBATCH_BATCH_ID".into(), self.key.batch_id.clone());
+        env.insert("CASEBATCH_CASE_ID".into(), self.case.case_id.clone());
+        env.insert("CASEBATCH_ATTEMPT".into(), self.key.attempt.to_string());
+        env.insert("CASEBATCH_INPUT".into(), path(attempt_files::INPUT));
+        env.insert("CASEBATCH_OUTPUT_DIR".into(), path(attempt_files::OUTPUT));
+        env.insert("CASEBATCH_RESULT".into(), path(attempt_files::RESULT));
+        env.insert(crate::procfs::MARKER_ENV.into(), self.marker());
+        env
+    }
+}
+
+/// How an awaiting activity reports liveness and learns of cancellation.
+pub trait Liveness: Sync {
+    fn heartbeat(&self, job: &JobRef) -> impl Future<Output = ()> + Send;
+    fn is_cancelled(&self) -> bool;
+}
+
+/// One place where attempts run.
+pub trait Runtime: Send + Sync {
+    /// Prepare a fresh environment for the attempt.
+    fn provision(&self, env: &AttemptEnv) -> impl Future<Output = Result<(), Failure>> + Send;
+    /// Start the attempt's job; if it was already started, return that job instead.
+    fn submit(&self, env: &AttemptEnv) -> impl Future<Output = Result<JobRef, Failure>> + Send;
+    /// Wait for the job to end, heartbeating its reference; kills it on cancel or timeout.
+    fn await_job<L: Liveness>(
+        &self,
+        env: &AttemptEnv,
+        job: &JobRef,
+        live: &L,
+    ) -> impl Future<Output = ActorReport> + Send;
+    /// Find the attempt's job (still running or finished) by its case key.
+    fn adopt(&self, env: &AttemptEnv) -> Option<JobRef>;
+    /// Stop the attempt's job, verifying identity first.
+    fn kill(&self, env: &AttemptEnv);
+    /// Stop everything of the attempt and confirm it is gone.
+    fn cleanup(&self, env: &AttemptEnv) -> impl Future<Output = CleanupReceipt> + Send;
+}
