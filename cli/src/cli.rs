@@ -1,0 +1,171 @@
+//! The command-line surface (clap). Raw flags only; commands resolve them into settings.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Durable batch runner for evaluation cases, on Temporal.
+///
+/// Each batch is a Temporal workflow: finished results are never lost or re-run, unfinished
+/// cases are always re-runnable. With no Temporal address configured, casebatch starts a
+/// local Temporal dev server under the output directory and runs an in-process worker.
+///
+/// Exit codes: 0 all cases succeeded · 4 finished with failures · 1 drained/paused with
+/// queued work left · 2 usage or validation error · 3 engine unreachable.
+#[derive(Debug, Parser)]
+#[command(name = "casebatch", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Configuration reference.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Validate, plan, run and operate batches.
+    #[command(subcommand)]
+    Batch(BatchCommand),
+    /// Run a standalone worker (one replica) against the engine.
+    Worker(WorkerArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print the JSON Schema of a configuration file.
+    Schema {
+        #[arg(long, value_enum)]
+        kind: SchemaKind,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SchemaKind {
+    /// The YAML/JSON batch manifest.
+    Batch,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BatchCommand {
+    /// Check a manifest and report every problem at once (exit 2 if any).
+    Validate(ManifestArgs),
+    /// Materialize every case into batch_plan.json without executing anything.
+    Plan {
+        #[command(flatten)]
+        manifest: ManifestArgs,
+        #[arg(long, default_value = "logs/batch")]
+        output_dir: PathBuf,
+    },
+    /// Run a batch to the end (or until drained), writing the result bundle as cases finish.
+    Run(RunArgs),
+    /// Continue a drained, paused or interrupted batch; a completed batch is left as is.
+    Resume(ResumeArgs),
+    /// Per-state counts, in-flight cases and the progress timeline.
+    Status(BatchRef),
+    /// Summary and failure breakdown (stage × class); actor, verdict and cleanup apart.
+    Report(BatchRef),
+    /// Admit nothing new; admitted cases finish; the runner exits 1 with queued work left.
+    Drain(BatchRef),
+    /// Stop admissions; the runner keeps waiting.
+    Pause(BatchRef),
+    /// Restart admissions after `pause`.
+    Unpause(BatchRef),
+    /// Cancel in-flight cases (their cleanup still runs) and end the batch as cancelled.
+    Cancel(BatchRef),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ManifestArgs {
+    /// A YAML/JSON manifest, a JSONL task list (one task per line), or a batch_v1 manifest.
+    #[arg(long)]
+    pub manifest: PathBuf,
+    /// Batch id (required for JSONL/batch_v1 when the file name is not a good id).
+    #[arg(long)]
+    pub batch_id: Option<String>,
+    /// Active case limit, 1..=512 (overrides defaults.concurrency).
+    #[arg(long, alias = "concurrency")]
+    pub parallelism: Option<u32>,
+    /// Extra whole-case attempts after retryable infra failures, 0..=5.
+    #[arg(long)]
+    pub max_retries: Option<u32>,
+    /// Runtime for every case: local-process or fake (a simulation).
+    #[arg(long)]
+    pub runtime: Option<String>,
+    /// Harness command for every case (run by `sh -c`).
+    #[arg(long)]
+    pub harness: Option<String>,
+    /// Evaluator command for every case (run by `sh -c`).
+    #[arg(long)]
+    pub evaluator: Option<String>,
+    /// YAML/JSON file with a `defaults` object (for JSONL task lists).
+    #[arg(long)]
+    pub defaults: Option<PathBuf>,
+    /// Warn when the batch has more cases than this.
+    #[arg(long)]
+    pub max_cases: Option<usize>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// Temporal frontend address (host:port). Default: TEMPORAL_ADDRESS, a temporal.toml
+    /// profile, or else the embedded dev server under the output directory.
+    #[arg(long)]
+    pub address: Option<String>,
+    /// Temporal namespace (default: TEMPORAL_NAMESPACE or "default").
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Profile of temporal.toml to use.
+    #[arg(long)]
+    pub profile: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub manifest: ManifestArgs,
+    /// Root of result bundles (`<output-dir>/<batch_id>/`).
+    #[arg(long, default_value = "logs/batch")]
+    pub output_dir: PathBuf,
+    /// Plan only: write batch_plan.json and execute nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Do not run an in-process worker (standalone `casebatch worker` replicas do the work).
+    #[arg(long)]
+    pub no_worker: bool,
+    /// Continue-as-new after this many history events (default 10000).
+    #[arg(long, hide = true)]
+    pub history_budget: Option<u32>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ResumeArgs {
+    #[command(flatten)]
+    pub batch: BatchRef,
+    #[arg(long)]
+    pub no_worker: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BatchRef {
+    #[arg(long)]
+    pub batch_id: String,
+    #[arg(long, default_value = "logs/batch")]
+    pub output_dir: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    /// With the embedded engine: the output directory whose dev server to join.
+    #[arg(long, default_value = "logs/batch")]
+    pub output_dir: PathBuf,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}

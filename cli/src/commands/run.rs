@@ -1,0 +1,347 @@
+//! `batch run` and `batch resume`: prepare the bundle, connect to the engine (starting the
+//! embedded one if needed), host a worker, start or re-attach to the batch's workflow, show
+//! progress until the run ends, and map its outcome to an exit code.
+
+use std::path::Path;
+use std::time::Duration;
+
+use casebatch_bundle::{Bundle, CaseRecordState, RECORD_SCHEMA_VERSION, write_json_atomic};
+use casebatch_manifest::Plan;
+use casebatch_proto::{
+    BatchEnd, BatchInput, BatchOutcome, BatchStatus, Carried, CaseSlot, CaseState, TASK_QUEUE,
+    workflow_id,
+};
+use casebatch_worker::{Engine, build_worker, run_worker_until};
+use casebatch_workflows::BatchWorkflow;
+use temporalio_client::{
+    Client, WorkflowDescribeOptions, WorkflowExecutionStatus, WorkflowGetResultOptions,
+    WorkflowHandle, WorkflowQueryOptions, WorkflowStartOptions, errors::WorkflowInteractionError,
+};
+
+use super::{absolute, check_batch_id, engine_target, manifest};
+use crate::cli::{EngineArgs, ResumeArgs, RunArgs};
+use crate::exit::{CliError, CliResult, Exit};
+use crate::render::Progress;
+
+/// Linear backoff step between attempts of a case.
+const RETRY_BACKOFF_MS: u64 = 1_000;
+
+/// Writes the bundle's input files, refusing a different task list under an existing id.
+pub fn prepare_bundle(
+    bundle: &Bundle,
+    plan: &Plan,
+    manifest_path: &Path,
+    engine: Option<&Engine>,
+) -> CliResult<()> {
+    if bundle.exists() {
+        let existing = bundle.read_plan()?;
+        if existing.fingerprint != plan.fingerprint {
+            return Err(CliError::usage(format!(
+                "failed to start batch {}: {} already holds a different task list (plan fingerprint {} vs {}). A new task list belongs in a new batch: pass another --batch-id",
+                plan.batch_id,
+                bundle.root().display(),
+                short(&existing.fingerprint),
+                short(&plan.fingerprint)
+            )));
+        }
+    }
+    std::fs::create_dir_all(bundle.root()).map_err(|e| {
+        CliError::usage(format!("failed to create {}: {e}", bundle.root().display()))
+    })?;
+    let raw = std::fs::read_to_string(manifest_path).unwrap_or_default();
+    write_json_atomic(
+        &bundle.manifest(),
+        &serde_json::json!({
+            "schema_version": RECORD_SCHEMA_VERSION,
+            "path": plan.provenance.manifest_path,
+            "sha256": plan.provenance.manifest_sha256,
+            "format": plan.provenance.format,
+            "content": raw,
+        }),
+    )?;
+    write_json_atomic(&bundle.plan(), plan)?;
+    if let Some(engine) = engine {
+        // Never a secret: only where the engine is, not how to authenticate to it.
+        write_json_atomic(
+            &bundle.run_config(),
+            &serde_json::json!({
+                "schema_version": RECORD_SCHEMA_VERSION,
+                "batch_id": plan.batch_id,
+                "casebatch_version": env!("CARGO_PKG_VERSION"),
+                "engine": {
+                    "mode": if engine.embedded.is_some() { "embedded" } else { "cluster" },
+                    "address": engine.address,
+                    "namespace": engine.namespace,
+                    "task_queue": TASK_QUEUE,
+                    "workflow_id": workflow_id(&plan.batch_id),
+                },
+                "settings": plan.settings,
+                "retry_backoff_ms": RETRY_BACKOFF_MS,
+            }),
+        )?;
+    }
+    Ok(())
+}
+
+fn short(s: &str) -> &str {
+    &s[..s.len().min(12)]
+}
+
+pub async fn run(args: RunArgs) -> CliResult {
+    let plan = manifest::load(&args.manifest)?;
+    let root = absolute(&args.output_dir)?;
+    let bundle = Bundle::new(&root, &plan.batch_id);
+    if args.dry_run {
+        prepare_bundle(&bundle, &plan, &args.manifest.manifest, None)?;
+        for w in &plan.warnings {
+            eprintln!("warning: {w}");
+        }
+        println!(
+            "dry run: planned {} case(s) into {}; nothing executed",
+            plan.cases.len(),
+            bundle.plan().display()
+        );
+        return Ok(Exit::Success);
+    }
+    prepare_bundle(&bundle, &plan, &args.manifest.manifest, None)?;
+    let engine = connect(&root, &args.engine).await?;
+    prepare_bundle(&bundle, &plan, &args.manifest.manifest, Some(&engine))?;
+    let opts = DriveOptions {
+        history_budget: args.history_budget,
+    };
+    execute(engine, &bundle, &plan, args.no_worker, opts).await
+}
+
+pub async fn resume(args: ResumeArgs) -> CliResult {
+    check_batch_id(&args.batch.batch_id)?;
+    let root = absolute(&args.batch.output_dir)?;
+    let bundle = Bundle::new(&root, &args.batch.batch_id);
+    if !bundle.exists() {
+        return Err(CliError::usage(format!(
+            "failed to resume batch {}: no bundle at {} (check --batch-id and --output-dir)",
+            args.batch.batch_id,
+            bundle.root().display()
+        )));
+    }
+    // Resume uses the saved plan, never a re-read manifest.
+    let plan = bundle.read_plan()?;
+    let engine = connect(&root, &args.batch.engine).await?;
+    execute(
+        engine,
+        &bundle,
+        &plan,
+        args.no_worker,
+        DriveOptions::default(),
+    )
+    .await
+}
+
+pub async fn connect(root: &Path, e: &EngineArgs) -> CliResult<Engine> {
+    Ok(Engine::connect(&engine_target(root, e)).await?)
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct DriveOptions {
+    history_budget: Option<u32>,
+}
+
+async fn execute(
+    mut engine: Engine,
+    bundle: &Bundle,
+    plan: &Plan,
+    no_worker: bool,
+    opts: DriveOptions,
+) -> CliResult {
+    let client = engine.client.clone();
+    let outcome = if no_worker {
+        drive(&client, bundle, plan, opts).await?
+    } else {
+        let runtime = temporalio_sdk::Runtime::from_current_tokio(Default::default())
+            .map_err(|e| CliError::engine(format!("failed to start the worker runtime: {e}")))?;
+        let mut worker = build_worker(&runtime, client.clone())
+            .map_err(|e| CliError::engine(format!("failed to build the worker: {e}")))?;
+        run_worker_until(&mut worker, drive(&client, bundle, plan, opts))
+            .await
+            .map_err(|e| CliError::engine(format!("the worker failed: {e}")))??
+    };
+    if let Some(server) = engine.embedded.as_mut() {
+        server.stop();
+    }
+    let Some(outcome) = outcome else {
+        // Already complete: nothing was started.
+        return report_existing(bundle, plan);
+    };
+    crate::render::outcome(bundle, plan, &outcome);
+    Ok(exit_for(&outcome))
+}
+
+/// The exit code a finished run deserves.
+pub fn exit_for(o: &BatchOutcome) -> Exit {
+    let c = &o.status.counts;
+    match o.end {
+        BatchEnd::Drained if c.queued > 0 => Exit::Incomplete,
+        BatchEnd::Cancelled => Exit::Failures,
+        _ if c.succeeded == c.total() => Exit::Success,
+        _ => Exit::Failures,
+    }
+}
+
+fn report_existing(bundle: &Bundle, plan: &Plan) -> CliResult {
+    let summary = casebatch_bundle::write_batch_files(bundle, plan)?;
+    let ok = summary.counts.get("succeeded").copied().unwrap_or(0);
+    println!(
+        "batch {} is already complete: {ok}/{} succeeded; nothing re-run",
+        plan.batch_id, summary.total
+    );
+    Ok(if ok == summary.total {
+        Exit::Success
+    } else {
+        Exit::Failures
+    })
+}
+
+type Handle = WorkflowHandle<Client, BatchWorkflow>;
+
+/// Starts the workflow (or re-attaches to the running one), shows progress, returns the
+/// outcome. `None` when the batch was already complete and nothing was started.
+async fn drive(
+    client: &Client,
+    bundle: &Bundle,
+    plan: &Plan,
+    opts: DriveOptions,
+) -> CliResult<Option<BatchOutcome>> {
+    let wid = workflow_id(&plan.batch_id);
+    let handle: Handle = client.get_workflow_handle(wid.clone());
+    let running = match handle.describe(WorkflowDescribeOptions::default()).await {
+        Ok(d) => d.status() == WorkflowExecutionStatus::Running,
+        Err(WorkflowInteractionError::NotFound(_)) => false,
+        Err(e) => {
+            return Err(CliError::engine(format!(
+                "failed to look up workflow {wid}: {e}"
+            )));
+        }
+    };
+    let mut progress = Progress::new(plan);
+    if running {
+        progress.line(&format!("re-attaching to running batch {}", plan.batch_id));
+    } else {
+        let carried = carried_state(&handle, bundle, plan).await?;
+        if let Some(c) = &carried
+            && c.slots.iter().all(|s| s.state.is_terminal())
+        {
+            return Ok(None);
+        }
+        let input = BatchInput {
+            batch_id: plan.batch_id.clone(),
+            bundle_dir: bundle.root().display().to_string(),
+            fingerprint: plan.fingerprint.clone(),
+            case_count: plan.cases.len() as u32,
+            concurrency: plan.settings.concurrency,
+            max_retries: plan.settings.max_retries,
+            retry_backoff_ms: RETRY_BACKOFF_MS,
+            max_timeout_seconds: plan
+                .cases
+                .iter()
+                .map(|c| c.timeout_seconds)
+                .max()
+                .unwrap_or(600),
+            carried,
+            history_budget: opts.history_budget,
+        };
+        let start = WorkflowStartOptions::new(TASK_QUEUE, wid.clone()).build();
+        client
+            .start_workflow(BatchWorkflow::run, input, start)
+            .await
+            .map_err(|e| CliError::engine(format!("failed to start workflow {wid}: {e}")))?;
+        progress.line(&format!(
+            "batch {}: {} case(s), concurrency {}, workflow {wid}",
+            plan.batch_id,
+            plan.cases.len(),
+            plan.settings.concurrency
+        ));
+    }
+
+    let result = handle.get_result(WorkflowGetResultOptions::default());
+    tokio::pin!(result);
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            r = &mut result => {
+                progress.finish();
+                return r
+                    .map(Some)
+                    .map_err(|e| CliError::engine(format!("batch workflow {wid} did not complete: {e}")));
+            }
+            _ = tick.tick() => {
+                if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), query_status(&handle)).await {
+                    progress.update(&s);
+                }
+            }
+        }
+    }
+}
+
+pub async fn query_status(handle: &Handle) -> Result<BatchStatus, String> {
+    handle
+        .query(BatchWorkflow::status, (), WorkflowQueryOptions::default())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// State to start a new run from: the last run's result, or (if that run was terminated
+/// or failed and left no result) the per-case records in the bundle.
+async fn carried_state(
+    handle: &Handle,
+    bundle: &Bundle,
+    plan: &Plan,
+) -> CliResult<Option<Carried>> {
+    match handle.describe(WorkflowDescribeOptions::default()).await {
+        Err(WorkflowInteractionError::NotFound(_)) => return Ok(carried_from_bundle(bundle, plan)),
+        Err(e) => {
+            return Err(CliError::engine(format!(
+                "failed to look up the batch: {e}"
+            )));
+        }
+        Ok(_) => {}
+    }
+    match handle.get_result(WorkflowGetResultOptions::default()).await {
+        Ok(prev) => Ok(Some(Carried {
+            slots: prev.slots,
+            counters: prev.status.counters,
+            timeline: prev.status.timeline,
+            paused: false,
+            segment: prev.status.segment,
+        })),
+        Err(_) => Ok(carried_from_bundle(bundle, plan)),
+    }
+}
+
+fn carried_from_bundle(bundle: &Bundle, plan: &Plan) -> Option<Carried> {
+    let mut any = false;
+    let slots = plan
+        .cases
+        .iter()
+        .map(|c| {
+            let r: Option<casebatch_bundle::CaseResult> =
+                casebatch_bundle::read_json(&bundle.case_result(&c.case_dir)).ok();
+            let Some(r) = r else {
+                return CaseSlot::default();
+            };
+            any = true;
+            let state = match r.state {
+                CaseRecordState::Succeeded => CaseState::Succeeded,
+                CaseRecordState::Failed => CaseState::Failed,
+                CaseRecordState::Cancelled => CaseState::Cancelled,
+                _ => CaseState::Queued,
+            };
+            CaseSlot {
+                state,
+                attempts: r.attempts,
+            }
+        })
+        .collect();
+    any.then(|| Carried {
+        slots,
+        ..Carried::default()
+    })
+}

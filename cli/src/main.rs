@@ -1,0 +1,38 @@
+//! The `casebatch` binary: parses flags, calls the library crates, renders output, and maps
+//! errors to the documented exit codes (`exit.rs`). No engine logic lives here.
+
+mod cli;
+mod commands;
+mod exit;
+mod render;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CASEBATCH_LOG")
+                .unwrap_or_else(|_| "warn,temporalio_sdk_core=error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: failed to start the async runtime: {e}");
+            return std::process::ExitCode::from(exit::Exit::Engine as u8);
+        }
+    };
+    let code = match runtime.block_on(commands::dispatch(cli.command)) {
+        Ok(exit) => exit,
+        Err(e) => {
+            eprintln!("error: {e}");
+            e.exit
+        }
+    };
+    std::process::ExitCode::from(code as u8)
+}

@@ -1,0 +1,15 @@
+//! Connecting to Temporal and hosting the worker.
+//!
+//! Owns the engine target (the embedded dev server under the output root, or a cluster
+//! named by flags or Temporal's own environment/profile settings: `TEMPORAL_ADDRESS`,
+//! `TEMPORAL_NAMESPACE`, TLS, API key, `temporal.toml`), starting and finding the embedded
+//! dev server, and building the worker that runs `BatchWorkflow` and `CaseActivities`.
+//! Must not know about manifests or bundles beyond the paths it is given.
+
+pub mod devserver;
+pub mod engine;
+pub mod worker;
+
+pub use devserver::{DevServer, DevServerError};
+pub use engine::{Engine, EngineError, EngineTarget};
+pub use worker::{build_worker, run_worker_until};
