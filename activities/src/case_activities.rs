@@ -256,17 +256,19 @@ impl CaseActivities {
         let confirmed = receipt.cleanup_confirmed;
         let s = &input.summary;
 
-        write_json_atomic(
-            &env.file(attempt_files::RECORD),
-            &AttemptRecord {
-                schema_version: RECORD_SCHEMA_VERSION.into(),
-                case_id: env.case.case_id.clone(),
-                summary: s.clone(),
-                cleanup_confirmed: confirmed,
-                will_retry: input.will_retry,
-                runtime: env.case.runtime.as_str().into(),
-            },
-        )?;
+        let record = AttemptRecord {
+            schema_version: RECORD_SCHEMA_VERSION.into(),
+            case_id: env.case.case_id.clone(),
+            summary: s.clone(),
+            cleanup_confirmed: confirmed,
+            will_retry: input.will_retry,
+            runtime: env.case.runtime.as_str().into(),
+        };
+        // Local activities re-run when a workflow task is retried: log an attempt only once
+        // per distinct record.
+        let previous: Option<AttemptRecord> = read_json(&env.file(attempt_files::RECORD)).ok();
+        let already_logged = previous.as_ref() == Some(&record);
+        write_json_atomic(&env.file(attempt_files::RECORD), &record)?;
 
         let harness_result = harness::read_result(&env.file(attempt_files::RESULT))
             .ok()
@@ -302,23 +304,25 @@ impl CaseActivities {
         };
         write_json_atomic(&env.bundle.case_result(&env.case.case_dir), &result)?;
         let simulated = if result.simulated { " (simulated)" } else { "" };
-        Self::event(
-            &env,
-            "attempt_finished",
-            format!(
-                "{}{simulated}: {}{}",
-                state.as_str(),
-                s.failure
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .unwrap_or_else(|| "ok".into()),
-                if confirmed {
-                    ""
-                } else {
-                    "; cleanup NOT confirmed"
-                }
-            ),
-        );
+        if !already_logged {
+            Self::event(
+                &env,
+                "attempt_finished",
+                format!(
+                    "{}{simulated}: {}{}",
+                    state.as_str(),
+                    s.failure
+                        .as_ref()
+                        .map(ToString::to_string)
+                        .unwrap_or_else(|| "ok".into()),
+                    if confirmed {
+                        ""
+                    } else {
+                        "; cleanup NOT confirmed"
+                    }
+                ),
+            );
+        }
         Ok(CleanupReport {
             cleanup_confirmed: confirmed,
             failure: (!confirmed).then(|| {

@@ -1,6 +1,20 @@
 //! The `casebatch` binary: parses flags, calls the library crates, renders output, and maps
 //! errors to the documented exit codes (`exit.rs`). No engine logic lives here.
 
+/// `println!` that treats a closed stdout (`casebatch ... | head`) as the end of output
+/// instead of a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
 mod cli;
 mod commands;
 mod exit;

@@ -97,7 +97,7 @@ impl Progress {
 pub fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
     let c = &o.status.counts;
     let tag = sim_tag(plan);
-    println!(
+    say!(
         "{tag}batch {} {}: {} succeeded, {} failed, {} cancelled, {} queued (of {})",
         plan.batch_id,
         match o.end {
@@ -113,13 +113,16 @@ pub fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
     );
     let k = &o.status.counters;
     if k.adopted + k.redispatched + k.retries + k.cleanup_unconfirmed > 0 {
-        println!(
+        say!(
             "  adopted {} · re-dispatched {} · retries {} · cleanup unconfirmed {}",
-            k.adopted, k.redispatched, k.retries, k.cleanup_unconfirmed
+            k.adopted,
+            k.redispatched,
+            k.retries,
+            k.cleanup_unconfirmed
         );
     }
     if c.queued > 0 {
-        println!(
+        say!(
             "  queued work remains: casebatch batch resume --batch-id {} --output-dir {}",
             plan.batch_id,
             bundle
@@ -129,12 +132,12 @@ pub fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
                 .unwrap_or_default()
         );
     }
-    println!("  bundle: {}", bundle.root().display());
+    say!("  bundle: {}", bundle.root().display());
 }
 
 pub fn status(plan: &Plan, s: &BatchStatus, live: bool) {
     let c = &s.counts;
-    println!(
+    say!(
         "{}batch {}: {:?}{} · segment {} · concurrency {}",
         sim_tag(plan),
         s.batch_id,
@@ -143,14 +146,21 @@ pub fn status(plan: &Plan, s: &BatchStatus, live: bool) {
         s.segment,
         s.concurrency
     );
-    println!(
+    say!(
         "  queued {} · running {} · succeeded {} · failed {} · cancelled {}",
-        c.queued, c.running, c.succeeded, c.failed, c.cancelled
+        c.queued,
+        c.running,
+        c.succeeded,
+        c.failed,
+        c.cancelled
     );
     let k = &s.counters;
-    println!(
+    say!(
         "  adopted {} · re-dispatched {} · retries {} · cleanup unconfirmed {}",
-        k.adopted, k.redispatched, k.retries, k.cleanup_unconfirmed
+        k.adopted,
+        k.redispatched,
+        k.retries,
+        k.cleanup_unconfirmed
     );
     if !s.in_flight.is_empty() {
         let ids: Vec<&str> = s
@@ -158,15 +168,15 @@ pub fn status(plan: &Plan, s: &BatchStatus, live: bool) {
             .iter()
             .filter_map(|i| plan.cases.get(*i as usize).map(|c| c.case_id.as_str()))
             .collect();
-        println!("  in flight: {}", ids.join(", "));
+        say!("  in flight: {}", ids.join(", "));
     }
     for step in s.timeline.iter().rev().take(10).rev() {
-        println!("  · {}", step.message);
+        say!("  · {}", step.message);
     }
 }
 
 pub fn report(plan: &Plan, s: &BatchSummary, redispatched: usize) {
-    println!(
+    say!(
         "{}report of batch {} ({} cases, {} attempts)",
         sim_tag(plan),
         s.batch_id,
@@ -174,28 +184,30 @@ pub fn report(plan: &Plan, s: &BatchSummary, redispatched: usize) {
         s.attempts_total
     );
     let counts: Vec<String> = s.counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    println!("  cases: {}", counts.join(" · "));
-    println!(
+    say!("  cases: {}", counts.join(" · "));
+    say!(
         "  recovery: {} attempt(s) adopted after a crash, {} re-dispatched",
-        s.adopted_attempts, redispatched
+        s.adopted_attempts,
+        redispatched
     );
-    println!(
+    say!(
         "  cleanup unconfirmed: {} · trace collection failed: {}",
-        s.cleanup_unconfirmed, s.collect_failed
+        s.cleanup_unconfirmed,
+        s.collect_failed
     );
     if !s.failures_by_stage_class.is_empty() {
-        println!("  failures by stage/class:");
+        say!("  failures by stage/class:");
         for (k, v) in &s.failures_by_stage_class {
-            println!("    {k}: {v}");
+            say!("    {k}: {v}");
         }
-        println!("  failures by code:");
+        say!("  failures by code:");
         for (k, v) in &s.failures_by_code {
-            println!("    {k}: {v}");
+            say!("    {k}: {v}");
         }
     }
-    println!("  case                          state      att  actor     verdict  cleanup  failure");
+    say!("  case                          state      att  actor     verdict  cleanup  failure");
     for r in &s.rows {
-        println!(
+        say!(
             "  {:<29} {:<10} {:>3}  {:<9} {:<8} {:<8} {}",
             truncate(&r.case_id, 29),
             r.state.as_str(),

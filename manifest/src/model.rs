@@ -150,6 +150,12 @@ pub struct Task {
     #[schemars(range(min = 1))]
     pub timeout_seconds: Option<u64>,
     pub fake: Option<FakeScript>,
+    /// This task's own actor command (replaces `defaults.harness`).
+    pub harness: Option<CommandSpec>,
+    /// This task's own evaluator command (replaces `defaults.evaluator`).
+    pub evaluator: Option<CommandSpec>,
+    /// This task's runtime (replaces `defaults.runtime`).
+    pub runtime: Option<RuntimeKind>,
     /// Free-form task fields handed to the harness in `CASEBATCH_INPUT`.
     #[serde(default)]
     pub inputs: BTreeMap<String, serde_json::Value>,

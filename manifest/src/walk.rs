@@ -43,6 +43,9 @@ pub(crate) const TASK_FIELDS: &[&str] = &[
     "resources",
     "timeout_seconds",
     "fake",
+    "harness",
+    "evaluator",
+    "runtime",
     "inputs",
 ];
 pub(crate) const RUNSPEC_FIELDS: &[&str] = &[
@@ -329,7 +332,12 @@ pub(crate) fn task(value: &Value, path: &FieldPath, r: &mut Report) -> Option<Ta
     o.deny_unknown(r);
     let task_id: Option<String> =
         o.req("task_id", &format!("add a unique `task_id:` to {path}"), r);
-    let body = task_body(&o, r);
+    let body = RunSpec {
+        harness: o.opt("harness", r),
+        evaluator: o.opt("evaluator", r),
+        runtime: o.opt("runtime", r),
+        ..task_body(&o, r)
+    };
     Some(Task {
         task_id: task_id?,
         agent_kind: body.agent_kind,
@@ -340,11 +348,14 @@ pub(crate) fn task(value: &Value, path: &FieldPath, r: &mut Report) -> Option<Ta
         resources: body.resources,
         timeout_seconds: body.timeout_seconds,
         fake: body.fake,
+        harness: body.harness,
+        evaluator: body.evaluator,
+        runtime: body.runtime,
         inputs: body.inputs,
     })
 }
 
-/// A task as a run spec plus its id (tasks of YAML/JSONL manifests carry no commands).
+/// A task as a run spec plus its id.
 pub(crate) fn split_task(task: Task) -> (String, RunSpec) {
     // Exhaustive on purpose: a new Task field must be decided on here.
     let Task {
@@ -357,6 +368,9 @@ pub(crate) fn split_task(task: Task) -> (String, RunSpec) {
         resources,
         timeout_seconds,
         fake,
+        harness,
+        evaluator,
+        runtime,
         inputs,
     } = task;
     let spec = RunSpec {
@@ -369,9 +383,9 @@ pub(crate) fn split_task(task: Task) -> (String, RunSpec) {
         timeout_seconds,
         fake,
         inputs,
-        harness: None,
-        evaluator: None,
-        runtime: None,
+        harness,
+        evaluator,
+        runtime,
     };
     (task_id, spec)
 }

@@ -102,6 +102,9 @@ pub struct AttemptSummary {
     pub adopted: bool,
     #[serde(default)]
     pub memory_boost_mb: Option<u64>,
+    /// Set once cleanup has run: whether it confirmed nothing of the attempt is left.
+    #[serde(default)]
+    pub cleanup_confirmed: Option<bool>,
 }
 
 /// Input of `cleanup`: it also records the attempt (cleanup runs for every provisioned attempt,

@@ -13,8 +13,8 @@ use casebatch_proto::{
 };
 use temporalio_common::RetryPolicy;
 use temporalio_sdk::{
-    ActivityExecutionError, ActivityOptions, LocalActivityOptions, WorkflowCancellationToken,
-    WorkflowContext,
+    ActivityCancellationType, ActivityExecutionError, ActivityOptions, LocalActivityOptions,
+    WorkflowCancellationToken, WorkflowContext,
 };
 
 use crate::batch::BatchWorkflow;
@@ -94,10 +94,10 @@ pub(crate) async fn run_case(
             attempt: done.attempts,
             memory_boost_mb: None,
         };
-        let summary = run_attempt(&ctx, &p, &key, &cancel, &mut done).await;
-        let cancelled = cancel.is_cancelled();
-        let next = decide::next(&summary, cancelled, p.max_retries, spent);
+        let spent_before = spent;
+        let (summary, next) = run_attempt(&ctx, &p, &key, &cancel, spent_before).await;
         done.adopted += u32::from(summary.adopted);
+        done.cleanup_unconfirmed += u32::from(!summary_cleanup_ok(&summary));
 
         match next {
             Next::Finish(state) => {
@@ -147,8 +147,8 @@ async fn run_attempt(
     p: &CaseParams,
     key: &AttemptKey,
     cancel: &WorkflowCancellationToken,
-    done: &mut CaseDone,
-) -> AttemptSummary {
+    spent: Spent,
+) -> (AttemptSummary, Next) {
     let mut s = AttemptSummary {
         attempt: key.attempt,
         actor: None,
@@ -159,6 +159,7 @@ async fn run_attempt(
         collect_failure: None,
         adopted: false,
         memory_boost_mb: key.memory_boost_mb,
+        cleanup_confirmed: None,
     };
     let short = Duration::from_secs(60);
 
@@ -201,6 +202,9 @@ async fn run_attempt(
         let opts = ActivityOptions::with_start_to_close_timeout(timeout)
             .heartbeat_timeout(AWAIT_HEARTBEAT)
             .cancellation_token(cancel.clone())
+            // On cancel, wait until the activity has stopped its job, so cleanup never
+            // races a process that is still being killed.
+            .cancellation_type(ActivityCancellationType::WaitCancellationCompleted)
             .retry_policy(
                 RetryPolicy::builder()
                     .initial_interval(Duration::from_millis(500))
@@ -264,35 +268,37 @@ async fn run_attempt(
         }
     }
 
-    if cancel.is_cancelled() && s.actor != Some(ActorStatus::Finished) {
+    // Decide once, before cleanup: the bundle records exactly what the workflow decides.
+    let cancelled = cancel.is_cancelled();
+    if cancelled && s.actor != Some(ActorStatus::Finished) {
+        // Whatever the job reported after the cancel is the cancel's doing.
         s.actor = Some(ActorStatus::Cancelled);
+        s.failure = None;
     }
+    let next = decide::next(&s, cancelled, p.max_retries, spent);
 
     // cleanup: always, for every provisioned attempt
     if provisioned {
-        let spent_now = Spent {
-            retries: done.retries,
-            redispatches: done.redispatched,
-        };
-        let will_retry = !matches!(
-            decide::next(&s, cancel.is_cancelled(), p.max_retries, spent_now),
-            Next::Finish(_)
-        );
         let input = CleanupInput {
             key: key.clone(),
             summary: s.clone(),
-            will_retry,
+            will_retry: !matches!(next, Next::Finish(_)),
         };
         let detached = WorkflowCancellationToken::new();
-        match ctx
+        let confirmed = match ctx
             .execute_local_activity(Cleanup, input, local(short, &detached))
             .await
         {
-            Ok(r) if r.cleanup_confirmed => {}
-            Ok(_) | Err(_) => done.cleanup_unconfirmed += 1,
-        }
+            Ok(r) => r.cleanup_confirmed,
+            Err(_) => false,
+        };
+        s.cleanup_confirmed = Some(confirmed);
     }
-    s
+    (s, next)
+}
+
+fn summary_cleanup_ok(s: &AttemptSummary) -> bool {
+    s.cleanup_confirmed != Some(false)
 }
 
 /// Records an unexpected activity error; a cancel is not a failure.

@@ -85,6 +85,7 @@ mod tests {
             collect_failure: None,
             adopted: false,
             memory_boost_mb: None,
+            cleanup_confirmed: None,
         }
     }
 

@@ -7,7 +7,7 @@ pub fn schema(kind: SchemaKind) -> CliResult {
     let schema = match kind {
         SchemaKind::Batch => casebatch_manifest::batch_schema(),
     };
-    println!(
+    say!(
         "{}",
         serde_json::to_string_pretty(&schema).expect("schema serializes")
     );

@@ -20,7 +20,7 @@ pub fn validate(m: &ManifestArgs) -> CliResult {
     for w in &plan.warnings {
         eprintln!("warning: {w}");
     }
-    println!(
+    say!(
         "ok: {} is valid: batch {} with {} case(s)",
         m.manifest.display(),
         plan.batch_id,
@@ -36,7 +36,7 @@ pub fn plan(m: &ManifestArgs, output_dir: &Path) -> CliResult {
     for w in &plan.warnings {
         eprintln!("warning: {w}");
     }
-    println!(
+    say!(
         "planned {} case(s) of batch {} into {} (nothing executed)",
         plan.cases.len(),
         plan.batch_id,

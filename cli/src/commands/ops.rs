@@ -49,6 +49,6 @@ pub async fn signal(r: &BatchRef, op: Op) -> CliResult {
         Op::Unpause => "unpaused: admissions restart",
         Op::Cancel => "cancel requested: in-flight cases are cancelled and cleaned up",
     };
-    println!("batch {}: {what}", plan.batch_id);
+    say!("batch {}: {what}", plan.batch_id);
     Ok(Exit::Success)
 }

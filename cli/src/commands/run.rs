@@ -96,7 +96,7 @@ pub async fn run(args: RunArgs) -> CliResult {
         for w in &plan.warnings {
             eprintln!("warning: {w}");
         }
-        println!(
+        say!(
             "dry run: planned {} case(s) into {}; nothing executed",
             plan.cases.len(),
             bundle.plan().display()
@@ -189,9 +189,10 @@ pub fn exit_for(o: &BatchOutcome) -> Exit {
 fn report_existing(bundle: &Bundle, plan: &Plan) -> CliResult {
     let summary = casebatch_bundle::write_batch_files(bundle, plan)?;
     let ok = summary.counts.get("succeeded").copied().unwrap_or(0);
-    println!(
+    say!(
         "batch {} is already complete: {ok}/{} succeeded; nothing re-run",
-        plan.batch_id, summary.total
+        plan.batch_id,
+        summary.total
     );
     Ok(if ok == summary.total {
         Exit::Success

@@ -53,7 +53,7 @@ pub async fn status(r: &BatchRef) -> CliResult {
     };
     if r.json {
         let v = serde_json::json!({ "live": live, "end": end, "status": status });
-        println!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
+        say!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
     } else {
         render::status(&plan, &status, live);
         if let Some(end) = end {
@@ -62,7 +62,7 @@ pub async fn status(r: &BatchRef) -> CliResult {
                 BatchEnd::Drained => "drained (resume continues it)",
                 BatchEnd::Cancelled => "cancelled",
             };
-            println!("  last run ended: {how}");
+            say!("  last run ended: {how}");
         }
     }
     Ok(Exit::Success)
@@ -102,7 +102,7 @@ pub async fn report(r: &BatchRef) -> CliResult {
         .count();
     if r.json {
         let v = serde_json::json!({ "summary": summary, "redispatched": redispatched });
-        println!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
+        say!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
     } else {
         render::report(&plan, &summary, redispatched);
     }

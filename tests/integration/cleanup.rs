@@ -1,0 +1,49 @@
+//! Cleanup confirmation: every process of an attempt, including descendants that detached
+//! from its process group, must be gone before `cleanup_confirmed: true`.
+
+use crate::support::*;
+
+#[test]
+fn cleanup_finds_and_kills_a_detached_grandchild() {
+    let sb = Sandbox::engine();
+    let out = sb.out().display().to_string();
+    // The harness leaves a grandchild behind in a new session (setsid + background), as a
+    // careless browser launcher would, then exits successfully.
+    let manifest = sb.write(
+        "leak.yaml",
+        r#"batch_id: leak
+defaults:
+  runtime: local-process
+  harness: 'setsid sh -c "sleep 400; echo survived >> $SANDBOX/survivor.log" > /dev/null 2>&1 & echo "{}" > "$CASEBATCH_RESULT"'
+tasks:
+  - task_id: leaky
+"#,
+    );
+    let o = sb.run(&[
+        "batch",
+        "run",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--output-dir",
+        &out,
+    ]);
+    assert_exit(&o, 0);
+    let receipt = sb.json(
+        &sb.bundle("leak")
+            .join("cases/leaky/attempts/1/cleanup.json"),
+    );
+    assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
+    assert!(
+        !receipt["killed"].as_array().unwrap().is_empty(),
+        "the detached grandchild was found by its marker and killed: {receipt:#}"
+    );
+    assert!(
+        processes_matching("sleep 400").is_empty(),
+        "the grandchild is gone"
+    );
+    let result = sb.case_result("leak", "leaky");
+    assert_eq!(
+        result["state"], "succeeded",
+        "cleanup is reported apart from the outcome"
+    );
+}

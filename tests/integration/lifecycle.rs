@@ -1,0 +1,345 @@
+//! A batch's life on the embedded engine: run, resume, drain, pause, cancel, continue-as-new.
+
+use std::time::Duration;
+
+use crate::support::*;
+
+fn example(name: &str) -> String {
+    format!("{}/../examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn run_writes_the_bundle_and_resume_of_a_completed_batch_changes_nothing() {
+    let sb = Sandbox::engine();
+    let out = sb.out();
+    let out = out.to_str().unwrap();
+    let manifest = example("batch-local.yaml");
+    let o = sb.run(&["batch", "run", "--manifest", &manifest, "--output-dir", out]);
+    assert_exit(&o, 0);
+
+    let b = sb.bundle("local-example");
+    for f in [
+        "manifest.json",
+        "run_config.json",
+        "batch_plan.json",
+        "batch_results.json",
+        "batch_attempts.json",
+        "batch_summary.json",
+        "batch_summary.csv",
+        "events.jsonl",
+    ] {
+        assert!(b.join(f).exists(), "{f} missing from the bundle");
+    }
+    let summary = sb.json(&b.join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], 3, "{summary:#}");
+    assert_eq!(summary["attempts_total"], 3);
+    for row in summary["rows"].as_array().unwrap() {
+        let dir = row["case_dir"].as_str().unwrap();
+        let attempt = b.join("cases").join(dir).join("attempts/1");
+        for f in [
+            "spec.json",
+            "result.json",
+            "stdout.log",
+            "stderr.log",
+            "evaluation.json",
+            "cleanup.json",
+        ] {
+            assert!(attempt.join(f).exists(), "{dir}: {f} missing");
+        }
+        let cleanup = sb.json(&attempt.join("cleanup.json"));
+        assert_eq!(cleanup["cleanup_confirmed"], true, "{cleanup:#}");
+        let result = sb.case_result("local-example", dir);
+        assert_eq!(result["verdict"], "pass");
+        assert_eq!(result["actor_status"], "finished");
+        assert_eq!(result["scores"]["accuracy"], 1.0);
+    }
+    let csv = std::fs::read_to_string(b.join("batch_summary.csv")).unwrap();
+    assert!(
+        csv.lines().next().unwrap().ends_with("scores.accuracy"),
+        "{csv}"
+    );
+    let run_config = std::fs::read_to_string(b.join("run_config.json")).unwrap();
+    assert!(run_config.contains("\"embedded\""), "{run_config}");
+
+    // Resume after completion: a no-op that keeps every result and attempt count.
+    let o = sb.run(&[
+        "batch",
+        "resume",
+        "--batch-id",
+        "local-example",
+        "--output-dir",
+        out,
+    ]);
+    assert_exit(&o, 0);
+    assert!(stdout(&o).contains("already complete"), "{}", stdout(&o));
+    let again = sb.json(&b.join("batch_summary.json"));
+    assert_eq!(again["attempts_total"], 3);
+    assert_eq!(again["counts"], summary["counts"]);
+}
+
+const SLOW: &str = r#"
+defaults:
+  runtime: local-process
+  harness: 'echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/ran.log"; sleep {secs}; echo "{}" > "$CASEBATCH_RESULT"'
+tasks:
+  - task_id: a
+  - task_id: b
+  - task_id: c
+  - task_id: d
+"#;
+
+fn slow_manifest(sb: &Sandbox, batch: &str, concurrency: u32, secs: u32) -> String {
+    let body = SLOW.replace("{secs}", &secs.to_string());
+    let text = format!("batch_id: {batch}\n{body}").replace(
+        "defaults:\n",
+        &format!("defaults:\n  concurrency: {concurrency}\n"),
+    );
+    sb.write(&format!("{batch}.yaml"), &text)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn drain_leaves_queued_work_and_resume_finishes_it_without_repeats() {
+    let sb = Sandbox::engine();
+    let out = sb.out().display().to_string();
+    let manifest = slow_manifest(&sb, "drainme", 1, 2);
+    let mut runner = sb.spawn(
+        &[
+            "batch",
+            "run",
+            "--manifest",
+            &manifest,
+            "--output-dir",
+            &out,
+        ],
+        "run.log",
+    );
+    wait_until(Duration::from_secs(60), "first case starts", || {
+        sb.lines("ran.log") >= 1
+    });
+    let o = sb.run(&[
+        "batch",
+        "drain",
+        "--batch-id",
+        "drainme",
+        "--output-dir",
+        &out,
+    ]);
+    assert_exit(&o, 0);
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(120)),
+        1,
+        "a drained runner exits 1"
+    );
+
+    let status = sb.status("drainme");
+    assert_eq!(status["end"], "drained", "{status:#}");
+    assert_eq!(status["status"]["counts"]["succeeded"], 1, "{status:#}");
+    assert_eq!(status["status"]["counts"]["queued"], 3, "{status:#}");
+    assert_eq!(sb.lines("ran.log"), 1, "only the admitted case ran");
+
+    let o = sb.run(&[
+        "batch",
+        "resume",
+        "--batch-id",
+        "drainme",
+        "--output-dir",
+        &out,
+    ]);
+    assert_exit(&o, 0);
+    assert_eq!(sb.lines("ran.log"), 4, "every case ran exactly once");
+    let summary = sb.json(&sb.bundle("drainme").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], 4);
+    assert_eq!(
+        summary["attempts_total"], 4,
+        "no case ran twice: {summary:#}"
+    );
+}
+
+#[test]
+fn pause_stops_admissions_until_unpause() {
+    let sb = Sandbox::engine();
+    let out = sb.out().display().to_string();
+    let manifest = slow_manifest(&sb, "pauseme", 1, 1);
+    let mut runner = sb.spawn(
+        &[
+            "batch",
+            "run",
+            "--manifest",
+            &manifest,
+            "--output-dir",
+            &out,
+        ],
+        "run.log",
+    );
+    wait_until(Duration::from_secs(60), "first case starts", || {
+        sb.lines("ran.log") >= 1
+    });
+    assert_exit(
+        &sb.run(&[
+            "batch",
+            "pause",
+            "--batch-id",
+            "pauseme",
+            "--output-dir",
+            &out,
+        ]),
+        0,
+    );
+    // Well past the first case's end: a paused batch admits nothing.
+    std::thread::sleep(Duration::from_secs(4));
+    let status = sb.status("pauseme");
+    assert_eq!(status["status"]["phase"], "paused", "{status:#}");
+    assert_eq!(sb.lines("ran.log"), 1, "nothing admitted while paused");
+    assert!(
+        runner.try_wait().unwrap().is_none(),
+        "the runner keeps waiting while paused"
+    );
+
+    assert_exit(
+        &sb.run(&[
+            "batch",
+            "unpause",
+            "--batch-id",
+            "pauseme",
+            "--output-dir",
+            &out,
+        ]),
+        0,
+    );
+    assert_eq!(wait_child(&mut runner, Duration::from_secs(120)), 0);
+    assert_eq!(sb.lines("ran.log"), 4);
+}
+
+#[test]
+fn cancel_stops_in_flight_cases_and_still_cleans_them_up() {
+    let sb = Sandbox::engine();
+    let out = sb.out().display().to_string();
+    let manifest = slow_manifest(&sb, "cancelme", 2, 300);
+    let mut runner = sb.spawn(
+        &[
+            "batch",
+            "run",
+            "--manifest",
+            &manifest,
+            "--output-dir",
+            &out,
+        ],
+        "run.log",
+    );
+    wait_until(Duration::from_secs(60), "two cases start", || {
+        sb.lines("ran.log") >= 2
+    });
+    assert_exit(
+        &sb.run(&[
+            "batch",
+            "cancel",
+            "--batch-id",
+            "cancelme",
+            "--output-dir",
+            &out,
+        ]),
+        0,
+    );
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(120)),
+        4,
+        "cancelled = not all succeeded"
+    );
+
+    let summary = sb.json(&sb.bundle("cancelme").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["cancelled"], 2, "{summary:#}");
+    assert_eq!(
+        summary["counts"]["queued"], 2,
+        "queued cases were never started: {summary:#}"
+    );
+    for case in ["a", "b"] {
+        let receipt = sb.json(
+            &sb.bundle("cancelme")
+                .join(format!("cases/{case}/attempts/1/cleanup.json")),
+        );
+        assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
+    }
+    assert!(
+        processes_matching("sleep 300").is_empty(),
+        "no harness process survives the cancel"
+    );
+}
+
+#[test]
+fn a_different_task_list_under_an_existing_batch_id_is_refused() {
+    let sb = Sandbox::engine();
+    let out = sb.out().display().to_string();
+    let m1 = sb.write(
+        "one.yaml",
+        "batch_id: same\ndefaults: {runtime: fake}\ntasks:\n  - task_id: x\n",
+    );
+    let m2 = sb.write(
+        "two.yaml",
+        "batch_id: same\ndefaults: {runtime: fake}\ntasks:\n  - task_id: y\n",
+    );
+    assert_exit(
+        &sb.run(&[
+            "batch",
+            "run",
+            "--manifest",
+            m1.to_str().unwrap(),
+            "--output-dir",
+            &out,
+        ]),
+        0,
+    );
+    let o = sb.run(&[
+        "batch",
+        "run",
+        "--manifest",
+        m2.to_str().unwrap(),
+        "--output-dir",
+        &out,
+    ]);
+    assert_exit(&o, 2);
+    assert!(stderr(&o).contains("different task list"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--batch-id"),
+        "says what to do: {}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn large_fake_batch_continues_as_new_and_says_it_is_a_simulation() {
+    let sb = Sandbox::engine();
+    let out = sb.out().display().to_string();
+    let mut text =
+        String::from("batch_id: many\ndefaults:\n  runtime: fake\n  concurrency: 32\ntasks:\n");
+    for i in 0..300 {
+        text.push_str(&format!("  - task_id: case-{i}\n"));
+    }
+    let manifest = sb.write("many.yaml", &text);
+    let o = sb.run(&[
+        "batch",
+        "run",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--output-dir",
+        &out,
+        "--history-budget",
+        "600",
+    ]);
+    assert_exit(&o, 0);
+    assert!(
+        stdout(&o).contains("simulation"),
+        "fake runs are named as simulations: {}",
+        stdout(&o)
+    );
+    let status = sb.status("many");
+    assert_eq!(status["status"]["counts"]["succeeded"], 300, "{status:#}");
+    assert!(
+        status["status"]["segment"].as_u64().unwrap() >= 3,
+        "continued as new: {status:#}"
+    );
+    let summary = sb.json(&sb.bundle("many").join("batch_summary.json"));
+    assert_eq!(summary["simulated"], true);
+    assert_eq!(summary["attempts_total"], 300);
+}

@@ -1,0 +1,11 @@
+//! Integration tests: the real `casebatch` binary, a real Temporal dev server (started by the
+//! binary itself, as users get it), real child processes and real files. Side effects are
+//! counted by lines the harnesses append, so "ran twice" cannot hide.
+
+mod support;
+
+mod cleanup;
+mod lifecycle;
+mod recovery;
+mod taxonomy;
+mod validation;

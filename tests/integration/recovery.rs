@@ -1,0 +1,87 @@
+//! Crash recovery: SIGKILL the process that hosts the worker mid-batch, then resume. Nothing
+//! finished re-runs; in-flight jobs are adopted, not started again.
+
+use std::time::Duration;
+
+use crate::support::*;
+
+#[test]
+fn sigkill_of_the_runner_then_resume_adopts_in_flight_cases_and_reruns_nothing() {
+    let sb = Sandbox::engine();
+    let out = sb.out().display().to_string();
+    let manifest = sb.write(
+        "crash.yaml",
+        r#"batch_id: crash
+defaults:
+  concurrency: 3
+  runtime: local-process
+  harness: 'echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/started.log"; sleep 3; echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/finished.log"; echo "{}" > "$CASEBATCH_RESULT"'
+tasks:
+  - task_id: c1
+  - task_id: c2
+  - task_id: c3
+  - task_id: c4
+  - task_id: c5
+  - task_id: c6
+"#,
+    );
+    let mut runner = sb.spawn(
+        &[
+            "batch",
+            "run",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--output-dir",
+            &out,
+        ],
+        "run.log",
+    );
+    wait_until(Duration::from_secs(60), "three cases start", || {
+        sb.lines("started.log") >= 3
+    });
+    runner.kill().unwrap(); // SIGKILL
+    runner.wait().unwrap();
+    assert_eq!(
+        sb.lines("finished.log"),
+        0,
+        "killed while the first three were in flight"
+    );
+
+    let o = sb.run(&[
+        "batch",
+        "resume",
+        "--batch-id",
+        "crash",
+        "--output-dir",
+        &out,
+    ]);
+    assert_exit(&o, 0);
+    assert_eq!(sb.lines("started.log"), 6, "each case started exactly once");
+    assert_eq!(sb.lines("finished.log"), 6);
+
+    let summary = sb.json(&sb.bundle("crash").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], 6, "{summary:#}");
+    assert_eq!(
+        summary["attempts_total"], 6,
+        "no new attempts for adopted cases"
+    );
+    assert_eq!(
+        summary["adopted_attempts"], 3,
+        "the in-flight three were adopted: {summary:#}"
+    );
+
+    let report = sb.run(&[
+        "batch",
+        "report",
+        "--batch-id",
+        "crash",
+        "--output-dir",
+        &out,
+    ]);
+    assert_exit(&report, 0);
+    assert!(
+        stdout(&report).contains("3 attempt(s) adopted"),
+        "{}",
+        stdout(&report)
+    );
+}

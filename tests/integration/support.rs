@@ -1,0 +1,236 @@
+//! A small `TestCommand`-style helper: a temp directory per test, the binary, and readers for
+//! the bundle.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Tests that run an engine take turns: the machine has two cores, and a dev server plus a
+/// batch per test at once would measure contention, not behaviour.
+static ENGINE: Mutex<()> = Mutex::new(());
+
+pub fn engine_lock() -> MutexGuard<'static, ()> {
+    ENGINE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+    _turn: Option<MutexGuard<'static, ()>>,
+}
+
+impl Sandbox {
+    /// A sandbox for a test that needs no engine.
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            _turn: None,
+        }
+    }
+
+    /// A sandbox for a test that runs batches (takes its turn on the engine lock).
+    pub fn engine() -> Self {
+        let turn = engine_lock();
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            _turn: Some(turn),
+        }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn out(&self) -> PathBuf {
+        self.path("out")
+    }
+
+    pub fn write(&self, rel: &str, content: &str) -> PathBuf {
+        let p = self.path(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, content).unwrap();
+        p
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_casebatch"));
+        c.args(args)
+            .current_dir(self.dir.path())
+            .env_remove("TEMPORAL_ADDRESS")
+            .env("SANDBOX", self.dir.path())
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Runs to completion (with a generous timeout) and returns the output.
+    pub fn run(&self, args: &[&str]) -> Output {
+        let child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn casebatch");
+        wait_output(child, Duration::from_secs(240))
+    }
+
+    /// Starts in the background (stdout/stderr to files in the sandbox).
+    pub fn spawn(&self, args: &[&str], log: &str) -> Child {
+        let out = std::fs::File::create(self.path(log)).unwrap();
+        let err = out.try_clone().unwrap();
+        self.command(args)
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawn casebatch")
+    }
+
+    pub fn bundle(&self, batch: &str) -> PathBuf {
+        self.out().join(batch)
+    }
+
+    pub fn json(&self, path: &Path) -> Value {
+        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// Lines of a side-effect file (0 when absent).
+    pub fn lines(&self, rel: &str) -> usize {
+        std::fs::read_to_string(self.path(rel)).map_or(0, |s| s.lines().count())
+    }
+
+    pub fn status(&self, batch: &str) -> Value {
+        let out_dir = self.out();
+        let o = self.run(&[
+            "batch",
+            "status",
+            "--batch-id",
+            batch,
+            "--output-dir",
+            out_dir.to_str().unwrap(),
+            "--json",
+        ]);
+        assert_exit(&o, 0);
+        serde_json::from_slice(&o.stdout).expect("status JSON")
+    }
+
+    pub fn case_result(&self, batch: &str, case_dir: &str) -> Value {
+        self.json(
+            &self
+                .bundle(batch)
+                .join("cases")
+                .join(case_dir)
+                .join("result.json"),
+        )
+    }
+}
+
+impl Drop for Sandbox {
+    /// A runner killed by a test leaves its dev server behind: stop it by identity.
+    fn drop(&mut self) {
+        let engine = self.out().join(".casebatch-engine/engine.json");
+        if let Ok(bytes) = std::fs::read(engine)
+            && let Ok(v) = serde_json::from_slice::<Value>(&bytes)
+            && let (Some(pid), Some(ticks)) = (v["pid"].as_u64(), v["start_ticks"].as_u64())
+            && start_ticks(pid as u32) == Some(ticks)
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn wait_output(mut child: Child, timeout: Duration) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "casebatch did not finish within {timeout:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits for a background child, returning its exit code.
+pub fn wait_child(child: &mut Child, timeout: Duration) -> i32 {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code().unwrap_or(-1);
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "background casebatch did not finish in {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < timeout, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn assert_exit(o: &Output, code: i32) {
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "unexpected exit code\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Live processes whose command line contains `needle` (to prove nothing was left behind).
+pub fn processes_matching(needle: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()
+                    .map(|r| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true);
+        if cmd.contains(needle) && !zombie {
+            found.push(pid);
+        }
+    }
+    found
+}

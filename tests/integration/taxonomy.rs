@@ -1,0 +1,125 @@
+//! The failure taxonomy end to end: what is retried, what is not, and how it is reported.
+
+use crate::support::*;
+
+#[test]
+fn only_retryable_infra_failures_get_another_attempt() {
+    let sb = Sandbox::engine();
+    let out = sb.out().display().to_string();
+    let manifest = sb.write(
+        "mixed.yaml",
+        r#"batch_id: mixed
+defaults:
+  runtime: local-process
+  max_retries: 2
+  concurrency: 4
+  harness: 'echo x >> "$SANDBOX/$CASEBATCH_CASE_ID.runs"; echo "{}" > "$CASEBATCH_RESULT"'
+tasks:
+  - task_id: flaky-infra
+    runtime: fake
+    fake: {infra_failures_first: 1}
+  - task_id: harness-crash
+    harness: 'echo x >> "$SANDBOX/harness-crash.runs"; exit 3'
+  - task_id: agent-fail
+    runtime: fake
+    fake: {outcome: fail}
+  - task_id: passes
+"#,
+    );
+    let o = sb.run(&[
+        "batch",
+        "run",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--output-dir",
+        &out,
+    ]);
+    assert_exit(&o, 4);
+
+    let flaky = sb.case_result("mixed", "flaky-infra");
+    assert_eq!(flaky["state"], "succeeded", "{flaky:#}");
+    assert_eq!(
+        flaky["attempts"], 2,
+        "one retry after a retryable infra failure"
+    );
+
+    let crash = sb.case_result("mixed", "harness-crash");
+    assert_eq!(crash["state"], "failed");
+    assert_eq!(crash["attempts"], 1, "harness failures are never retried");
+    assert_eq!(crash["failure"]["class"], "harness");
+    assert_eq!(crash["failure"]["stage"], "await");
+    assert_eq!(crash["exit_code"], 3);
+    assert_eq!(sb.lines("harness-crash.runs"), 1);
+
+    let agent = sb.case_result("mixed", "agent-fail");
+    assert_eq!(agent["state"], "failed");
+    assert_eq!(agent["attempts"], 1, "an agent verdict is never retried");
+    assert_eq!(
+        agent["actor_status"], "finished",
+        "actor status kept apart from the verdict"
+    );
+    assert_eq!(agent["verdict"], "fail");
+    assert_eq!(agent["failure"]["class"], "agent");
+
+    let summary = sb.json(&sb.bundle("mixed").join("batch_summary.json"));
+    assert_eq!(
+        summary["failures_by_stage_class"]["await/harness"], 1,
+        "{summary:#}"
+    );
+    assert_eq!(
+        summary["failures_by_stage_class"]["evaluate/agent"], 1,
+        "{summary:#}"
+    );
+    let report = sb.run(&[
+        "batch",
+        "report",
+        "--batch-id",
+        "mixed",
+        "--output-dir",
+        &out,
+    ]);
+    assert!(
+        stdout(&report).contains("await/harness: 1"),
+        "{}",
+        stdout(&report)
+    );
+}
+
+#[test]
+fn a_kill_by_the_memory_limit_is_oom_killed_and_not_retried() {
+    let sb = Sandbox::engine();
+    let out = sb.out().display().to_string();
+    let manifest = sb.write(
+        "oom.yaml",
+        r#"batch_id: oom
+defaults:
+  runtime: local-process
+  max_retries: 3
+  resources: {memory_mb: 64}
+  harness: 'echo x >> "$SANDBOX/oom.runs"; python3 -c "b = bytearray(400 * 1024 * 1024); print(len(b))"'
+tasks:
+  - task_id: hog
+"#,
+    );
+    let o = sb.run(&[
+        "batch",
+        "run",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--output-dir",
+        &out,
+    ]);
+    assert_exit(&o, 4);
+    let r = sb.case_result("oom", "hog");
+    assert_eq!(r["failure"]["code"], "OOM_KILLED", "{r:#}");
+    assert_eq!(r["failure"]["class"], "infra");
+    assert_eq!(r["failure"]["retryable"], false);
+    assert!(
+        r["failure"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("resources.memory_mb")
+    );
+    assert_eq!(r["attempts"], 1, "fatal at the same size: not retried");
+    assert_eq!(sb.lines("oom.runs"), 1);
+}

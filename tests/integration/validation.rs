@@ -1,0 +1,130 @@
+//! Bad input: a clear error naming the problem, exit 2, and nothing written.
+
+use crate::support::*;
+
+#[test]
+fn malformed_manifests_are_refused_with_exit_2_and_leave_no_bundle() {
+    let sb = Sandbox::new();
+    let out = sb.out().display().to_string();
+    let cases = [
+        (
+            "dup.yaml",
+            "batch_id: b\ndefaults: {runtime: fake}\ntasks:\n  - task_id: x\n  - task_id: x\n",
+            "duplicate",
+        ),
+        (
+            "unknown.yaml",
+            "batch_id: b\ndefaults: {runtime: fake}\ntasks:\n  - task_id: x\n    colour: red\n",
+            "colour",
+        ),
+        (
+            "missing.yaml",
+            "batch_id: b\ndefaults: {runtime: fake}\ntasks:\n  - query: hi\n",
+            "task_id",
+        ),
+        ("broken.yaml", "batch_id: b\ntasks: [\n", "syntax"),
+        (
+            "conc.yaml",
+            "batch_id: b\ndefaults: {runtime: fake, concurrency: 0}\ntasks:\n  - task_id: x\n",
+            "concurrency",
+        ),
+    ];
+    for (name, text, needle) in cases {
+        let m = sb.write(name, text);
+        for verb in ["validate", "plan", "run"] {
+            let mut args = vec!["batch", verb, "--manifest", m.to_str().unwrap()];
+            if verb != "validate" {
+                args.extend(["--output-dir", &out]);
+            }
+            let o = sb.run(&args);
+            assert_exit(&o, 2);
+            let err = stderr(&o);
+            assert!(
+                err.contains(name) && err.contains(needle),
+                "{verb} {name}: {err}"
+            );
+            assert!(!err.contains("panicked"), "{err}");
+        }
+    }
+    assert!(!sb.out().exists(), "a refused manifest writes nothing");
+}
+
+#[test]
+fn the_webvoyager_task_list_plans_to_643_distinct_case_directories() {
+    let sb = Sandbox::new();
+    let out = sb.out().display().to_string();
+    let data = format!(
+        "{}/../../shared/datasets/webvoyager/WebVoyager_data.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let o = sb.run(&[
+        "batch",
+        "run",
+        "--dry-run",
+        "--manifest",
+        &data,
+        "--batch-id",
+        "webvoyager",
+        "--harness",
+        "true",
+        "--output-dir",
+        &out,
+        "--max-cases",
+        "601",
+    ]);
+    assert_exit(&o, 0);
+    assert!(
+        stderr(&o).contains("warning"),
+        "warns past --max-cases: {}",
+        stderr(&o)
+    );
+    let plan = sb.json(&sb.bundle("webvoyager").join("batch_plan.json"));
+    let cases = plan["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 643);
+    let dirs: std::collections::HashSet<&str> = cases
+        .iter()
+        .map(|c| c["case_dir"].as_str().unwrap())
+        .collect();
+    assert_eq!(dirs.len(), 643, "directory names are collision-free");
+    assert!(
+        plan["provenance"]["manifest_sha256"]
+            .as_str()
+            .unwrap()
+            .len()
+            == 64
+    );
+    assert!(
+        !sb.bundle("webvoyager").join("cases").exists(),
+        "a dry run executes nothing"
+    );
+}
+
+#[test]
+fn config_schema_is_json_schema_of_the_manifest() {
+    let sb = Sandbox::new();
+    let o = sb.run(&["config", "schema", "--kind", "batch"]);
+    assert_exit(&o, 0);
+    let schema: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(schema["properties"]["tasks"].is_object(), "{schema:#}");
+    assert!(schema["properties"]["defaults"].is_object());
+}
+
+#[test]
+fn operating_an_unknown_batch_is_a_usage_error() {
+    let sb = Sandbox::new();
+    let out = sb.out().display().to_string();
+    for verb in ["status", "report", "drain", "resume"] {
+        let o = sb.run(&["batch", verb, "--batch-id", "nope", "--output-dir", &out]);
+        assert_exit(&o, 2);
+        assert!(stderr(&o).contains("nope"), "{verb}: {}", stderr(&o));
+    }
+    let o = sb.run(&[
+        "batch",
+        "status",
+        "--batch-id",
+        "../etc",
+        "--output-dir",
+        &out,
+    ]);
+    assert_exit(&o, 2);
+}
