@@ -19,7 +19,19 @@ pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> Resul
     }
     let mut bytes = serde_json::to_vec_pretty(value).expect("bundle records always serialize");
     bytes.push(b'\n');
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    // Unique per host, process and call: replicas in containers share low pids.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(
+        ".{name}.{}.{}.{seq}.tmp",
+        host.trim(),
+        std::process::id()
+    ));
     let mut f = fs::File::create(&tmp).map_err(werr)?;
     f.write_all(&bytes).map_err(werr)?;
     f.sync_data().map_err(werr)?;

@@ -17,6 +17,12 @@ pub use stage::*;
 /// Task queue the worker polls and batches are started on.
 pub const TASK_QUEUE: &str = "casebatch";
 
+/// Activity task queue of one host. Every worker on the host polls it, so a job started
+/// there is awaited (and after a crash, adopted) by a worker that can see its processes.
+pub fn host_task_queue(hostname: &str) -> String {
+    format!("{TASK_QUEUE}@{hostname}")
+}
+
 /// Workflow id of a batch: one workflow per batch id.
 pub fn workflow_id(batch_id: &str) -> String {
     format!("casebatch-{batch_id}")

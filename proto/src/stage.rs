@@ -44,6 +44,10 @@ pub struct JobRef {
     /// Process start time in clock ticks since boot (`/proc/<pid>/stat` field 22): with the
     /// pid it names one process, never a recycled pid.
     pub start_ticks: Option<u64>,
+    /// Task queue of the host the job runs on: `await` must run where the process is.
+    /// `None` for runtimes whose jobs can be awaited from anywhere.
+    #[serde(default)]
+    pub host_queue: Option<String>,
 }
 
 /// Status of the actor, kept apart from the evaluator's verdict and cleanup.

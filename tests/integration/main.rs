@@ -7,5 +7,6 @@ mod support;
 mod cleanup;
 mod lifecycle;
 mod recovery;
+mod replicas;
 mod taxonomy;
 mod validation;

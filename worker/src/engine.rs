@@ -19,7 +19,7 @@ pub enum EngineError {
     #[error("failed to read Temporal client settings: {0}")]
     Config(String),
     #[error(
-        "refusing to connect to {address} without TLS or an API key: unauthenticated connections are only allowed on loopback. Configure TLS/API key (TEMPORAL_TLS*, TEMPORAL_API_KEY or a temporal.toml profile)"
+        "refusing to connect to {address} without TLS: plaintext (unauthenticated) connections are only allowed on loopback. Configure TLS (TEMPORAL_TLS*, TEMPORAL_API_KEY or a temporal.toml profile) and an https:// or bare host:port address"
     )]
     Insecure { address: String },
     #[error("failed to connect to Temporal at {address}: {message}")]
@@ -101,10 +101,17 @@ impl Engine {
                 let (mut conn, client_opts) = ClientOptions::load_from_config(opts)
                     .map_err(|e| EngineError::Config(e.to_string()))?;
                 if let Some(a) = address {
+                    // A bare host:port takes its scheme from the TLS settings, so an address
+                    // flag can never silently downgrade a TLS connection to plaintext.
+                    let scheme = if conn.tls_options.is_some() {
+                        "https"
+                    } else {
+                        "http"
+                    };
                     let with_scheme = if a.contains("://") {
                         a.clone()
                     } else {
-                        format!("http://{a}")
+                        format!("{scheme}://{a}")
                     };
                     conn.target = with_scheme
                         .parse()
@@ -116,7 +123,9 @@ impl Engine {
                     conn.target.host_str(),
                     Some("127.0.0.1" | "localhost" | "[::1]" | "::1")
                 );
-                if !loopback && conn.tls_options.is_none() && conn.api_key.is_none() {
+                // An API key over plaintext would leak the key: off loopback, TLS is required.
+                let plaintext = conn.tls_options.is_none() || conn.target.scheme() == "http";
+                if !loopback && plaintext {
                     return Err(EngineError::Insecure { address: addr });
                 }
                 let client = dial(conn, &ns).await?;

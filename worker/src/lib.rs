@@ -12,4 +12,4 @@ pub mod worker;
 
 pub use devserver::{DevServer, DevServerError};
 pub use engine::{Engine, EngineError, EngineTarget};
-pub use worker::{build_worker, run_worker_until};
+pub use worker::{Workers, build_worker, run_worker_until};

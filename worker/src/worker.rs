@@ -5,41 +5,62 @@ use std::future::Future;
 use std::time::Duration;
 
 use casebatch_activities::CaseActivities;
-use casebatch_proto::TASK_QUEUE;
+use casebatch_activities::runtime::local_process::hostname;
+use casebatch_proto::{TASK_QUEUE, host_task_queue};
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::Client;
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 
-/// Builds a worker for the casebatch task queue.
-pub fn build_worker(runtime: &Runtime, client: Client) -> anyhow::Result<Worker> {
-    let options = WorkerOptions::new(TASK_QUEUE)
+/// The two workers of one casebatch process: the shared task queue (workflows and every
+/// activity) and this host's queue (where `await` of jobs started on this host runs).
+pub struct Workers {
+    shared: Worker,
+    host: Worker,
+}
+
+/// Builds the workers for the casebatch task queue and this host's queue.
+pub fn build_worker(runtime: &Runtime, client: Client) -> anyhow::Result<Workers> {
+    let shared = WorkerOptions::new(TASK_QUEUE)
         .register_workflow::<BatchWorkflow>()?
         .register_activities(CaseActivities::default())
         // A crashed worker's sticky queue is abandoned quickly.
         .sticky_queue_schedule_to_start_timeout(Duration::from_secs(3))
         .graceful_shutdown_period(Duration::from_secs(2))
         .build();
-    Ok(Worker::new(runtime, client, options)?)
+    let host = WorkerOptions::new(host_task_queue(&hostname()))
+        .register_activities(CaseActivities::default())
+        .graceful_shutdown_period(Duration::from_secs(2))
+        .build();
+    Ok(Workers {
+        shared: Worker::new(runtime, client.clone(), shared)?,
+        host: Worker::new(runtime, client, host)?,
+    })
 }
 
-/// Runs the worker until `until` completes, then shuts it down. `Worker::run` is not `Send`,
-/// so both are driven in the current task.
-pub async fn run_worker_until<F, T>(worker: &mut Worker, until: F) -> anyhow::Result<T>
+/// Runs the workers until `until` completes, then shuts them down. `Worker::run` is not
+/// `Send`, so everything is driven in the current task.
+pub async fn run_worker_until<F, T>(workers: &mut Workers, until: F) -> anyhow::Result<T>
 where
     F: Future<Output = T>,
 {
-    let shutdown = worker.shutdown_handle();
-    let run = worker.run();
+    let stop_shared = workers.shared.shutdown_handle();
+    let stop_host = workers.host.shutdown_handle();
+    let (shared, host) = (workers.shared.run(), workers.host.run());
+    let run = async { tokio::join!(shared, host) };
     tokio::pin!(run);
     tokio::pin!(until);
     tokio::select! {
-        r = &mut run => {
-            r?;
+        (a, b) = &mut run => {
+            a?;
+            b?;
             anyhow::bail!("the worker stopped before the work was done")
         }
         out = &mut until => {
-            shutdown();
-            run.await?;
+            stop_shared();
+            stop_host();
+            let (a, b) = run.await;
+            a?;
+            b?;
             Ok(out)
         }
     }

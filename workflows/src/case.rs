@@ -23,6 +23,9 @@ use crate::decide::{self, Next, Spent};
 
 /// Heartbeat timeout of `await`: how quickly a crashed worker's job is adopted elsewhere.
 const AWAIT_HEARTBEAT: Duration = Duration::from_secs(5);
+/// How long `await` may wait for a worker on the job's host. Past it the host is presumed
+/// gone with its job, and the case is re-dispatched.
+const HOST_WAIT: Duration = Duration::from_secs(300);
 
 /// Static facts the pipeline needs about its batch.
 #[derive(Debug, Clone)]
@@ -199,7 +202,10 @@ async fn run_attempt(
     // await: a full activity, so a crashed worker's job is adopted by the retry
     if let Some(job) = job {
         let timeout = Duration::from_secs(p.max_timeout_seconds) + Duration::from_secs(120);
+        let host_queue = job.host_queue.clone();
         let opts = ActivityOptions::with_start_to_close_timeout(timeout)
+            .maybe_task_queue(host_queue)
+            .schedule_to_start_timeout(HOST_WAIT)
             .heartbeat_timeout(AWAIT_HEARTBEAT)
             .cancellation_token(cancel.clone())
             // On cancel, wait until the activity has stopped its job, so cleanup never
@@ -229,6 +235,16 @@ async fn run_attempt(
                 s.exit_code = exit_code;
                 s.failure = failure;
                 s.adopted = adopted;
+            }
+            Err(e) if !cancel.is_cancelled() && is_timeout(&e) => {
+                // The job's host never came back (or the job never reported): nothing is
+                // adoptable, so the case is re-dispatched.
+                s.actor = Some(ActorStatus::Failed);
+                s.failure = Some(Failure::infra(
+                    Stage::Await,
+                    codes::JOB_LOST,
+                    format!("no worker could await the job: {e}"),
+                ));
             }
             Err(e) => mark_error(&mut s, cancel, Stage::Await, &e),
         }
@@ -299,6 +315,10 @@ async fn run_attempt(
 
 fn summary_cleanup_ok(s: &AttemptSummary) -> bool {
     s.cleanup_confirmed != Some(false)
+}
+
+fn is_timeout(err: &ActivityExecutionError) -> bool {
+    err.as_timeout().is_some()
 }
 
 /// Records an unexpected activity error; a cancel is not a failure.

@@ -92,6 +92,7 @@ impl Runtime for Fake {
             marker: env.marker(),
             pid: None,
             start_ticks: None,
+            host_queue: None,
         })
     }
 
@@ -132,6 +133,7 @@ impl Runtime for Fake {
             marker: env.marker(),
             pid: None,
             start_ticks: None,
+            host_queue: None,
         })
     }
 

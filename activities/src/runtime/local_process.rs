@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::process::Stdio;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use casebatch_bundle::{
@@ -53,10 +53,20 @@ pub struct JobRecord {
     pub memory: MemoryLimit,
 }
 
+/// Children this process spawned, by marker: awaited directly instead of polled. Process-wide
+/// because both of the process's workers (task queue and host queue) share it.
+static CHILDREN: LazyLock<Mutex<HashMap<String, Child>>> = LazyLock::new(Default::default);
+
 #[derive(Default)]
-pub struct LocalProcess {
-    /// Children this process spawned, by marker: awaited directly instead of polled.
-    children: Mutex<HashMap<String, Child>>,
+pub struct LocalProcess;
+
+/// This host's name, as used in its activity task queue.
+pub fn hostname() -> String {
+    fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }
 
 fn now_ms() -> u64 {
@@ -149,10 +159,7 @@ impl LocalProcess {
         };
         write_json_atomic(&env.file(attempt_files::JOB), &record)
             .map_err(|e| submit_failure(e.to_string()))?;
-        self.children
-            .lock()
-            .expect("lock")
-            .insert(env.marker(), child);
+        CHILDREN.lock().expect("lock").insert(env.marker(), child);
         Ok(job_ref(&record))
     }
 
@@ -184,6 +191,7 @@ fn job_ref(r: &JobRecord) -> JobRef {
         marker: r.marker.clone(),
         pid: Some(r.pid),
         start_ticks: Some(r.start_ticks),
+        host_queue: Some(casebatch_proto::host_task_queue(&hostname())),
     }
 }
 
@@ -255,7 +263,7 @@ impl Runtime for LocalProcess {
         }) else {
             return lost(env, "its job.json is missing");
         };
-        let child = self.children.lock().expect("lock").remove(&record.marker);
+        let child = CHILDREN.lock().expect("lock").remove(&record.marker);
         let adopted = child.is_none();
         let deadline_ms = record.started_at_ms + record.timeout_seconds * 1000;
         let rss_limit = match record.memory {

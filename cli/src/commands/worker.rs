@@ -14,13 +14,20 @@ pub async fn run(args: WorkerArgs) -> CliResult {
     let mut worker = build_worker(&runtime, engine.client.clone())
         .map_err(|e| CliError::engine(format!("failed to build the worker: {e}")))?;
     eprintln!(
-        "worker polling task queue {} on {} (namespace {}); Ctrl-C to stop",
+        "worker polling task queues {} and {} on {} (namespace {}); Ctrl-C or SIGTERM to stop",
         casebatch_proto::TASK_QUEUE,
+        casebatch_proto::host_task_queue(&casebatch_activities::runtime::local_process::hostname()),
         engine.address,
         engine.namespace
     );
+    // Stop on Ctrl-C or SIGTERM (what container runtimes send).
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| CliError::engine(format!("failed to watch SIGTERM: {e}")))?;
     run_worker_until(&mut worker, async {
-        let _ = tokio::signal::ctrl_c().await;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
     })
     .await
     .map_err(|e| CliError::engine(format!("the worker failed: {e}")))?;
