@@ -73,6 +73,17 @@ pub enum BatchCommand {
     Unpause(BatchRef),
     /// Cancel in-flight cases (their cleanup still runs) and end the batch as cancelled.
     Cancel(BatchRef),
+    /// Export a run's workflow history as JSON (for replay tests and bug reports).
+    History {
+        #[command(flatten)]
+        batch: BatchRef,
+        /// The run to export (default: the latest).
+        #[arg(long)]
+        run_id: Option<String>,
+        /// Where to write the history.
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Args)]

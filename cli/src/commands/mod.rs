@@ -32,6 +32,9 @@ pub async fn dispatch(command: Command) -> CliResult {
             BatchCommand::Pause(r) => ops::signal(&r, ops::Op::Pause).await,
             BatchCommand::Unpause(r) => ops::signal(&r, ops::Op::Unpause).await,
             BatchCommand::Cancel(r) => ops::signal(&r, ops::Op::Cancel).await,
+            BatchCommand::History { batch, run_id, out } => {
+                status::history(&batch, run_id, &out).await
+            }
         },
         Command::Worker(args) => worker::run(args).await,
     }

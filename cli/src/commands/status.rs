@@ -8,7 +8,8 @@ use casebatch_manifest::Plan;
 use casebatch_proto::{BatchEnd, BatchStatus, Counts, Phase, codes, workflow_id};
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::{
-    WorkflowDescribeOptions, WorkflowExecutionStatus, WorkflowGetResultOptions, WorkflowHandle,
+    WorkflowDescribeOptions, WorkflowExecutionInfo, WorkflowExecutionStatus,
+    WorkflowFetchHistoryOptions, WorkflowGetResultOptions, WorkflowHandle,
 };
 
 use super::{absolute, check_batch_id, run};
@@ -106,5 +107,29 @@ pub async fn report(r: &BatchRef) -> CliResult {
     } else {
         render::report(&plan, &summary, redispatched);
     }
+    Ok(Exit::Success)
+}
+
+pub async fn history(r: &BatchRef, run_id: Option<String>, out: &std::path::Path) -> CliResult {
+    let (_bundle, plan) = open(r)?;
+    let engine = run::connect(&absolute(&r.output_dir)?, &r.engine).await?;
+    let info = WorkflowExecutionInfo::builder()
+        .namespace(engine.namespace.clone())
+        .workflow_id(workflow_id(&plan.batch_id))
+        .maybe_run_id(run_id)
+        .build();
+    let handle: WorkflowHandle<_, BatchWorkflow> = WorkflowHandle::new(engine.client.clone(), info);
+    let json = handle
+        .fetch_history(WorkflowFetchHistoryOptions::default())
+        .to_json()
+        .await
+        .map_err(|e| CliError::engine(format!("failed to fetch the history: {e}")))?;
+    std::fs::write(out, json)
+        .map_err(|e| CliError::usage(format!("failed to write {}: {e}", out.display())))?;
+    say!(
+        "wrote the history of {} to {}",
+        workflow_id(&plan.batch_id),
+        out.display()
+    );
     Ok(Exit::Success)
 }

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Records workflow histories of representative batches for the replay tests
+# (workflows/tests/replay.rs). Re-record after an intentional, versioned workflow change;
+# a replay failure without such a change means the workflow code became nondeterministic.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -q -p casebatch-cli
+BIN=$PWD/target/release/casebatch
+OUT=$PWD/workflows/tests/histories
+WORK=$(mktemp -d /tmp/casebatch-record.XXXXXX)
+PORT=${PORT:-7391}
+temporal server start-dev --headless --ip 127.0.0.1 --port "$PORT" --db-filename "$WORK/t.db" \
+  --log-level error > "$WORK/server.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; rm -rf "$WORK"' EXIT
+for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$PORT") 2>/dev/null && break; sleep 0.1; done
+ADDR=127.0.0.1:$PORT
+cb() { "$BIN" "$@" --address "$ADDR"; }
+show() { # batch-id run-id file (the SDK's own JSON format, which its replayer reads)
+  cb batch history --batch-id "$1" --output-dir "$WORK/out" ${2:+--run-id "$2"} --out "$OUT/$3.json" > /dev/null
+  echo "recorded $3"
+}
+first_run() { temporal workflow list --address "$ADDR" --query "WorkflowId='$1'" -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)[-1]["execution"]["runId"])'; }
+
+# 1. A completed local-process batch with an evaluator.
+cb batch run --manifest examples/batch-local.yaml --output-dir "$WORK/out" > /dev/null
+show local-example "" completed-local
+
+# 2. Retries by class: infra retried, harness/agent not.
+cat > "$WORK/mixed.yaml" <<'YAML'
+batch_id: mixed
+defaults: {runtime: fake, max_retries: 2, concurrency: 3}
+tasks:
+  - {task_id: flaky, fake: {infra_failures_first: 1}}
+  - {task_id: crash, fake: {outcome: harness_error}}
+  - {task_id: verdict-fail, fake: {outcome: fail}}
+  - {task_id: ok}
+YAML
+cb batch run --manifest "$WORK/mixed.yaml" --output-dir "$WORK/out" > /dev/null || true
+show mixed "" retries
+
+# 3. Drain, then resume (two runs), and 4. cancel.
+cat > "$WORK/slow.yaml" <<'YAML'
+batch_id: slow
+defaults: {runtime: local-process, concurrency: 1, harness: 'sleep 1'}
+tasks: [{task_id: a}, {task_id: b}, {task_id: c}]
+YAML
+cb batch run --manifest "$WORK/slow.yaml" --output-dir "$WORK/out" > /dev/null & RUNNER=$!
+sleep 0.5; cb batch drain --batch-id slow --output-dir "$WORK/out" > /dev/null
+wait $RUNNER || true
+cb batch resume --batch-id slow --output-dir "$WORK/out" > /dev/null
+show slow "$(first_run casebatch-slow)" drained
+show slow "" resumed
+
+cat > "$WORK/cancel.yaml" <<'YAML'
+batch_id: cancelled
+defaults: {runtime: local-process, concurrency: 2, harness: 'sleep 60'}
+tasks: [{task_id: a}, {task_id: b}, {task_id: c}]
+YAML
+cb batch run --manifest "$WORK/cancel.yaml" --output-dir "$WORK/out" > /dev/null & RUNNER=$!
+sleep 1; cb batch pause --batch-id cancelled --output-dir "$WORK/out" > /dev/null
+cb batch unpause --batch-id cancelled --output-dir "$WORK/out" > /dev/null
+cb batch cancel --batch-id cancelled --output-dir "$WORK/out" > /dev/null
+wait $RUNNER || true
+show cancelled "" cancelled
+
+# 5. Continue-as-new: the first segment of a batch with a tiny history budget.
+python3 - "$WORK/can.yaml" <<'PY'
+import sys
+with open(sys.argv[1], "w") as f:
+    f.write("batch_id: segments\ndefaults: {runtime: fake, concurrency: 8}\ntasks:\n")
+    for i in range(60):
+        f.write(f"  - task_id: s{i}\n")
+PY
+cb batch run --manifest "$WORK/can.yaml" --output-dir "$WORK/out" --history-budget 150 > /dev/null
+show segments "$(first_run casebatch-segments)" continued-as-new
