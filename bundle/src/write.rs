@@ -1,4 +1,8 @@
 //! Atomic JSON writes (temp file + rename), so a crash never leaves a half-written record.
+//!
+//! Records are not fsynced: the rename makes them atomic against process crashes (the failure
+//! model of a batch: SIGKILLed workers, restarted engines), and forcing every record to disk
+//! costs more than the rest of a case's bookkeeping together. Durable state lives in Temporal.
 
 use std::fs;
 use std::io::Write;
@@ -34,7 +38,6 @@ pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> Resul
     ));
     let mut f = fs::File::create(&tmp).map_err(werr)?;
     f.write_all(&bytes).map_err(werr)?;
-    f.sync_data().map_err(werr)?;
     fs::rename(&tmp, path).map_err(werr)
 }
 

@@ -123,3 +123,44 @@ tasks:
     assert_eq!(r["attempts"], 1, "fatal at the same size: not retried");
     assert_eq!(sb.lines("oom.runs"), 1);
 }
+
+#[test]
+fn a_harness_past_its_timeout_is_killed_and_retried_as_infra() {
+    let sb = Sandbox::engine();
+    let out = sb.out().display().to_string();
+    let manifest = sb.write(
+        "slow.yaml",
+        r#"batch_id: slow
+defaults:
+  runtime: local-process
+  max_retries: 1
+  timeout_seconds: 1
+  harness: 'echo x >> "$SANDBOX/slow.runs"; sleep 345'
+tasks:
+  - task_id: sleeper
+"#,
+    );
+    let o = sb.run(&[
+        "batch",
+        "run",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--output-dir",
+        &out,
+    ]);
+    assert_exit(&o, 4);
+    let r = sb.case_result("slow", "sleeper");
+    assert_eq!(r["failure"]["code"], "TIMEOUT", "{r:#}");
+    assert_eq!(r["failure"]["class"], "infra");
+    assert_eq!(r["attempts"], 2, "a timeout is retryable infra: one retry");
+    assert_eq!(sb.lines("slow.runs"), 2, "each attempt got a fresh process");
+    assert!(
+        processes_matching("sleep 345").is_empty(),
+        "timed-out harnesses are killed"
+    );
+    let first = sb.json(
+        &sb.bundle("slow")
+            .join("cases/sleeper/attempts/1/attempt.json"),
+    );
+    assert_eq!(first["will_retry"], true);
+}

@@ -9,7 +9,12 @@ use casebatch_activities::runtime::local_process::hostname;
 use casebatch_proto::{TASK_QUEUE, host_task_queue};
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::Client;
+use temporalio_sdk::runtime::PollerBehavior;
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
+
+/// Concurrent activity polls: a round of cases finishing together schedules dozens of
+/// `await` tasks at once, and the default of 5 polls fetches them a few at a time.
+const ACTIVITY_POLLERS: usize = 16;
 
 /// The two workers of one casebatch process: the shared task queue (workflows and every
 /// activity) and this host's queue (where `await` of jobs started on this host runs).
@@ -26,10 +31,12 @@ pub fn build_worker(runtime: &Runtime, client: Client) -> anyhow::Result<Workers
         // A crashed worker's sticky queue is abandoned quickly.
         .sticky_queue_schedule_to_start_timeout(Duration::from_secs(3))
         .graceful_shutdown_period(Duration::from_secs(2))
+        .activity_task_poller_behavior(PollerBehavior::SimpleMaximum(ACTIVITY_POLLERS))
         .build();
     let host = WorkerOptions::new(host_task_queue(&hostname()))
         .register_activities(CaseActivities::default())
         .graceful_shutdown_period(Duration::from_secs(2))
+        .activity_task_poller_behavior(PollerBehavior::SimpleMaximum(ACTIVITY_POLLERS))
         .build();
     Ok(Workers {
         shared: Worker::new(runtime, client.clone(), shared)?,
