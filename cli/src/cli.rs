@@ -29,6 +29,51 @@ pub enum Command {
     Batch(BatchCommand),
     /// Run a standalone worker (one replica) against the engine.
     Worker(WorkerArgs),
+    /// The local web demo: three real web tasks on a fixture, run end to end in one command.
+    /// `demo serve` runs only the fixture (for the three-terminal tutorial).
+    Demo(DemoArgs),
+    /// Built-in harness commands (they follow the harness contract).
+    #[command(subcommand)]
+    Harness(HarnessCommand),
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct DemoArgs {
+    #[command(subcommand)]
+    pub serve: Option<DemoCommand>,
+    /// Fixture directory (batch.yaml and events.jsonl land here).
+    #[arg(long, default_value = "logs/demo")]
+    pub directory: PathBuf,
+    /// Seconds each fixture page takes to load.
+    #[arg(long, default_value_t = 0.0)]
+    pub response_delay: f64,
+    /// Cases in flight (default: the manifest's 2).
+    #[arg(long)]
+    pub parallelism: Option<u32>,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum DemoCommand {
+    /// Serve the fixture web app on loopback and write <directory>/batch.yaml; prints
+    /// `ready: true` once it listens. Runs until Ctrl-C.
+    Serve {
+        #[arg(long)]
+        directory: PathBuf,
+        #[arg(long, default_value_t = 0.0)]
+        response_delay: f64,
+        /// Port on 127.0.0.1 (default: a free one, or the one this directory used before).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum HarnessCommand {
+    /// The demo's web actor: opens its task page, writes a note, clicks.
+    WebDemo,
+    /// The demo's evaluator: passes only if its own attempt's receipts exist.
+    WebDemoEval,
 }
 
 #[derive(Debug, Subcommand)]

@@ -5,6 +5,7 @@
 mod support;
 
 mod cleanup;
+mod demo;
 mod lifecycle;
 mod recovery;
 mod replicas;

@@ -1,6 +1,7 @@
 //! One module per group of subcommands; `dispatch` routes to them.
 
 mod config;
+mod demo;
 mod manifest;
 mod ops;
 mod run;
@@ -37,6 +38,8 @@ pub async fn dispatch(command: Command) -> CliResult {
             }
         },
         Command::Worker(args) => worker::run(args).await,
+        Command::Demo(args) => demo::run(args).await,
+        Command::Harness(h) => demo::harness(h).await,
     }
 }
 

@@ -1,0 +1,135 @@
+//! `casebatch demo` (fixture + embedded engine + the three tasks + the report, in one
+//! command), `casebatch demo serve` (the fixture alone), and the demo's harness commands.
+
+use std::time::Duration;
+
+use casebatch_demo::fixture::read_receipts;
+use casebatch_demo::{Fixture, FixtureOptions, MANIFEST_BATCH_ID};
+
+use super::{run, status};
+use crate::cli::{
+    BatchRef, DemoArgs, DemoCommand, EngineArgs, HarnessCommand, ManifestArgs, RunArgs,
+};
+use crate::exit::{CliError, CliResult, Exit};
+
+fn delay(seconds: f64) -> CliResult<Duration> {
+    Duration::try_from_secs_f64(seconds).map_err(|_| {
+        CliError::usage(format!(
+            "failed to read --response-delay {seconds}: use seconds >= 0"
+        ))
+    })
+}
+
+async fn start_fixture(
+    directory: &std::path::Path,
+    response_delay: f64,
+    port: u16,
+) -> CliResult<Fixture> {
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::usage(format!("failed to find the casebatch executable: {e}")))?;
+    Fixture::start(FixtureOptions {
+        directory: super::absolute(directory)?,
+        response_delay: delay(response_delay)?,
+        port,
+        casebatch_exe: exe,
+    })
+    .await
+    .map_err(CliError::usage)
+}
+
+pub async fn run(args: DemoArgs) -> CliResult {
+    if let Some(DemoCommand::Serve {
+        directory,
+        response_delay,
+        port,
+    }) = args.serve
+    {
+        return serve(&directory, response_delay, port).await;
+    }
+    let fixture = start_fixture(&args.directory, args.response_delay, 0).await?;
+    let output_dir = args.directory.join("batches");
+    eprintln!(
+        "fixture on http://{} · manifest {}",
+        fixture.addr,
+        fixture.manifest.display()
+    );
+    let exit = run::run(RunArgs {
+        manifest: ManifestArgs {
+            manifest: fixture.manifest.clone(),
+            batch_id: None,
+            parallelism: args.parallelism,
+            max_retries: None,
+            runtime: None,
+            harness: None,
+            evaluator: None,
+            defaults: None,
+            max_cases: None,
+        },
+        output_dir: output_dir.clone(),
+        dry_run: false,
+        no_worker: false,
+        history_budget: None,
+        engine: EngineArgs {
+            address: None,
+            namespace: None,
+            profile: None,
+        },
+    })
+    .await?;
+    status::report(&BatchRef {
+        batch_id: MANIFEST_BATCH_ID.into(),
+        output_dir,
+        json: false,
+        engine: EngineArgs {
+            address: None,
+            namespace: None,
+            profile: None,
+        },
+    })
+    .await?;
+    let clicks = fixture
+        .receipts()
+        .iter()
+        .filter(|r| r.action == "click")
+        .count();
+    say!(
+        "page-action receipts: {clicks} click(s) in {}",
+        fixture.events.display()
+    );
+    Ok(exit)
+}
+
+async fn serve(directory: &std::path::Path, response_delay: f64, port: u16) -> CliResult {
+    let fixture = start_fixture(directory, response_delay, port).await?;
+    say!("fixture: http://{}", fixture.addr);
+    say!("manifest: {}", fixture.manifest.display());
+    say!("receipts: {}", fixture.events.display());
+    say!("ready: true");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| CliError::engine(format!("failed to watch SIGTERM: {e}")))?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    let clicks = read_receipts(&fixture.events)
+        .iter()
+        .filter(|r| r.action == "click")
+        .count();
+    eprintln!("fixture stopped; {clicks} click receipt(s) recorded");
+    Ok(Exit::Success)
+}
+
+pub async fn harness(h: HarnessCommand) -> CliResult {
+    let result = match h {
+        HarnessCommand::WebDemo => casebatch_demo::actor::run_actor().await,
+        HarnessCommand::WebDemoEval => casebatch_demo::actor::run_evaluator().await,
+    };
+    match result {
+        Ok(()) => Ok(Exit::Success),
+        // A harness failure is exit 1 by the harness contract.
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(Exit::Incomplete)
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! The web actor and its evaluator, as harness commands (see the README's harness contract).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::DemoError;
+use crate::fixture::Receipt;
+use crate::http::request;
+
+/// The task fields the harness reads from `CASEBATCH_INPUT`.
+#[derive(Debug, Deserialize)]
+struct TaskInput {
+    task_id: String,
+    url: String,
+    #[serde(default = "default_steps")]
+    max_steps: u32,
+}
+
+fn default_steps() -> u32 {
+    6
+}
+
+fn env(name: &str) -> Result<String, DemoError> {
+    std::env::var(name).map_err(|_| {
+        DemoError::Other(format!(
+            "read {name}: run this as a casebatch harness (it sets the CASEBATCH_* variables)"
+        ))
+    })
+}
+
+fn read_input() -> Result<(TaskInput, u32, PathBuf), DemoError> {
+    let path = env("CASEBATCH_INPUT")?;
+    let bytes = std::fs::read(&path).map_err(DemoError::io(format!("read {path}")))?;
+    let input: TaskInput = serde_json::from_slice(&bytes)
+        .map_err(|e| DemoError::Other(format!("parse {path}: {e}")))?;
+    let attempt = env("CASEBATCH_ATTEMPT")?
+        .parse()
+        .map_err(|e| DemoError::Other(format!("parse CASEBATCH_ATTEMPT: {e}")))?;
+    Ok((input, attempt, PathBuf::from(env("CASEBATCH_RESULT")?)))
+}
+
+fn write_result(path: &PathBuf, value: serde_json::Value) -> Result<(), DemoError> {
+    std::fs::write(path, serde_json::to_vec_pretty(&value).expect("serializes"))
+        .map_err(DemoError::io(format!("write {}", path.display())))
+}
+
+/// The actor: opens its page, writes a note, clicks, within `max_steps` steps.
+pub async fn run_actor() -> Result<(), DemoError> {
+    let (task, attempt, result) = read_input()?;
+    let steps = [
+        ("GET", task.url.clone()),
+        ("POST", format!("{}/note?attempt={attempt}", task.url)),
+        ("POST", format!("{}/click?attempt={attempt}", task.url)),
+    ];
+    if steps.len() as u32 > task.max_steps {
+        return Err(DemoError::Other(format!(
+            "finish {}: it needs {} steps and max_steps is {}",
+            task.task_id,
+            steps.len(),
+            task.max_steps
+        )));
+    }
+    let mut title = String::new();
+    for (i, (method, url)) in steps.iter().enumerate() {
+        let body = if i == 1 {
+            "note=done by casebatch web-demo"
+        } else {
+            ""
+        };
+        let (status, text) = request(method, url, body).await?;
+        if status != 200 {
+            return Err(DemoError::Other(format!(
+                "{method} {url}: HTTP {status}: {text}"
+            )));
+        }
+        if i == 0 {
+            title = text
+                .split("<title>")
+                .nth(1)
+                .and_then(|t| t.split("</title>").next())
+                .unwrap_or_default()
+                .to_string();
+        }
+        println!("step {}: {method} {url} -> {status}", i + 1);
+    }
+    write_result(
+        &result,
+        serde_json::json!({"outputs": {"page_title": title, "steps": steps.len()}}),
+    )
+}
+
+/// The evaluator: asks the fixture for this attempt's receipts; passes only if the click
+/// (and the note) of *this* attempt happened.
+pub async fn run_evaluator() -> Result<(), DemoError> {
+    let (task, attempt, result) = read_input()?;
+    let base = task
+        .url
+        .split("/tasks/")
+        .next()
+        .ok_or_else(|| DemoError::Other(format!("find the fixture in {}", task.url)))?;
+    let url = format!("{base}/receipts?task_id={}&attempt={attempt}", task.task_id);
+    let (status, body) = request("GET", &url, "").await?;
+    if status != 200 {
+        return Err(DemoError::Other(format!("GET {url}: HTTP {status}")));
+    }
+    let receipts: Vec<Receipt> = serde_json::from_str(&body)
+        .map_err(|e| DemoError::Other(format!("parse the receipts from {url}: {e}")))?;
+    let clicked = receipts.iter().any(|r| r.action == "click");
+    let noted = receipts.iter().any(|r| r.action == "note");
+    let verdict = if clicked && noted { "pass" } else { "fail" };
+    println!(
+        "attempt {attempt} of {}: note={noted} click={clicked} -> {verdict}",
+        task.task_id
+    );
+    write_result(
+        &result,
+        serde_json::json!({"verdict": verdict, "scores": {"receipts": receipts.len()}}),
+    )
+}
