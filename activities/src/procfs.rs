@@ -103,6 +103,20 @@ pub fn scan_marker_since(marker: &str, since_ticks: Option<u64>) -> MarkerScan {
     scan
 }
 
+/// Re-examines processes a scan could not read: a process that was exiting (or starting) at
+/// that moment is gone or readable a moment later. Returns those still unreadable, and any
+/// that turned out to carry the marker.
+pub fn recheck_unreadable(marker: &str, pids: &[u32]) -> Vec<u32> {
+    let needle = format!("{MARKER_ENV}={marker}");
+    pids.iter()
+        .copied()
+        .filter(|pid| match fs::read(format!("/proc/{pid}/environ")) {
+            Ok(env) => env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()),
+            Err(_) => !matches!(state(*pid), Some('Z' | 'X') | None),
+        })
+        .collect()
+}
+
 /// Kills the process group led by `pid`, but only if `pid` is still the process we started.
 pub fn kill_group_if_same(pid: u32, ticks: u64) -> bool {
     if !is_same_process(pid, ticks) {

@@ -85,3 +85,59 @@ tasks:
         stdout(&report)
     );
 }
+
+#[test]
+fn a_dev_server_killed_mid_batch_is_brought_back_and_the_batch_completes() {
+    let sb = Sandbox::engine();
+    let out = sb.out().display().to_string();
+    let manifest = sb.write(
+        "restart.yaml",
+        r#"batch_id: restart
+defaults:
+  concurrency: 3
+  runtime: local-process
+  harness: 'echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/ran.log"; sleep 2; echo "{}" > "$CASEBATCH_RESULT"'
+tasks: [{task_id: r1}, {task_id: r2}, {task_id: r3}, {task_id: r4}, {task_id: r5}, {task_id: r6}]
+"#,
+    );
+    let mut runner = sb.spawn(
+        &[
+            "batch",
+            "run",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--output-dir",
+            &out,
+        ],
+        "run.log",
+    );
+    wait_until(Duration::from_secs(60), "three cases start", || {
+        sb.lines("ran.log") >= 3
+    });
+    let engine = sb.json(&sb.out().join(".casebatch-engine/engine.json"));
+    let pid = engine["pid"].as_u64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(180)),
+        0,
+        "the batch completes"
+    );
+    let restarted = sb.json(&sb.out().join(".casebatch-engine/engine.json"));
+    assert_ne!(
+        restarted["pid"], engine["pid"],
+        "a new dev server on the same database"
+    );
+    assert_eq!(
+        restarted["address"], engine["address"],
+        "on the same address"
+    );
+    assert_eq!(sb.lines("ran.log"), 6, "each case ran exactly once");
+    let summary = sb.json(&sb.bundle("restart").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], 6, "{summary:#}");
+    assert_eq!(summary["attempts_total"], 6);
+}

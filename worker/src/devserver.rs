@@ -8,6 +8,8 @@
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use casebatch_activities::procfs::start_ticks;
@@ -54,11 +56,22 @@ pub struct EngineRecord {
     pub db: String,
 }
 
-/// A dev server this process started (stopped on drop) or found running (left alone).
+/// A dev server this process started (supervised: restarted on the same port and database
+/// if it dies, stopped on drop) or found running (left alone).
 #[derive(Debug)]
 pub struct DevServer {
     pub address: String,
-    child: Option<Child>,
+    supervised: Option<Arc<Supervised>>,
+}
+
+/// What it takes to (re)start the server, and the running child.
+#[derive(Debug)]
+struct Supervised {
+    bin: String,
+    port: u16,
+    dir: PathBuf,
+    child: Mutex<Option<Child>>,
+    stopping: AtomicBool,
 }
 
 impl DevServer {
@@ -80,29 +93,80 @@ impl DevServer {
         if let Some(rec) = Self::find(output_root) {
             return Ok(Self {
                 address: rec.address,
-                child: None,
+                supervised: None,
             });
         }
-        Self::start(output_root)
-    }
-
-    fn start(output_root: &Path) -> Result<Self, DevServerError> {
         let dir = Self::state_dir(output_root);
-        let io = |source| DevServerError::Io {
+        std::fs::create_dir_all(&dir).map_err(|source| DevServerError::Io {
             path: dir.display().to_string(),
             source,
-        };
-        std::fs::create_dir_all(&dir).map_err(io)?;
-        let bin = std::env::var(TEMPORAL_BIN_ENV).unwrap_or_else(|_| "temporal".into());
-        let port = free_port().map_err(io)?;
-        let db = dir.join("temporal.db");
-        let log_path = dir.join("temporal.log");
-        let log = std::fs::File::create(&log_path).map_err(io)?;
-        let log_err = log.try_clone().map_err(io)?;
+        })?;
+        let port = free_port().map_err(|source| DevServerError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let sup = Arc::new(Supervised {
+            bin: std::env::var(TEMPORAL_BIN_ENV).unwrap_or_else(|_| "temporal".into()),
+            port,
+            dir,
+            child: Mutex::new(None),
+            stopping: AtomicBool::new(false),
+        });
+        sup.start()?;
+        let watcher = sup.clone();
+        std::thread::spawn(move || watcher.watch());
+        Ok(Self {
+            address: format!("http://127.0.0.1:{port}"),
+            supervised: Some(sup),
+        })
+    }
+
+    /// True when this process started the server (and stops it on drop).
+    pub fn owned(&self) -> bool {
+        self.supervised.is_some()
+    }
+
+    /// Stops the server if this process started it.
+    pub fn stop(&mut self) {
+        if let Some(sup) = self.supervised.take() {
+            sup.stopping.store(true, Ordering::SeqCst);
+            if let Some(mut child) = sup.child.lock().expect("lock").take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+impl Drop for DevServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Supervised {
+    fn io(&self, source: std::io::Error) -> DevServerError {
+        DevServerError::Io {
+            path: self.dir.display().to_string(),
+            source,
+        }
+    }
+
+    /// Starts the server and waits until it accepts connections; records engine.json.
+    fn start(&self) -> Result<(), DevServerError> {
+        let db = self.dir.join("temporal.db");
+        let log_path = self.dir.join("temporal.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| self.io(e))?;
+        let log_err = log.try_clone().map_err(|e| self.io(e))?;
+        let bin = &self.bin;
         // Loopback only: the dev server has no authentication.
-        let child = Command::new(&bin)
+        let mut child = Command::new(bin)
             .args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
-            .args(["--port", &port.to_string()])
+            .args(["--port", &self.port.to_string()])
             .arg("--db-filename")
             .arg(&db)
             .args(["--log-level", "warn"])
@@ -124,22 +188,12 @@ impl DevServer {
                     }
                 }
             })?;
-        let address = format!("http://127.0.0.1:{port}");
-        let mut server = Self {
-            address: address.clone(),
-            child: Some(child),
-        };
+        let address = format!("http://127.0.0.1:{}", self.port);
         let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
-            }
-            let exited = server
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-                .is_some();
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            let exited = child.try_wait().ok().flatten().is_some();
             if exited || Instant::now() > deadline {
+                let _ = child.kill();
                 return Err(DevServerError::NotReady {
                     address,
                     secs: 60,
@@ -148,35 +202,43 @@ impl DevServer {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let pid = server.child.as_ref().map_or(0, Child::id);
         let rec = EngineRecord {
-            address: server.address.clone(),
-            pid,
-            start_ticks: start_ticks(pid).unwrap_or(0),
+            address,
+            pid: child.id(),
+            start_ticks: start_ticks(child.id()).unwrap_or(0),
             db: db.display().to_string(),
         };
         let json = serde_json::to_vec_pretty(&rec).expect("record serializes");
-        std::fs::write(dir.join("engine.json"), json).map_err(io)?;
-        Ok(server)
+        std::fs::write(self.dir.join("engine.json"), json).map_err(|e| self.io(e))?;
+        *self.child.lock().expect("lock") = Some(child);
+        Ok(())
     }
 
-    /// True when this process started the server (and stops it on drop).
-    pub fn owned(&self) -> bool {
-        self.child.is_some()
-    }
-
-    /// Stops the server if this process started it.
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+    /// Restarts the server on the same port and database whenever it dies, until stopped.
+    fn watch(&self) {
+        while !self.stopping.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(200));
+            let died = {
+                let mut guard = self.child.lock().expect("lock");
+                match guard.as_mut().map(|c| c.try_wait()) {
+                    Some(Ok(Some(_))) => {
+                        guard.take();
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if died && !self.stopping.load(Ordering::SeqCst) {
+                tracing::warn!("the embedded Temporal dev server exited; restarting it");
+                // The port may take a moment to be released.
+                for _ in 0..50 {
+                    if self.stopping.load(Ordering::SeqCst) || self.start().is_ok() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
         }
-    }
-}
-
-impl Drop for DevServer {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 

@@ -343,6 +343,14 @@ impl Runtime for LocalProcess {
             if found.is_empty() {
                 let since = job.as_ref().map(|j| j.start_ticks);
                 remaining = procfs::scan_marker_since(&env.marker(), since).unreadable;
+                // Only a process that stays unreadable can keep cleanup unconfirmed.
+                for _ in 0..5 {
+                    if remaining.is_empty() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    remaining = procfs::recheck_unreadable(&env.marker(), &remaining);
+                }
                 break;
             }
             killed.extend(found.iter().copied());

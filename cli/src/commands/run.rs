@@ -3,7 +3,7 @@
 //! progress until the run ends, and map its outcome to an exit code.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use casebatch_bundle::{Bundle, CaseRecordState, RECORD_SCHEMA_VERSION, write_json_atomic};
 use casebatch_manifest::Plan;
@@ -15,13 +15,17 @@ use casebatch_worker::{Engine, build_worker, run_worker_until};
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::{
     Client, WorkflowDescribeOptions, WorkflowExecutionStatus, WorkflowGetResultOptions,
-    WorkflowHandle, WorkflowQueryOptions, WorkflowStartOptions, errors::WorkflowInteractionError,
+    WorkflowHandle, WorkflowQueryOptions, WorkflowStartOptions,
+    errors::{WorkflowGetResultError, WorkflowInteractionError},
 };
 
 use super::{absolute, check_batch_id, engine_target, manifest};
 use crate::cli::{EngineArgs, ResumeArgs, RunArgs};
 use crate::exit::{CliError, CliResult, Exit};
 use crate::render::Progress;
+
+/// How long the runner waits for an unreachable engine before giving up (exit 3).
+const ENGINE_OUTAGE: Duration = Duration::from_secs(600);
 
 /// Linear backoff step between attempts of a case.
 const RETRY_BACKOFF_MS: u64 = 1_000;
@@ -262,19 +266,38 @@ async fn drive(
         ));
     }
 
-    let result = handle.get_result(WorkflowGetResultOptions::default());
-    tokio::pin!(result);
+    // The engine may restart under us (the embedded server is supervised): transient RPC
+    // errors mean "wait and ask again", for up to ENGINE_OUTAGE.
+    let mut result = Box::pin(handle.get_result(WorkflowGetResultOptions::default()));
+    let mut outage_since: Option<Instant> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tokio::select! {
-            r = &mut result => {
-                progress.finish();
-                return r
-                    .map(Some)
-                    .map_err(|e| CliError::engine(format!("batch workflow {wid} did not complete: {e}")));
-            }
+            r = &mut result => match r {
+                Ok(outcome) => {
+                    progress.finish();
+                    return Ok(Some(outcome));
+                }
+                Err(e @ (WorkflowGetResultError::Rpc(_) | WorkflowGetResultError::Other(_)))
+                    if outage_since.is_none_or(|t| t.elapsed() < ENGINE_OUTAGE) =>
+                {
+                    if outage_since.is_none() {
+                        progress.line(&format!("engine unreachable ({e}); waiting for it to come back"));
+                        outage_since = Some(Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    result = Box::pin(handle.get_result(WorkflowGetResultOptions::default()));
+                }
+                Err(e) => {
+                    progress.finish();
+                    return Err(CliError::engine(format!("batch workflow {wid} did not complete: {e}")));
+                }
+            },
             _ = tick.tick() => {
                 if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), query_status(&handle)).await {
+                    if outage_since.take().is_some() {
+                        progress.line("engine reachable again");
+                    }
                     progress.update(&s);
                 }
             }
