@@ -113,13 +113,7 @@ pub fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
     );
     let k = &o.status.counters;
     if k.adopted + k.redispatched + k.retries + k.cleanup_unconfirmed > 0 {
-        say!(
-            "  adopted {} · re-dispatched {} · retries {} · cleanup unconfirmed {}",
-            k.adopted,
-            k.redispatched,
-            k.retries,
-            k.cleanup_unconfirmed
-        );
+        say!("{}", counters_line(k));
     }
     if c.queued > 0 {
         say!(
@@ -133,6 +127,13 @@ pub fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
         );
     }
     say!("  bundle: {}", bundle.root().display());
+}
+
+fn counters_line(k: &casebatch_proto::Counters) -> String {
+    format!(
+        "  adopted {} · re-dispatched {} · retries {} · cleanup unconfirmed {}",
+        k.adopted, k.redispatched, k.retries, k.cleanup_unconfirmed
+    )
 }
 
 pub fn status(plan: &Plan, s: &BatchStatus, live: bool) {
@@ -154,14 +155,7 @@ pub fn status(plan: &Plan, s: &BatchStatus, live: bool) {
         c.failed,
         c.cancelled
     );
-    let k = &s.counters;
-    say!(
-        "  adopted {} · re-dispatched {} · retries {} · cleanup unconfirmed {}",
-        k.adopted,
-        k.redispatched,
-        k.retries,
-        k.cleanup_unconfirmed
-    );
+    say!("{}", counters_line(&s.counters));
     if !s.in_flight.is_empty() {
         let ids: Vec<&str> = s
             .in_flight

@@ -6,7 +6,6 @@ use crate::support::*;
 #[test]
 fn cleanup_finds_and_kills_a_detached_grandchild() {
     let sb = Sandbox::engine();
-    let out = sb.out().display().to_string();
     // The harness leaves a grandchild behind in a new session (setsid + background), as a
     // careless browser launcher would, then exits successfully.
     let manifest = sb.write(
@@ -19,14 +18,7 @@ tasks:
   - task_id: leaky
 "#,
     );
-    let o = sb.run(&[
-        "batch",
-        "run",
-        "--manifest",
-        manifest.to_str().unwrap(),
-        "--output-dir",
-        &out,
-    ]);
+    let o = sb.run_batch(&manifest);
     assert_exit(&o, 0);
     let receipt = sb.json(
         &sb.bundle("leak")

@@ -102,30 +102,12 @@ fn slow_manifest(sb: &Sandbox, batch: &str, concurrency: u32, secs: u32) -> Stri
 #[test]
 fn drain_leaves_queued_work_and_resume_finishes_it_without_repeats() {
     let sb = Sandbox::engine();
-    let out = sb.out().display().to_string();
     let manifest = slow_manifest(&sb, "drainme", 1, 2);
-    let mut runner = sb.spawn(
-        &[
-            "batch",
-            "run",
-            "--manifest",
-            &manifest,
-            "--output-dir",
-            &out,
-        ],
-        "run.log",
-    );
+    let mut runner = sb.spawn_batch(std::path::Path::new(&manifest), "run.log");
     wait_until(Duration::from_secs(60), "first case starts", || {
         sb.lines("ran.log") >= 1
     });
-    let o = sb.run(&[
-        "batch",
-        "drain",
-        "--batch-id",
-        "drainme",
-        "--output-dir",
-        &out,
-    ]);
+    let o = sb.op("drain", "drainme");
     assert_exit(&o, 0);
     assert_eq!(
         wait_child(&mut runner, Duration::from_secs(120)),
@@ -139,14 +121,7 @@ fn drain_leaves_queued_work_and_resume_finishes_it_without_repeats() {
     assert_eq!(status["status"]["counts"]["queued"], 3, "{status:#}");
     assert_eq!(sb.lines("ran.log"), 1, "only the admitted case ran");
 
-    let o = sb.run(&[
-        "batch",
-        "resume",
-        "--batch-id",
-        "drainme",
-        "--output-dir",
-        &out,
-    ]);
+    let o = sb.op("resume", "drainme");
     assert_exit(&o, 0);
     assert_eq!(sb.lines("ran.log"), 4, "every case ran exactly once");
     let summary = sb.json(&sb.bundle("drainme").join("batch_summary.json"));
@@ -160,33 +135,12 @@ fn drain_leaves_queued_work_and_resume_finishes_it_without_repeats() {
 #[test]
 fn pause_stops_admissions_until_unpause() {
     let sb = Sandbox::engine();
-    let out = sb.out().display().to_string();
     let manifest = slow_manifest(&sb, "pauseme", 1, 1);
-    let mut runner = sb.spawn(
-        &[
-            "batch",
-            "run",
-            "--manifest",
-            &manifest,
-            "--output-dir",
-            &out,
-        ],
-        "run.log",
-    );
+    let mut runner = sb.spawn_batch(std::path::Path::new(&manifest), "run.log");
     wait_until(Duration::from_secs(60), "first case starts", || {
         sb.lines("ran.log") >= 1
     });
-    assert_exit(
-        &sb.run(&[
-            "batch",
-            "pause",
-            "--batch-id",
-            "pauseme",
-            "--output-dir",
-            &out,
-        ]),
-        0,
-    );
+    assert_exit(&sb.op("pause", "pauseme"), 0);
     // Well past the first case's end: a paused batch admits nothing.
     std::thread::sleep(Duration::from_secs(4));
     let status = sb.status("pauseme");
@@ -197,17 +151,7 @@ fn pause_stops_admissions_until_unpause() {
         "the runner keeps waiting while paused"
     );
 
-    assert_exit(
-        &sb.run(&[
-            "batch",
-            "unpause",
-            "--batch-id",
-            "pauseme",
-            "--output-dir",
-            &out,
-        ]),
-        0,
-    );
+    assert_exit(&sb.op("unpause", "pauseme"), 0);
     assert_eq!(wait_child(&mut runner, Duration::from_secs(120)), 0);
     assert_eq!(sb.lines("ran.log"), 4);
 }
@@ -215,33 +159,12 @@ fn pause_stops_admissions_until_unpause() {
 #[test]
 fn cancel_stops_in_flight_cases_and_still_cleans_them_up() {
     let sb = Sandbox::engine();
-    let out = sb.out().display().to_string();
     let manifest = slow_manifest(&sb, "cancelme", 2, 300);
-    let mut runner = sb.spawn(
-        &[
-            "batch",
-            "run",
-            "--manifest",
-            &manifest,
-            "--output-dir",
-            &out,
-        ],
-        "run.log",
-    );
+    let mut runner = sb.spawn_batch(std::path::Path::new(&manifest), "run.log");
     wait_until(Duration::from_secs(60), "two cases start", || {
         sb.lines("ran.log") >= 2
     });
-    assert_exit(
-        &sb.run(&[
-            "batch",
-            "cancel",
-            "--batch-id",
-            "cancelme",
-            "--output-dir",
-            &out,
-        ]),
-        0,
-    );
+    assert_exit(&sb.op("cancel", "cancelme"), 0);
     assert_eq!(
         wait_child(&mut runner, Duration::from_secs(120)),
         4,
@@ -270,7 +193,6 @@ fn cancel_stops_in_flight_cases_and_still_cleans_them_up() {
 #[test]
 fn a_different_task_list_under_an_existing_batch_id_is_refused() {
     let sb = Sandbox::engine();
-    let out = sb.out().display().to_string();
     let m1 = sb.write(
         "one.yaml",
         "batch_id: same\ndefaults: {runtime: fake}\ntasks:\n  - task_id: x\n",
@@ -279,25 +201,8 @@ fn a_different_task_list_under_an_existing_batch_id_is_refused() {
         "two.yaml",
         "batch_id: same\ndefaults: {runtime: fake}\ntasks:\n  - task_id: y\n",
     );
-    assert_exit(
-        &sb.run(&[
-            "batch",
-            "run",
-            "--manifest",
-            m1.to_str().unwrap(),
-            "--output-dir",
-            &out,
-        ]),
-        0,
-    );
-    let o = sb.run(&[
-        "batch",
-        "run",
-        "--manifest",
-        m2.to_str().unwrap(),
-        "--output-dir",
-        &out,
-    ]);
+    assert_exit(&sb.run_batch(&m1), 0);
+    let o = sb.run_batch(&m2);
     assert_exit(&o, 2);
     assert!(stderr(&o).contains("different task list"), "{}", stderr(&o));
     assert!(

@@ -8,7 +8,6 @@ use crate::support::*;
 #[test]
 fn sigkill_of_the_runner_then_resume_adopts_in_flight_cases_and_reruns_nothing() {
     let sb = Sandbox::engine();
-    let out = sb.out().display().to_string();
     let manifest = sb.write(
         "crash.yaml",
         r#"batch_id: crash
@@ -25,17 +24,7 @@ tasks:
   - task_id: c6
 "#,
     );
-    let mut runner = sb.spawn(
-        &[
-            "batch",
-            "run",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--output-dir",
-            &out,
-        ],
-        "run.log",
-    );
+    let mut runner = sb.spawn_batch(&manifest, "run.log");
     wait_until(Duration::from_secs(60), "three cases start", || {
         sb.lines("started.log") >= 3
     });
@@ -47,14 +36,7 @@ tasks:
         "killed while the first three were in flight"
     );
 
-    let o = sb.run(&[
-        "batch",
-        "resume",
-        "--batch-id",
-        "crash",
-        "--output-dir",
-        &out,
-    ]);
+    let o = sb.op("resume", "crash");
     assert_exit(&o, 0);
     assert_eq!(sb.lines("started.log"), 6, "each case started exactly once");
     assert_eq!(sb.lines("finished.log"), 6);
@@ -70,14 +52,7 @@ tasks:
         "the in-flight three were adopted: {summary:#}"
     );
 
-    let report = sb.run(&[
-        "batch",
-        "report",
-        "--batch-id",
-        "crash",
-        "--output-dir",
-        &out,
-    ]);
+    let report = sb.op("report", "crash");
     assert_exit(&report, 0);
     assert!(
         stdout(&report).contains("3 attempt(s) adopted"),
@@ -89,7 +64,6 @@ tasks:
 #[test]
 fn a_dev_server_killed_mid_batch_is_brought_back_and_the_batch_completes() {
     let sb = Sandbox::engine();
-    let out = sb.out().display().to_string();
     let manifest = sb.write(
         "restart.yaml",
         r#"batch_id: restart
@@ -100,17 +74,7 @@ defaults:
 tasks: [{task_id: r1}, {task_id: r2}, {task_id: r3}, {task_id: r4}, {task_id: r5}, {task_id: r6}]
 "#,
     );
-    let mut runner = sb.spawn(
-        &[
-            "batch",
-            "run",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--output-dir",
-            &out,
-        ],
-        "run.log",
-    );
+    let mut runner = sb.spawn_batch(&manifest, "run.log");
     wait_until(Duration::from_secs(60), "three cases start", || {
         sb.lines("ran.log") >= 3
     });

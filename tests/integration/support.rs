@@ -86,6 +86,48 @@ impl Sandbox {
             .expect("spawn casebatch")
     }
 
+    /// `casebatch batch run --manifest M --output-dir <out>`, to completion.
+    pub fn run_batch(&self, manifest: &Path) -> Output {
+        let out = self.out();
+        self.run(&[
+            "batch",
+            "run",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--output-dir",
+            out.to_str().unwrap(),
+        ])
+    }
+
+    /// The same in the background.
+    pub fn spawn_batch(&self, manifest: &Path, log: &str) -> Child {
+        let out = self.out();
+        self.spawn(
+            &[
+                "batch",
+                "run",
+                "--manifest",
+                manifest.to_str().unwrap(),
+                "--output-dir",
+                out.to_str().unwrap(),
+            ],
+            log,
+        )
+    }
+
+    /// `casebatch batch <verb> --batch-id B --output-dir <out>`.
+    pub fn op(&self, verb: &str, batch: &str) -> Output {
+        let out = self.out();
+        self.run(&[
+            "batch",
+            verb,
+            "--batch-id",
+            batch,
+            "--output-dir",
+            out.to_str().unwrap(),
+        ])
+    }
+
     pub fn bundle(&self, batch: &str) -> PathBuf {
         self.out().join(batch)
     }

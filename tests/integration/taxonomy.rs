@@ -5,7 +5,6 @@ use crate::support::*;
 #[test]
 fn only_retryable_infra_failures_get_another_attempt() {
     let sb = Sandbox::engine();
-    let out = sb.out().display().to_string();
     let manifest = sb.write(
         "mixed.yaml",
         r#"batch_id: mixed
@@ -26,14 +25,7 @@ tasks:
   - task_id: passes
 "#,
     );
-    let o = sb.run(&[
-        "batch",
-        "run",
-        "--manifest",
-        manifest.to_str().unwrap(),
-        "--output-dir",
-        &out,
-    ]);
+    let o = sb.run_batch(&manifest);
     assert_exit(&o, 4);
 
     let flaky = sb.case_result("mixed", "flaky-infra");
@@ -70,14 +62,7 @@ tasks:
         summary["failures_by_stage_class"]["evaluate/agent"], 1,
         "{summary:#}"
     );
-    let report = sb.run(&[
-        "batch",
-        "report",
-        "--batch-id",
-        "mixed",
-        "--output-dir",
-        &out,
-    ]);
+    let report = sb.op("report", "mixed");
     assert!(
         stdout(&report).contains("await/harness: 1"),
         "{}",
@@ -88,7 +73,6 @@ tasks:
 #[test]
 fn a_kill_by_the_memory_limit_is_oom_killed_and_not_retried() {
     let sb = Sandbox::engine();
-    let out = sb.out().display().to_string();
     let manifest = sb.write(
         "oom.yaml",
         r#"batch_id: oom
@@ -101,14 +85,7 @@ tasks:
   - task_id: hog
 "#,
     );
-    let o = sb.run(&[
-        "batch",
-        "run",
-        "--manifest",
-        manifest.to_str().unwrap(),
-        "--output-dir",
-        &out,
-    ]);
+    let o = sb.run_batch(&manifest);
     assert_exit(&o, 4);
     let r = sb.case_result("oom", "hog");
     assert_eq!(r["failure"]["code"], "OOM_KILLED", "{r:#}");
@@ -127,7 +104,6 @@ tasks:
 #[test]
 fn a_harness_past_its_timeout_is_killed_and_retried_as_infra() {
     let sb = Sandbox::engine();
-    let out = sb.out().display().to_string();
     let manifest = sb.write(
         "slow.yaml",
         r#"batch_id: slow
@@ -140,14 +116,7 @@ tasks:
   - task_id: sleeper
 "#,
     );
-    let o = sb.run(&[
-        "batch",
-        "run",
-        "--manifest",
-        manifest.to_str().unwrap(),
-        "--output-dir",
-        &out,
-    ]);
+    let o = sb.run_batch(&manifest);
     assert_exit(&o, 4);
     let r = sb.case_result("slow", "sleeper");
     assert_eq!(r["failure"]["code"], "TIMEOUT", "{r:#}");
