@@ -301,6 +301,13 @@ impl CaseActivities {
             scores,
             outputs: harness_result.outputs,
             simulated: env.case.runtime == RuntimeKind::Fake,
+            memory_boost_mb: s.memory_boost_mb,
+            origin: read_json::<casebatch_bundle::Lineage>(&env.bundle.lineage())
+                .ok()
+                .map(|l| casebatch_bundle::Origin {
+                    retry_of: l.retry_of,
+                    carried: false,
+                }),
         };
         write_json_atomic(&env.bundle.case_result(&env.case.case_dir), &result)?;
         let simulated = if result.simulated { " (simulated)" } else { "" };

@@ -92,6 +92,7 @@ fn report(status: ActorStatus, exit_code: i32, failure: Option<Failure>) -> Acto
         exit_code: Some(exit_code),
         failure,
         adopted: false,
+        memory_limit_mb: None,
     }
 }
 

@@ -49,6 +49,9 @@ impl Bundle {
     pub fn summary_csv(&self) -> PathBuf {
         self.root.join("batch_summary.csv")
     }
+    pub fn lineage(&self) -> PathBuf {
+        self.root.join("lineage.json")
+    }
     pub fn events(&self) -> PathBuf {
         self.root.join("events.jsonl")
     }

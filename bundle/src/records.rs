@@ -30,6 +30,35 @@ pub struct CaseResult {
     /// Simulated by the `fake` runtime: nothing ran.
     #[serde(default)]
     pub simulated: bool,
+    /// Memory granted to this job only, past the manifest's (OOM escalation).
+    #[serde(default)]
+    pub memory_boost_mb: Option<u64>,
+    /// Lineage when this batch re-runs another one's failures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+}
+
+/// Where a case result comes from in a `retry-failed` batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Origin {
+    pub retry_of: String,
+    /// True when the result was carried over verbatim from `retry_of`, not re-run.
+    pub carried: bool,
+}
+
+/// `lineage.json` of a batch made by `retry-failed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lineage {
+    pub schema_version: String,
+    pub retry_of: String,
+    pub class_filter: Vec<String>,
+    pub rerun: Vec<String>,
+    pub carried: Vec<String>,
+    /// Memory granted per re-run case (by case id) after an OOM kill.
+    pub memory_boost_mb: std::collections::BTreeMap<String, u64>,
+    /// OOM-killed cases left carried because doubling would pass the cap.
+    #[serde(default)]
+    pub past_cap: Vec<String>,
 }
 
 /// The state a case's record shows; `Retrying` while another attempt is coming.

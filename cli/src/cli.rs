@@ -118,6 +118,11 @@ pub enum BatchCommand {
     Unpause(BatchRef),
     /// Cancel in-flight cases (their cleanup still runs) and end the batch as cancelled.
     Cancel(BatchRef),
+    /// Re-run a finished batch's failed cases in a new batch. Passing results (and, with
+    /// --class, failures of other classes) are carried over verbatim with `retry_of` lineage;
+    /// the source batch is never changed. OOM-killed cases get their memory doubled for that
+    /// job only, compounding over retries up to 16 GB.
+    RetryFailed(RetryArgs),
     /// Export a run's workflow history as JSON (for replay tests and bug reports).
     History {
         #[command(flatten)]
@@ -200,6 +205,20 @@ pub struct RunArgs {
 pub struct ResumeArgs {
     #[command(flatten)]
     pub batch: BatchRef,
+    #[arg(long)]
+    pub no_worker: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RetryArgs {
+    #[command(flatten)]
+    pub batch: BatchRef,
+    /// Only re-run failures of this class (infra, config, harness, agent); repeatable.
+    #[arg(long = "class")]
+    pub classes: Vec<String>,
+    /// Id of the new batch (default: <batch-id>-retry<N>).
+    #[arg(long)]
+    pub new_batch_id: Option<String>,
     #[arg(long)]
     pub no_worker: bool,
 }

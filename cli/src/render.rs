@@ -112,7 +112,7 @@ pub fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
         c.total()
     );
     let k = &o.status.counters;
-    if k.adopted + k.redispatched + k.retries + k.cleanup_unconfirmed > 0 {
+    if k.adopted + k.redispatched + k.retries + k.oom_boosts + k.cleanup_unconfirmed > 0 {
         say!("{}", counters_line(k));
     }
     if c.queued > 0 {
@@ -131,8 +131,8 @@ pub fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
 
 fn counters_line(k: &casebatch_proto::Counters) -> String {
     format!(
-        "  adopted {} · re-dispatched {} · retries {} · cleanup unconfirmed {}",
-        k.adopted, k.redispatched, k.retries, k.cleanup_unconfirmed
+        "  adopted {} · re-dispatched {} · retries {} · OOM boosts {} · cleanup unconfirmed {}",
+        k.adopted, k.redispatched, k.retries, k.oom_boosts, k.cleanup_unconfirmed
     )
 }
 

@@ -60,6 +60,9 @@ pub struct Defaults {
     pub device_controller_url: Option<String>,
     /// Scripted outcome for the `fake` runtime (a simulation).
     pub fake: Option<FakeScript>,
+    /// Re-run an `OOM_KILLED` case inside the batch with its memory doubled for that job
+    /// only (compounding, up to 16 GB). Off by default: every boost re-runs the case.
+    pub oom_auto_boost: Option<bool>,
 }
 
 /// Where and how an attempt's environment is provisioned. A task's `sandbox` replaces the
@@ -250,6 +253,8 @@ pub struct BatchSettings {
     pub max_retries: u32,
     pub controller_url: Option<String>,
     pub device_controller_url: Option<String>,
+    #[serde(default)]
+    pub oom_auto_boost: bool,
 }
 
 /// Where the plan came from: enough to prove which input produced it.

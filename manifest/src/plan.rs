@@ -121,6 +121,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
             max_retries: defaults.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
             controller_url: defaults.controller_url,
             device_controller_url: defaults.device_controller_url,
+            oom_auto_boost: defaults.oom_auto_boost.unwrap_or(false),
         },
         fingerprint: fingerprint(&cases),
         summary: loaded.summary,
@@ -189,6 +190,7 @@ fn overlay(lower: Defaults, upper: &Defaults) -> Defaults {
         controller_url: u.controller_url.or(lower.controller_url),
         device_controller_url: u.device_controller_url.or(lower.device_controller_url),
         fake: u.fake.or(lower.fake),
+        oom_auto_boost: u.oom_auto_boost.or(lower.oom_auto_boost),
     }
 }
 

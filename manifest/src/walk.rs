@@ -28,6 +28,7 @@ pub(crate) const DEFAULTS_FIELDS: &[&str] = &[
     "controller_url",
     "device_controller_url",
     "fake",
+    "oom_auto_boost",
 ];
 pub(crate) const SANDBOX_FIELDS: &[&str] = &["provider", "template", "platform", "lifetime"];
 pub(crate) const RESOURCES_FIELDS: &[&str] = &["cpu", "memory_mb"];
@@ -257,6 +258,7 @@ pub(crate) fn defaults(value: &Value, path: &FieldPath, r: &mut Report) -> Optio
         controller_url: o.opt("controller_url", r),
         device_controller_url: o.opt("device_controller_url", r),
         fake: o.nested("fake", r, fake),
+        oom_auto_boost: o.opt("oom_auto_boost", r),
     })
 }
 

@@ -24,7 +24,17 @@ pub struct BatchInput {
     /// Continue-as-new after this many history events (small values exercise it in tests).
     #[serde(default)]
     pub history_budget: Option<u32>,
+    /// Re-run OOM-killed cases inside the batch with doubled memory (opt-in).
+    #[serde(default)]
+    pub oom_auto_boost: bool,
+    /// Memory granted to a case's first attempt in this batch, by case index (set by
+    /// `retry-failed` for cases that were OOM-killed). The plan is never changed.
+    #[serde(default)]
+    pub memory_boosts: std::collections::BTreeMap<u32, u64>,
 }
+
+/// Memory escalation stops here: past it the fix is a spec change, not more headroom.
+pub const OOM_BOOST_CAP_MB: u64 = 16 * 1024;
 
 /// Compact state that survives continue-as-new and resume.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +87,9 @@ pub struct Counters {
     /// Extra attempts after retryable failures.
     pub retries: u32,
     pub cleanup_unconfirmed: u32,
+    /// In-batch OOM auto-boosts (re-runs with doubled memory).
+    #[serde(default)]
+    pub oom_boosts: u32,
 }
 
 /// One step of the progress timeline.

@@ -71,6 +71,9 @@ pub struct ActorReport {
     /// True when this result was harvested from a job started before a crash.
     #[serde(default)]
     pub adopted: bool,
+    /// The memory limit that was enforced on the job, if any.
+    #[serde(default)]
+    pub memory_limit_mb: Option<u64>,
 }
 
 /// The evaluator's verdict on the actor's work.
@@ -106,6 +109,9 @@ pub struct AttemptSummary {
     pub adopted: bool,
     #[serde(default)]
     pub memory_boost_mb: Option<u64>,
+    /// The memory limit the job ran under (what an OOM auto-boost doubles).
+    #[serde(default)]
+    pub memory_limit_mb: Option<u64>,
     /// Set once cleanup has run: whether it confirmed nothing of the attempt is left.
     #[serde(default)]
     pub cleanup_confirmed: Option<bool>,

@@ -9,5 +9,6 @@ mod demo;
 mod lifecycle;
 mod recovery;
 mod replicas;
+mod retry;
 mod taxonomy;
 mod validation;

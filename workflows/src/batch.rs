@@ -127,7 +127,11 @@ impl BatchWorkflow {
                             bundle_dir: s.input.bundle_dir.clone(),
                             case_index: index,
                             attempts_before: s.slots[index as usize].attempts,
-                            max_retries: s.input.max_retries,
+                            policy: crate::decide::Policy {
+                                max_retries: s.input.max_retries,
+                                oom_auto_boost: s.input.oom_auto_boost,
+                            },
+                            memory_boost_mb: s.input.memory_boosts.get(&index).copied(),
                             retry_backoff_ms: s.input.retry_backoff_ms,
                             max_timeout_seconds: s.input.max_timeout_seconds,
                         }
@@ -325,6 +329,7 @@ fn record_case(ctx: &WorkflowContext<BatchWorkflow>, done: CaseDone) {
         s.counters.redispatched += done.redispatched;
         s.counters.retries += done.retries;
         s.counters.cleanup_unconfirmed += done.cleanup_unconfirmed;
+        s.counters.oom_boosts += done.oom_boosts;
     });
 }
 

@@ -35,7 +35,9 @@ pub(crate) struct CaseParams {
     pub case_index: u32,
     /// Attempts made by earlier runs of this batch (resume continues the numbering).
     pub attempts_before: u32,
-    pub max_retries: u32,
+    pub policy: decide::Policy,
+    /// Memory for the first attempt (set by retry-failed after an OOM kill).
+    pub memory_boost_mb: Option<u64>,
     pub retry_backoff_ms: u64,
     pub max_timeout_seconds: u64,
 }
@@ -50,6 +52,7 @@ pub(crate) struct CaseDone {
     pub redispatched: u32,
     pub retries: u32,
     pub cleanup_unconfirmed: u32,
+    pub oom_boosts: u32,
     pub notes: Vec<String>,
 }
 
@@ -85,9 +88,11 @@ pub(crate) async fn run_case(
         redispatched: 0,
         retries: 0,
         cleanup_unconfirmed: 0,
+        oom_boosts: 0,
         notes: Vec::new(),
     };
     let mut spent = Spent::default();
+    let mut memory_boost_mb = p.memory_boost_mb;
     loop {
         done.attempts += 1;
         let key = AttemptKey {
@@ -95,7 +100,7 @@ pub(crate) async fn run_case(
             bundle_dir: p.bundle_dir.clone(),
             case_index: p.case_index,
             attempt: done.attempts,
-            memory_boost_mb: None,
+            memory_boost_mb,
         };
         let spent_before = spent;
         let (summary, next) = run_attempt(&ctx, &p, &key, &cancel, spent_before).await;
@@ -106,6 +111,15 @@ pub(crate) async fn run_case(
             Next::Finish(state) => {
                 done.state = state;
                 return done;
+            }
+            Next::Boost(mb) => {
+                done.oom_boosts += 1;
+                let from = summary.memory_limit_mb.unwrap_or_default();
+                done.notes.push(format!(
+                    "case {}: OOM auto-boost {from} → {mb} MB (in-batch retry)",
+                    p.case_index
+                ));
+                memory_boost_mb = Some(mb);
             }
             Next::Redispatch => {
                 spent.redispatches += 1;
@@ -162,6 +176,7 @@ async fn run_attempt(
         collect_failure: None,
         adopted: false,
         memory_boost_mb: key.memory_boost_mb,
+        memory_limit_mb: None,
         cleanup_confirmed: None,
     };
     let short = Duration::from_secs(60);
@@ -230,11 +245,13 @@ async fn run_attempt(
                 exit_code,
                 failure,
                 adopted,
+                memory_limit_mb,
             }) => {
                 s.actor = Some(status);
                 s.exit_code = exit_code;
                 s.failure = failure;
                 s.adopted = adopted;
+                s.memory_limit_mb = memory_limit_mb;
             }
             Err(e) if !cancel.is_cancelled() && is_timeout(&e) => {
                 // The job's host never came back (or the job never reported): nothing is
@@ -291,7 +308,7 @@ async fn run_attempt(
         s.actor = Some(ActorStatus::Cancelled);
         s.failure = None;
     }
-    let next = decide::next(&s, cancelled, p.max_retries, spent);
+    let next = decide::next(&s, cancelled, p.policy, spent);
 
     // cleanup: always, for every provisioned attempt
     if provisioned {

@@ -1,7 +1,9 @@
 //! Pure decisions of the case pipeline: what an attempt's stages add up to, and whether the
 //! case gets another attempt. No SDK types here, so it is unit-tested directly.
 
-use casebatch_proto::{ActorStatus, AttemptSummary, CaseState, FailureClass, Verdict, codes};
+use casebatch_proto::{
+    ActorStatus, AttemptSummary, CaseState, FailureClass, OOM_BOOST_CAP_MB, Verdict, codes,
+};
 
 /// Crashes that left nothing to adopt are re-dispatched without spending `max_retries`, up
 /// to this many times per case.
@@ -16,6 +18,15 @@ pub enum Next {
     Retry,
     /// Run another attempt because the job was lost with nothing to adopt.
     Redispatch,
+    /// Run another attempt with this much memory (in-batch OOM auto-boost).
+    Boost(u64),
+}
+
+/// What the batch allows beyond a first attempt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Policy {
+    pub max_retries: u32,
+    pub oom_auto_boost: bool,
 }
 
 /// Budget already spent by earlier attempts of this case.
@@ -43,26 +54,30 @@ pub fn attempt_state(s: &AttemptSummary) -> CaseState {
     }
 }
 
-/// Decide the next step from the attempt's summary and the budget left.
-pub fn next(s: &AttemptSummary, cancelled: bool, max_retries: u32, spent: Spent) -> Next {
+/// Decide the next step from the attempt's summary and the budget left. A batch cancel stops
+/// retries; an attempt that ended before the cancel keeps its own outcome.
+pub fn next(s: &AttemptSummary, cancelled: bool, policy: Policy, spent: Spent) -> Next {
     let state = attempt_state(s);
     if cancelled || state != CaseState::Failed {
-        return Next::Finish(if cancelled {
-            CaseState::Cancelled
-        } else {
-            state
-        });
+        return Next::Finish(state);
     }
     let Some(failure) = &s.failure else {
         return Next::Finish(state);
     };
+    if failure.code == codes::OOM_KILLED && policy.oom_auto_boost {
+        // Same size, same death: only more memory can change the outcome.
+        return match s.memory_limit_mb.map(|mb| mb * 2) {
+            Some(boosted) if boosted <= OOM_BOOST_CAP_MB => Next::Boost(boosted),
+            _ => Next::Finish(state),
+        };
+    }
     if failure.class != FailureClass::Infra || !failure.retryable {
         return Next::Finish(state);
     }
     if failure.code == codes::JOB_LOST && spent.redispatches < MAX_REDISPATCHES {
         return Next::Redispatch;
     }
-    if spent.retries < max_retries {
+    if spent.retries < policy.max_retries {
         Next::Retry
     } else {
         Next::Finish(state)
@@ -73,6 +88,13 @@ pub fn next(s: &AttemptSummary, cancelled: bool, max_retries: u32, spent: Spent)
 mod tests {
     use super::*;
     use casebatch_proto::{Failure, Stage};
+
+    fn retries(max_retries: u32) -> Policy {
+        Policy {
+            max_retries,
+            oom_auto_boost: false,
+        }
+    }
 
     fn summary(actor: ActorStatus, failure: Option<Failure>) -> AttemptSummary {
         AttemptSummary {
@@ -85,15 +107,37 @@ mod tests {
             collect_failure: None,
             adopted: false,
             memory_boost_mb: None,
+            memory_limit_mb: None,
             cleanup_confirmed: None,
         }
+    }
+
+    #[test]
+    fn oom_auto_boost_doubles_until_the_cap() {
+        let mut s = summary(ActorStatus::Failed, Some(Failure::oom(Some(64))));
+        s.memory_limit_mb = Some(64);
+        let boost = Policy {
+            max_retries: 0,
+            oom_auto_boost: true,
+        };
+        assert_eq!(next(&s, false, boost, Spent::default()), Next::Boost(128));
+        s.memory_limit_mb = Some(OOM_BOOST_CAP_MB);
+        assert_eq!(
+            next(&s, false, boost, Spent::default()),
+            Next::Finish(CaseState::Failed)
+        );
+        s.memory_limit_mb = Some(64);
+        assert_eq!(
+            next(&s, false, retries(5), Spent::default()),
+            Next::Finish(CaseState::Failed)
+        );
     }
 
     #[test]
     fn finished_actor_without_evaluator_succeeds() {
         let s = summary(ActorStatus::Finished, None);
         assert_eq!(
-            next(&s, false, 1, Spent::default()),
+            next(&s, false, retries(1), Spent::default()),
             Next::Finish(CaseState::Succeeded)
         );
     }
@@ -111,14 +155,17 @@ mod tests {
     fn retryable_infra_is_retried_until_budget_is_spent() {
         let f = Failure::infra(Stage::Submit, codes::SPAWN_FAILED, "boom");
         let s = summary(ActorStatus::Failed, Some(f));
-        assert_eq!(next(&s, false, 2, Spent::default()), Next::Retry);
+        assert_eq!(next(&s, false, retries(2), Spent::default()), Next::Retry);
         let spent = Spent {
             retries: 2,
             redispatches: 0,
         };
-        assert_eq!(next(&s, false, 2, spent), Next::Finish(CaseState::Failed));
         assert_eq!(
-            next(&s, false, 0, Spent::default()),
+            next(&s, false, retries(2), spent),
+            Next::Finish(CaseState::Failed)
+        );
+        assert_eq!(
+            next(&s, false, retries(0), Spent::default()),
             Next::Finish(CaseState::Failed)
         );
     }
@@ -134,7 +181,7 @@ mod tests {
         for f in failures {
             let s = summary(ActorStatus::Failed, Some(f.clone()));
             assert_eq!(
-                next(&s, false, 5, Spent::default()),
+                next(&s, false, retries(5), Spent::default()),
                 Next::Finish(CaseState::Failed),
                 "{f}"
             );
@@ -145,20 +192,37 @@ mod tests {
     fn lost_jobs_are_redispatched_without_spending_retries() {
         let f = Failure::infra(Stage::Await, codes::JOB_LOST, "gone");
         let s = summary(ActorStatus::Failed, Some(f));
-        assert_eq!(next(&s, false, 0, Spent::default()), Next::Redispatch);
+        assert_eq!(
+            next(&s, false, retries(0), Spent::default()),
+            Next::Redispatch
+        );
         let spent = Spent {
             retries: 0,
             redispatches: MAX_REDISPATCHES,
         };
-        assert_eq!(next(&s, false, 0, spent), Next::Finish(CaseState::Failed));
+        assert_eq!(
+            next(&s, false, retries(0), spent),
+            Next::Finish(CaseState::Failed)
+        );
     }
 
     #[test]
-    fn cancel_wins_over_everything() {
+    fn cancel_stops_retries_but_keeps_finished_outcomes() {
         let f = Failure::infra(Stage::Submit, codes::SPAWN_FAILED, "boom");
-        let s = summary(ActorStatus::Failed, Some(f));
+        let failed = summary(ActorStatus::Failed, Some(f));
+        let none = Spent::default();
         assert_eq!(
-            next(&s, true, 5, Spent::default()),
+            next(&failed, true, retries(5), none),
+            Next::Finish(CaseState::Failed)
+        );
+        let done = summary(ActorStatus::Finished, None);
+        assert_eq!(
+            next(&done, true, retries(5), none),
+            Next::Finish(CaseState::Succeeded)
+        );
+        let cancelled = summary(ActorStatus::Cancelled, None);
+        assert_eq!(
+            next(&cancelled, true, retries(5), none),
             Next::Finish(CaseState::Cancelled)
         );
     }

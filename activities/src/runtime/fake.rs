@@ -34,6 +34,7 @@ pub fn simulated_report(script: &FakeScript, attempt: u32) -> ActorReport {
         exit_code: Some(1),
         failure: Some(f),
         adopted: false,
+        memory_limit_mb: None,
     };
     if attempt <= script.infra_failures_first {
         return failed(Failure::infra(
@@ -49,6 +50,7 @@ pub fn simulated_report(script: &FakeScript, attempt: u32) -> ActorReport {
             exit_code: Some(0),
             failure: None,
             adopted: false,
+            memory_limit_mb: None,
         },
         FakeOutcome::HarnessError => failed(Failure::harness(
             Stage::Await,
@@ -120,6 +122,7 @@ impl Runtime for Fake {
                     exit_code: None,
                     failure: None,
                     adopted: false,
+                    memory_limit_mb: None,
                 };
             }
             live.heartbeat(job).await;

@@ -182,6 +182,7 @@ impl LocalProcess {
             harness::classify(exit, &env.file(attempt_files::RESULT))
         };
         report.adopted = adopted;
+        report.memory_limit_mb = job.memory.limit_mb();
         report
     }
 }
@@ -201,6 +202,7 @@ fn oom_report(job: &JobRecord, exit: i32) -> ActorReport {
         exit_code: Some(exit),
         failure: Some(Failure::oom(job.memory.limit_mb())),
         adopted: false,
+        memory_limit_mb: job.memory.limit_mb(),
     }
 }
 
@@ -301,6 +303,7 @@ impl Runtime for LocalProcess {
                     exit_code: None,
                     failure: None,
                     adopted,
+                    memory_limit_mb: record.memory.limit_mb(),
                 }
             }
             Waited::Lost => lost(env, "its process is gone and left no exit status"),
@@ -457,5 +460,6 @@ fn lost(env: &AttemptEnv, why: &str) -> ActorReport {
             ),
         )),
         adopted: false,
+        memory_limit_mb: None,
     }
 }

@@ -4,6 +4,7 @@ mod config;
 mod demo;
 mod manifest;
 mod ops;
+mod retry;
 mod run;
 mod status;
 mod worker;
@@ -33,6 +34,7 @@ pub async fn dispatch(command: Command) -> CliResult {
             BatchCommand::Pause(r) => ops::signal(&r, ops::Op::Pause).await,
             BatchCommand::Unpause(r) => ops::signal(&r, ops::Op::Unpause).await,
             BatchCommand::Cancel(r) => ops::signal(&r, ops::Op::Cancel).await,
+            BatchCommand::RetryFailed(args) => retry::retry_failed(args).await,
             BatchCommand::History { batch, run_id, out } => {
                 status::history(&batch, run_id, &out).await
             }

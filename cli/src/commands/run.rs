@@ -145,11 +145,11 @@ pub async fn connect(root: &Path, e: &EngineArgs) -> CliResult<Engine> {
 }
 
 #[derive(Debug, Default, Clone, Copy)]
-struct DriveOptions {
+pub struct DriveOptions {
     history_budget: Option<u32>,
 }
 
-async fn execute(
+pub async fn execute(
     mut engine: Engine,
     bundle: &Bundle,
     plan: &Plan,
@@ -252,6 +252,8 @@ async fn drive(
                 .unwrap_or(600),
             carried,
             history_budget: opts.history_budget,
+            oom_auto_boost: plan.settings.oom_auto_boost,
+            memory_boosts: memory_boosts(bundle, plan),
         };
         let start = WorkflowStartOptions::new(TASK_QUEUE, wid.clone()).build();
         client
@@ -303,6 +305,23 @@ async fn drive(
             }
         }
     }
+}
+
+/// Per-case memory granted by `retry-failed` (from lineage.json), by case index.
+fn memory_boosts(bundle: &Bundle, plan: &Plan) -> std::collections::BTreeMap<u32, u64> {
+    let Ok(lineage) = casebatch_bundle::read_json::<casebatch_bundle::Lineage>(&bundle.lineage())
+    else {
+        return Default::default();
+    };
+    plan.cases
+        .iter()
+        .filter_map(|c| {
+            lineage
+                .memory_boost_mb
+                .get(&c.case_id)
+                .map(|mb| (c.index, *mb))
+        })
+        .collect()
 }
 
 pub async fn query_status(handle: &Handle) -> Result<BatchStatus, String> {

@@ -1,0 +1,159 @@
+//! retry-failed and OOM escalation: finished results are never re-run; failures re-run in a
+//! new batch with lineage; the source batch is never changed.
+
+use crate::support::*;
+
+#[test]
+fn retry_failed_with_a_class_filter_reruns_only_that_class_and_carries_the_rest() {
+    let sb = Sandbox::engine();
+    sb.write("network-down", "");
+    let manifest = sb.write(
+        "incident.yaml",
+        r#"batch_id: incident
+defaults:
+  runtime: local-process
+  max_retries: 0
+  harness: 'echo x >> "$SANDBOX/$CASEBATCH_CASE_ID.runs"; if [ -f "$SANDBOX/network-down" ]; then echo "{\"failure\": {\"class\": \"infra\", \"code\": \"NETWORK_DOWN\", \"retryable\": true}}" > "$CASEBATCH_RESULT"; exit 1; fi; echo "{\"scores\": {\"accuracy\": 0.75}}" > "$CASEBATCH_RESULT"'
+tasks:
+  - task_id: passes
+    harness: 'echo x >> "$SANDBOX/passes.runs"; echo "{\"scores\": {\"accuracy\": 0.5}}" > "$CASEBATCH_RESULT"'
+  - task_id: judged-fail
+    runtime: fake
+    fake: {outcome: fail}
+  - task_id: casualty
+"#,
+    );
+    assert_exit(&sb.run_batch(&manifest), 4);
+    let source_summary = std::fs::read(sb.bundle("incident").join("batch_summary.json")).unwrap();
+    std::fs::remove_file(sb.path("network-down")).unwrap();
+
+    let out = sb.out();
+    let o = sb.run(&[
+        "batch",
+        "retry-failed",
+        "--batch-id",
+        "incident",
+        "--class",
+        "infra",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 4); // judged-fail is carried as the legitimate failure it is
+    assert!(
+        stdout(&o).contains("re-running 1 failed case(s), carrying 2"),
+        "{}",
+        stdout(&o)
+    );
+
+    assert_eq!(sb.lines("casualty.runs"), 2, "the infra casualty ran again");
+    assert_eq!(
+        sb.lines("passes.runs"),
+        1,
+        "a passing result is never re-run"
+    );
+    let casualty = sb.case_result("incident-retry1", "casualty");
+    assert_eq!(casualty["state"], "succeeded", "{casualty:#}");
+    assert_eq!(casualty["origin"]["retry_of"], "incident");
+    assert_eq!(casualty["origin"]["carried"], false);
+    let passes = sb.case_result("incident-retry1", "passes");
+    assert_eq!(passes["origin"]["carried"], true);
+    assert_eq!(
+        passes["scores"]["accuracy"], 0.5,
+        "carried verbatim, scores included"
+    );
+    let judged = sb.case_result("incident-retry1", "judged-fail");
+    assert_eq!(judged["verdict"], "fail", "agent failures stay carried");
+    assert_eq!(judged["origin"]["carried"], true);
+    let lineage = sb.json(&sb.bundle("incident-retry1").join("lineage.json"));
+    assert_eq!(lineage["retry_of"], "incident");
+    assert_eq!(lineage["rerun"], serde_json::json!(["casualty"]));
+
+    let after = std::fs::read(sb.bundle("incident").join("batch_summary.json")).unwrap();
+    assert_eq!(
+        source_summary, after,
+        "the source batch's bundle is never changed"
+    );
+    assert_eq!(sb.case_result("incident", "casualty")["state"], "failed");
+}
+
+#[test]
+fn oom_killed_cases_escalate_memory_per_retry_without_changing_the_spec() {
+    let sb = Sandbox::engine();
+    let manifest = sb.write(
+        "hog.yaml",
+        r#"batch_id: hog
+defaults:
+  runtime: local-process
+  max_retries: 0
+  resources: {memory_mb: 64}
+  harness: 'echo "$CASEBATCH_ATTEMPT" >> "$SANDBOX/hog.runs"; python3 -c "b = bytearray(150 * 1024 * 1024)"'
+tasks: [{task_id: hog}]
+"#,
+    );
+    assert_exit(&sb.run_batch(&manifest), 4);
+    let out = sb.out();
+    let out = out.to_str().unwrap();
+    // 64 MB dies; the first retry gets 128 MB and dies again; the second compounds to 256.
+    assert_exit(
+        &sb.run(&[
+            "batch",
+            "retry-failed",
+            "--batch-id",
+            "hog",
+            "--output-dir",
+            out,
+        ]),
+        4,
+    );
+    let first = sb.case_result("hog-retry1", "hog");
+    assert_eq!(first["memory_boost_mb"], 128, "{first:#}");
+    assert_eq!(first["failure"]["code"], "OOM_KILLED");
+    assert_exit(
+        &sb.run(&[
+            "batch",
+            "retry-failed",
+            "--batch-id",
+            "hog-retry1",
+            "--output-dir",
+            out,
+        ]),
+        0,
+    );
+    let second = sb.case_result("hog-retry1-retry1", "hog");
+    assert_eq!(second["memory_boost_mb"], 256, "{second:#}");
+    assert_eq!(second["state"], "succeeded");
+    assert_eq!(sb.lines("hog.runs"), 3);
+    for batch in ["hog", "hog-retry1", "hog-retry1-retry1"] {
+        let plan = sb.json(&sb.bundle(batch).join("batch_plan.json"));
+        assert_eq!(
+            plan["cases"][0]["resources"]["memory_mb"], 64,
+            "the spec still reads 64"
+        );
+    }
+}
+
+#[test]
+fn in_batch_oom_auto_boost_doubles_memory_inside_the_running_batch() {
+    let sb = Sandbox::engine();
+    let manifest = sb.write(
+        "auto.yaml",
+        r#"batch_id: auto
+defaults:
+  runtime: local-process
+  max_retries: 0
+  oom_auto_boost: true
+  resources: {memory_mb: 64}
+  harness: 'python3 -c "b = bytearray(150 * 1024 * 1024)"'
+tasks: [{task_id: hog}]
+"#,
+    );
+    assert_exit(&sb.run_batch(&manifest), 0);
+    let r = sb.case_result("auto", "hog");
+    assert_eq!(r["attempts"], 3, "64 → 128 → 256 in one batch");
+    assert_eq!(r["memory_boost_mb"], 256);
+    let status = sb.status("auto");
+    assert_eq!(status["status"]["counters"]["oom_boosts"], 2, "{status:#}");
+    let steps = status["status"]["timeline"].to_string();
+    assert!(steps.contains("OOM auto-boost 64 → 128 MB"), "{steps}");
+    assert!(steps.contains("OOM auto-boost 128 → 256 MB"), "{steps}");
+}
