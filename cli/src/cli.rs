@@ -27,6 +27,9 @@ pub enum Command {
     /// Validate, plan, run and operate batches.
     #[command(subcommand)]
     Batch(BatchCommand),
+    /// Run one case of a manifest on its own, as durably as a batch (a one-case batch with
+    /// id `<batch_id>--<case_dir>`): after a crash, `casebatch run` again adopts its job.
+    Run(SingleRunArgs),
     /// Run a standalone worker (one replica) against the engine.
     Worker(WorkerArgs),
     /// The local web demo: three real web tasks on a fixture, run end to end in one command.
@@ -207,6 +210,19 @@ pub struct ResumeArgs {
     pub batch: BatchRef,
     #[arg(long)]
     pub no_worker: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SingleRunArgs {
+    #[command(flatten)]
+    pub manifest: ManifestArgs,
+    /// The task id of the case to run.
+    #[arg(long = "case")]
+    pub case_id: String,
+    #[arg(long, default_value = "logs/batch")]
+    pub output_dir: PathBuf,
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }
 
 #[derive(Debug, Clone, Args)]

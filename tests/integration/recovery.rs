@@ -105,3 +105,36 @@ tasks: [{task_id: r1}, {task_id: r2}, {task_id: r3}, {task_id: r4}, {task_id: r5
     assert_eq!(summary["counts"]["succeeded"], 6, "{summary:#}");
     assert_eq!(summary["attempts_total"], 6);
 }
+
+/// The chaos drill script (scripts/chaos-drill.sh), exactly as operators run it: worker
+/// SIGKILL with one job purged, SIGKILL of a single-case run, dev-server SIGKILL.
+#[test]
+fn the_chaos_drill_passes() {
+    let sb = Sandbox::engine();
+    let script = format!("{}/../scripts/chaos-drill.sh", env!("CARGO_MANIFEST_DIR"));
+    let o = std::process::Command::new("bash")
+        .arg(script)
+        .env("CASEBATCH_BIN", env!("CARGO_BIN_EXE_casebatch"))
+        .env("WORK", sb.path("drill"))
+        .env_remove("TEMPORAL_ADDRESS")
+        .output()
+        .expect("run the drill");
+    let text = format!("{}{}", stdout(&o), stderr(&o));
+    assert!(o.status.success(), "the drill failed:\n{text}");
+    assert!(text.contains("finished cases re-run 0"), "{text}");
+    assert!(text.contains("drill: ok"), "{text}");
+    // Leave no dev server behind (the drill's killed runner orphaned one).
+    for root in ["drill/out", "drill/engine-out"] {
+        let engine = sb.path(&format!("{root}/.casebatch-engine/engine.json"));
+        if let Ok(bytes) = std::fs::read(engine) {
+            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            let pid = v["pid"].as_u64().unwrap() as u32;
+            if start_ticks(pid) == v["start_ticks"].as_u64() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}

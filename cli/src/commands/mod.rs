@@ -39,6 +39,7 @@ pub async fn dispatch(command: Command) -> CliResult {
                 status::history(&batch, run_id, &out).await
             }
         },
+        Command::Run(args) => run::run_one(args).await,
         Command::Worker(args) => worker::run(args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Harness(h) => demo::harness(h).await,

@@ -20,7 +20,7 @@ use temporalio_client::{
 };
 
 use super::{absolute, check_batch_id, engine_target, manifest};
-use crate::cli::{EngineArgs, ResumeArgs, RunArgs};
+use crate::cli::{EngineArgs, ResumeArgs, RunArgs, SingleRunArgs};
 use crate::exit::{CliError, CliResult, Exit};
 use crate::render::Progress;
 
@@ -114,6 +114,33 @@ pub async fn run(args: RunArgs) -> CliResult {
         history_budget: args.history_budget,
     };
     execute(engine, &bundle, &plan, args.no_worker, opts).await
+}
+
+/// One case on its own: a one-case batch, so it is resumed (and its job adopted) the same way.
+pub async fn run_one(args: SingleRunArgs) -> CliResult {
+    let mut plan = manifest::load(&args.manifest)?;
+    let Some(mut case) = plan
+        .cases
+        .iter()
+        .find(|c| c.case_id == args.case_id)
+        .cloned()
+    else {
+        return Err(CliError::usage(format!(
+            "failed to find case {:?} in {}: use one of its task ids",
+            args.case_id,
+            args.manifest.manifest.display()
+        )));
+    };
+    case.index = 0;
+    plan.batch_id = format!("{}--{}", plan.batch_id, case.case_dir);
+    plan.cases = vec![case];
+    plan.fingerprint = format!("{}:{}", plan.fingerprint, args.case_id);
+    let root = absolute(&args.output_dir)?;
+    let bundle = Bundle::new(&root, &plan.batch_id);
+    prepare_bundle(&bundle, &plan, &args.manifest.manifest, None)?;
+    let engine = connect(&root, &args.engine).await?;
+    prepare_bundle(&bundle, &plan, &args.manifest.manifest, Some(&engine))?;
+    execute(engine, &bundle, &plan, false, DriveOptions::default()).await
 }
 
 pub async fn resume(args: ResumeArgs) -> CliResult {

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Chaos drill: the recovery invariants as one repeatable script, run by the integration
+# tests too (tests/integration/recovery.rs). Every real execution of a case appends a line,
+# so "nothing ran twice" is counted, not assumed. Exits 1 if an invariant breaks.
+#
+#   1. SIGKILL the runner (which hosts the worker) mid-batch, then resume: finished cases are
+#      kept, in-flight cases are adopted, the batch completes.
+#   2. SIGKILL a single-case run (`casebatch run`), then run it again: it adopts, no re-run.
+#   3. SIGKILL the embedded Temporal dev server mid-batch: the runner brings it back on the
+#      same database and the batch completes.
+#
+#   scripts/chaos-drill.sh                 # uses target/release/casebatch
+#   CASEBATCH_BIN=... WORK=dir N=12 scripts/chaos-drill.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${CASEBATCH_BIN:-$PWD/target/release/casebatch}
+WORK=${WORK:-$(mktemp -d /tmp/casebatch-chaos.XXXXXX)}
+N=${N:-12}
+SECS=${SECS:-3}
+mkdir -p "$WORK/side"
+# The killed runner leaves its dev server behind (resume reuses it): stop it at the end.
+cleanup() {
+  for e in "$WORK"/out/.casebatch-engine/engine.json "$WORK"/engine-out/.casebatch-engine/engine.json; do
+    [ -f "$e" ] && kill "$(python3 -c "import json; print(json.load(open('$e'))['pid'])")" 2>/dev/null || true
+  done
+}
+trap cleanup EXIT
+fail() { echo "drill FAILED: $*" >&2; exit 1; }
+now() { date +%s.%N; }
+lines() { { cat "$@" 2>/dev/null || true; } | wc -l; }
+
+manifest() { # file batch-id count
+  {
+    echo "batch_id: $2"
+    echo "defaults:"
+    echo "  concurrency: 4"
+    echo "  runtime: local-process"
+    echo "  harness: 'echo x >> \"$WORK/side/\$CASEBATCH_BATCH_ID.\$CASEBATCH_CASE_ID.started\"; sleep $SECS; echo x >> \"$WORK/side/\$CASEBATCH_BATCH_ID.\$CASEBATCH_CASE_ID.done\"; echo {} > \"\$CASEBATCH_RESULT\"'"
+    echo "tasks:"
+    for i in $(seq 1 "$3"); do echo "  - task_id: c$i"; done
+  } > "$1"
+}
+
+wait_for() { # seconds description command...
+  local until=$(( $(date +%s) + $1 )) what=$2; shift 2
+  until "$@"; do [ "$(date +%s)" -lt "$until" ] || fail "timed out waiting for $what"; sleep 0.1; done
+}
+started_at_least() { [ "$(lines "$WORK"/side/"$1".*.started)" -ge "$2" ]; }
+
+# --- 1. runner SIGKILL mid-batch, then resume ------------------------------------------
+manifest "$WORK/kill.yaml" kill "$N"
+"$BIN" batch run --manifest "$WORK/kill.yaml" --output-dir "$WORK/out" > "$WORK/kill-run.log" 2>&1 &
+RUNNER=$!
+done_at_least() { [ "$(lines "$WORK"/side/"$1".*.done)" -ge "$2" ]; }
+wait_for 120 "the first wave to finish and the second to start" \
+  sh -c "[ \$(cat $WORK/side/kill.*.done 2>/dev/null | wc -l) -ge 4 ] && [ \$(cat $WORK/side/kill.*.started | wc -l) -ge 8 ]"
+kill -9 "$RUNNER"; wait "$RUNNER" 2>/dev/null || true
+finished_before=$(lines "$WORK"/side/kill.*.done)
+finished_cases=$(cd "$WORK/side" && ls kill.*.done | sed 's/\.done$//')
+# One in-flight job goes down with its host: kill its whole process group, so nothing is
+# left to adopt (no process, no exit status). It must be re-dispatched as a new attempt.
+lost=""
+for f in "$WORK"/side/kill.*.started; do
+  case_id=$(basename "$f" .started); case_id=${case_id#kill.}
+  if [ ! -f "$WORK/side/kill.$case_id.done" ] && [ -f "$WORK/out/kill/cases/$case_id/attempts/1/job.json" ]; then
+    pid=$(python3 -c "import json; print(json.load(open('$WORK/out/kill/cases/$case_id/attempts/1/job.json'))['pid'])")
+    kill -9 -- "-$pid" 2>/dev/null || true
+    lost=$case_id
+    break
+  fi
+done
+[ -n "$lost" ] || fail "no in-flight job to purge"
+t_restart=$(now)
+"$BIN" batch resume --batch-id kill --output-dir "$WORK/out" > "$WORK/kill-resume.log" 2>&1 &
+RESUMER=$!
+first_progress() { [ "$(lines "$WORK"/side/kill.*.done)" -gt "$finished_before" ]; }
+wait_for 120 "progress after the restart" first_progress
+t_progress=$(now)
+wait "$RESUMER" || fail "resume did not complete the batch (see $WORK/kill-resume.log)"
+report=$("$BIN" batch report --batch-id kill --output-dir "$WORK/out" --json)
+adopted=$(echo "$report" | python3 -c 'import json,sys; print(json.load(sys.stdin)["summary"]["adopted_attempts"])')
+redispatched=$(echo "$report" | python3 -c 'import json,sys; print(json.load(sys.stdin)["redispatched"])')
+succeeded=$(echo "$report" | python3 -c 'import json,sys; print(json.load(sys.stdin)["summary"]["counts"].get("succeeded", 0))')
+reran=0
+for c in $finished_cases; do [ "$(lines "$WORK/side/$c.started")" -gt 1 ] && reran=$((reran + 1)); done
+twice=0
+for f in "$WORK"/side/kill.*.started; do [ "$(lines "$f")" -gt 1 ] && twice=$((twice + 1)); done
+[ "$succeeded" -eq "$N" ] || fail "worker kill: $succeeded of $N succeeded"
+[ "$reran" -eq 0 ] || fail "worker kill: $reran finished case(s) ran again"
+[ "$twice" -eq 1 ] || fail "worker kill: $twice case(s) started twice; only the purged one should"
+[ "$(lines "$WORK/side/kill.$lost.started")" -eq 2 ] || fail "the purged case was not re-dispatched once"
+[ "$adopted" -ge 1 ] || fail "worker kill: nothing was adopted"
+[ "$redispatched" -ge 1 ] || fail "worker kill: the purged job was not re-dispatched"
+first_progress_s=$(awk "BEGIN { printf \"%.2f\", $t_progress - $t_restart }")
+
+# --- 2. SIGKILL during a single-case run --------------------------------------------------
+manifest "$WORK/one.yaml" one 1
+"$BIN" run --manifest "$WORK/one.yaml" --case c1 --output-dir "$WORK/out" > "$WORK/one-run.log" 2>&1 &
+RUNNER=$!
+wait_for 60 "the single case to start" started_at_least "one--c1" 1
+kill -9 "$RUNNER"; wait "$RUNNER" 2>/dev/null || true
+"$BIN" run --manifest "$WORK/one.yaml" --case c1 --output-dir "$WORK/out" > "$WORK/one-again.log" 2>&1 \
+  || fail "single-case run did not succeed after the kill (see $WORK/one-again.log)"
+single_runs=$(lines "$WORK"/side/one--c1.c1.started)
+[ "$single_runs" -eq 1 ] || fail "single-case run: the case ran $single_runs times"
+single_adopted=$(python3 -c "import json; print(json.load(open('$WORK/out/one--c1/cases/c1/result.json'))['adopted'])")
+
+# --- 3. dev-server SIGKILL mid-batch --------------------------------------------------------
+manifest "$WORK/engine.yaml" engine "$N"
+"$BIN" batch run --manifest "$WORK/engine.yaml" --output-dir "$WORK/engine-out" > "$WORK/engine-run.log" 2>&1 &
+RUNNER=$!
+wait_for 60 "the first cases to start" started_at_least engine 4
+server=$(python3 -c "import json; print(json.load(open('$WORK/engine-out/.casebatch-engine/engine.json'))['pid'])")
+kill -9 "$server"
+wait "$RUNNER" || fail "the batch did not complete after the dev server was killed (see $WORK/engine-run.log)"
+engine_reran=0
+for f in "$WORK"/side/engine.*.started; do [ "$(lines "$f")" -gt 1 ] && engine_reran=$((engine_reran + 1)); done
+[ "$engine_reran" -eq 0 ] || fail "engine restart: $engine_reran case(s) ran twice"
+[ "$(lines "$WORK"/side/engine.*.done)" -eq "$N" ] || fail "engine restart: not every case finished"
+
+echo "drill worker-kill: cases $N, finished before kill $finished_before, adopted $adopted, re-dispatched $redispatched (job purged: $lost), finished cases re-run 0, first progress ${first_progress_s}s after restart"
+echo "drill single-run-kill: runs 1, adopted $single_adopted"
+echo "drill engine-kill: cases $N completed, re-run 0"
+echo "drill: ok"
