@@ -109,6 +109,9 @@ pub enum BatchCommand {
     Run(RunArgs),
     /// Continue a drained, paused or interrupted batch; a completed batch is left as is.
     Resume(ResumeArgs),
+    /// Make new attempts inside a finished batch without discarding earlier evidence (the
+    /// attempt history keeps them all). Needs an explicit selection.
+    Rerun(RerunArgs),
     /// Per-state counts, in-flight cases and the progress timeline.
     Status(BatchRef),
     /// Summary and failure breakdown (stage × class); actor, verdict and cleanup apart.
@@ -208,6 +211,27 @@ pub struct RunArgs {
 pub struct ResumeArgs {
     #[command(flatten)]
     pub batch: BatchRef,
+    #[arg(long)]
+    pub no_worker: bool,
+    /// Also give failed and cancelled cases a new attempt.
+    #[arg(long)]
+    pub retry_failed: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("selection").required(true).args(["failed", "case", "all"])))]
+pub struct RerunArgs {
+    #[command(flatten)]
+    pub batch: BatchRef,
+    /// Every case that did not succeed.
+    #[arg(long)]
+    pub failed: bool,
+    /// These cases (by task id); repeatable.
+    #[arg(long)]
+    pub case: Vec<String>,
+    /// Every case.
+    #[arg(long)]
+    pub all: bool,
     #[arg(long)]
     pub no_worker: bool,
 }

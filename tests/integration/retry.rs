@@ -157,3 +157,103 @@ tasks: [{task_id: hog}]
     assert!(steps.contains("OOM auto-boost 64 → 128 MB"), "{steps}");
     assert!(steps.contains("OOM auto-boost 128 → 256 MB"), "{steps}");
 }
+
+#[test]
+fn rerun_makes_new_attempts_in_the_same_batch_and_keeps_earlier_evidence() {
+    let sb = Sandbox::engine();
+    sb.write("broken", "");
+    let manifest = sb.write(
+        "again.yaml",
+        r#"batch_id: again
+defaults:
+  runtime: local-process
+  max_retries: 0
+  harness: 'echo x >> "$SANDBOX/$CASEBATCH_CASE_ID.runs"; [ "$CASEBATCH_CASE_ID" = flaky ] && [ -f "$SANDBOX/broken" ] && exit 3; echo "{}" > "$CASEBATCH_RESULT"'
+tasks: [{task_id: steady}, {task_id: flaky}]
+"#,
+    );
+    assert_exit(&sb.run_batch(&manifest), 4);
+    let out = sb.out();
+    let out = out.to_str().unwrap();
+    let o = sb.run(&["batch", "rerun", "--batch-id", "again", "--output-dir", out]);
+    assert_exit(&o, 2); // a selection is required
+    std::fs::remove_file(sb.path("broken")).unwrap();
+
+    // resume alone leaves a finished batch as it is; --retry-failed re-runs the failure.
+    assert_exit(
+        &sb.run(&[
+            "batch",
+            "resume",
+            "--batch-id",
+            "again",
+            "--output-dir",
+            out,
+        ]),
+        4,
+    );
+    assert_eq!(sb.lines("flaky.runs"), 1);
+    assert_exit(
+        &sb.run(&[
+            "batch",
+            "resume",
+            "--batch-id",
+            "again",
+            "--retry-failed",
+            "--output-dir",
+            out,
+        ]),
+        0,
+    );
+    assert_eq!((sb.lines("flaky.runs"), sb.lines("steady.runs")), (2, 1));
+    let flaky = sb.case_result("again", "flaky");
+    assert_eq!(
+        (flaky["state"].as_str(), flaky["attempts"].as_u64()),
+        (Some("succeeded"), Some(2))
+    );
+
+    // A named rerun: only that case, as attempt 2, with attempt 1 kept.
+    assert_exit(
+        &sb.run(&[
+            "batch",
+            "rerun",
+            "--batch-id",
+            "again",
+            "--case",
+            "steady",
+            "--output-dir",
+            out,
+        ]),
+        0,
+    );
+    assert_eq!((sb.lines("flaky.runs"), sb.lines("steady.runs")), (2, 2));
+    let attempts = sb.json(&sb.bundle("again").join("batch_attempts.json"));
+    assert_eq!(
+        attempts["attempts"].as_array().unwrap().len(),
+        4,
+        "{attempts:#}"
+    );
+    assert!(
+        sb.bundle("again")
+            .join("cases/steady/attempts/1/stdout.log")
+            .exists()
+    );
+    assert!(
+        sb.bundle("again")
+            .join("cases/steady/attempts/2/stdout.log")
+            .exists()
+    );
+
+    assert_exit(
+        &sb.run(&[
+            "batch",
+            "rerun",
+            "--batch-id",
+            "again",
+            "--all",
+            "--output-dir",
+            out,
+        ]),
+        0,
+    );
+    assert_eq!((sb.lines("flaky.runs"), sb.lines("steady.runs")), (3, 3));
+}

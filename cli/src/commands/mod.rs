@@ -28,6 +28,7 @@ pub async fn dispatch(command: Command) -> CliResult {
             } => manifest::plan(&manifest, &output_dir),
             BatchCommand::Run(args) => run::run(args).await,
             BatchCommand::Resume(args) => run::resume(args).await,
+            BatchCommand::Rerun(args) => run::rerun(args).await,
             BatchCommand::Status(r) => status::status(&r).await,
             BatchCommand::Report(r) => status::report(&r).await,
             BatchCommand::Drain(r) => ops::signal(&r, ops::Op::Drain).await,

@@ -20,7 +20,7 @@ use temporalio_client::{
 };
 
 use super::{absolute, check_batch_id, engine_target, manifest};
-use crate::cli::{EngineArgs, ResumeArgs, RunArgs, SingleRunArgs};
+use crate::cli::{EngineArgs, RerunArgs, ResumeArgs, RunArgs, SingleRunArgs};
 use crate::exit::{CliError, CliResult, Exit};
 use crate::render::Progress;
 
@@ -112,6 +112,7 @@ pub async fn run(args: RunArgs) -> CliResult {
     prepare_bundle(&bundle, &plan, &args.manifest.manifest, Some(&engine))?;
     let opts = DriveOptions {
         history_budget: args.history_budget,
+        ..DriveOptions::default()
     };
     execute(engine, &bundle, &plan, args.no_worker, opts).await
 }
@@ -143,7 +144,32 @@ pub async fn run_one(args: SingleRunArgs) -> CliResult {
     execute(engine, &bundle, &plan, false, DriveOptions::default()).await
 }
 
+pub async fn rerun(args: RerunArgs) -> CliResult {
+    let requeue = if args.all {
+        Requeue::All
+    } else if args.failed {
+        Requeue::Failed
+    } else {
+        Requeue::Cases(args.case.clone())
+    };
+    let resume = ResumeArgs {
+        batch: args.batch,
+        no_worker: args.no_worker,
+        retry_failed: false,
+    };
+    resume_with(resume, requeue).await
+}
+
 pub async fn resume(args: ResumeArgs) -> CliResult {
+    let requeue = if args.retry_failed {
+        Requeue::Failed
+    } else {
+        Requeue::None
+    };
+    resume_with(args, requeue).await
+}
+
+async fn resume_with(args: ResumeArgs, requeue: Requeue) -> CliResult {
     check_batch_id(&args.batch.batch_id)?;
     let root = absolute(&args.batch.output_dir)?;
     let bundle = Bundle::new(&root, &args.batch.batch_id);
@@ -156,24 +182,64 @@ pub async fn resume(args: ResumeArgs) -> CliResult {
     }
     // Resume uses the saved plan, never a re-read manifest.
     let plan = bundle.read_plan()?;
+    if let Requeue::Cases(ids) = &requeue
+        && let Some(unknown) = ids
+            .iter()
+            .find(|id| !plan.cases.iter().any(|c| &c.case_id == *id))
+    {
+        return Err(CliError::usage(format!(
+            "failed to rerun case {unknown:?}: batch {} has no such case",
+            plan.batch_id
+        )));
+    }
     let engine = connect(&root, &args.batch.engine).await?;
-    execute(
-        engine,
-        &bundle,
-        &plan,
-        args.no_worker,
-        DriveOptions::default(),
-    )
-    .await
+    let opts = DriveOptions {
+        requeue,
+        ..DriveOptions::default()
+    };
+    execute(engine, &bundle, &plan, args.no_worker, opts).await
 }
 
 pub async fn connect(root: &Path, e: &EngineArgs) -> CliResult<Engine> {
     Ok(Engine::connect(&engine_target(root, e)).await?)
 }
 
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct DriveOptions {
     history_budget: Option<u32>,
+    /// Finished cases to give a new attempt (rerun, resume --retry-failed).
+    requeue: Requeue,
+}
+
+/// Which finished cases get a new attempt; their earlier attempts stay in the bundle.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub enum Requeue {
+    #[default]
+    None,
+    Failed,
+    Cases(Vec<String>),
+    All,
+}
+
+impl Requeue {
+    fn apply(&self, plan: &Plan, slots: &mut [CaseSlot]) -> usize {
+        let mut n = 0;
+        for (case, slot) in plan.cases.iter().zip(slots.iter_mut()) {
+            let pick = match self {
+                Requeue::None => false,
+                Requeue::Failed => {
+                    matches!(slot.state, CaseState::Failed | CaseState::Cancelled)
+                }
+                Requeue::Cases(ids) => ids.contains(&case.case_id),
+                Requeue::All => true,
+            };
+            if pick && slot.state.is_terminal() {
+                slot.state = CaseState::Queued;
+                n += 1;
+            }
+        }
+        n
+    }
 }
 
 pub async fn execute(
@@ -254,10 +320,22 @@ async fn drive(
         }
     };
     let mut progress = Progress::new(plan);
+    if running && opts.requeue != Requeue::None {
+        return Err(CliError::usage(format!(
+            "failed to rerun cases of batch {}: it is still running; wait for it or drain it",
+            plan.batch_id
+        )));
+    }
     if running {
         progress.line(&format!("re-attaching to running batch {}", plan.batch_id));
     } else {
-        let carried = carried_state(&handle, bundle, plan).await?;
+        let mut carried = carried_state(&handle, bundle, plan).await?;
+        if let Some(c) = carried.as_mut() {
+            let n = opts.requeue.apply(plan, &mut c.slots);
+            if n > 0 {
+                progress.line(&format!("{n} finished case(s) get a new attempt"));
+            }
+        }
         if let Some(c) = &carried
             && c.slots.iter().all(|s| s.state.is_terminal())
         {
