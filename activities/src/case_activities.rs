@@ -226,21 +226,21 @@ impl CaseActivities {
         _ctx: ActivityContext,
         key: AttemptKey,
     ) -> Result<Option<Failure>, ActivityError> {
-        // The harness writes its artifacts into CASEBATCH_OUTPUT_DIR, which already lives in
-        // the bundle; a remote trace source is not configured, so there is nothing to pull.
+        // Artifacts written to CASEBATCH_OUTPUT_DIR are already in the bundle; a trace the
+        // harness names is pulled here. A failure keeps the work (verdict, scores).
         let env = self.env(&key)?;
-        let output = env.file(attempt_files::OUTPUT);
-        if env.case.runtime == RuntimeKind::LocalProcess && !output.is_dir() {
-            return Ok(Some(Failure::infra(
-                Stage::Collect,
-                "TRACE_COLLECT_FAILED",
-                format!(
-                    "the attempt's output directory {} is gone",
-                    output.display()
-                ),
-            )));
-        }
-        Ok(None)
+        let Some(trace) = harness::read_result(&env.file(attempt_files::RESULT))
+            .ok()
+            .flatten()
+            .and_then(|r| r.trace)
+        else {
+            return Ok(None);
+        };
+        Ok(
+            crate::trace::collect(&trace, &env.file(attempt_files::TRACE))
+                .await
+                .err(),
+        )
     }
 
     #[activity(definition = contracts::Cleanup)]
@@ -295,10 +295,12 @@ impl CaseActivities {
             evaluation_configured: s.evaluation_configured,
             verdict: s.verdict,
             cleanup_confirmed: confirmed,
-            failure: s.failure.clone(),
+            // A failed trace pull is what keeps an otherwise verified case from passing.
+            failure: s.failure.clone().or_else(|| s.collect_failure.clone()),
             collect_failure: s.collect_failure.clone(),
             adopted: s.adopted,
             scores,
+            trace_ref: harness_result.trace.clone(),
             outputs: harness_result.outputs,
             simulated: env.case.runtime == RuntimeKind::Fake,
             memory_boost_mb: s.memory_boost_mb,
@@ -307,6 +309,7 @@ impl CaseActivities {
                 .map(|l| casebatch_bundle::Origin {
                     retry_of: l.retry_of,
                     carried: false,
+                    recollected: false,
                 }),
         };
         write_json_atomic(&env.bundle.case_result(&env.case.case_dir), &result)?;

@@ -14,6 +14,8 @@ pub struct HarnessResult {
     #[serde(default)]
     pub scores: std::collections::BTreeMap<String, serde_json::Value>,
     pub failure: Option<DeclaredFailure>,
+    /// Where the attempt's trace can be pulled from (the collect stage).
+    pub trace: Option<casebatch_bundle::TraceRef>,
 }
 
 /// A failure the harness declares about itself.

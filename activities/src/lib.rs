@@ -11,5 +11,6 @@ pub mod harness;
 pub mod memlimit;
 pub mod procfs;
 pub mod runtime;
+pub mod trace;
 
 pub use case_activities::CaseActivities;

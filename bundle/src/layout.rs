@@ -86,6 +86,8 @@ pub mod attempt_files {
     pub const STDERR: &str = "stderr.log";
     pub const EVALUATION: &str = "evaluation.json";
     pub const CLEANUP: &str = "cleanup.json";
+    /// The trace pulled by the collect stage.
+    pub const TRACE: &str = "trace.json";
     /// The engine's record of the attempt.
     pub const RECORD: &str = "attempt.json";
     /// The runtime's job identity (pid, start time, marker).

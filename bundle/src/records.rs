@@ -33,9 +33,18 @@ pub struct CaseResult {
     /// Memory granted to this job only, past the manifest's (OOM escalation).
     #[serde(default)]
     pub memory_boost_mb: Option<u64>,
+    /// What is needed to collect the trace again (set when the harness named one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_ref: Option<TraceRef>,
     /// Lineage when this batch re-runs another one's failures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
+}
+
+/// A trace source named by the harness: `{"trace": {"url": "http://..."}}` in its result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceRef {
+    pub url: String,
 }
 
 /// Where a case result comes from in a `retry-failed` batch.
@@ -44,6 +53,9 @@ pub struct Origin {
     pub retry_of: String,
     /// True when the result was carried over verbatim from `retry_of`, not re-run.
     pub carried: bool,
+    /// True when only the trace was collected again (the actor and evaluator did not re-run).
+    #[serde(default)]
+    pub recollected: bool,
 }
 
 /// `lineage.json` of a batch made by `retry-failed`.
@@ -59,6 +71,12 @@ pub struct Lineage {
     /// OOM-killed cases left carried because doubling would pass the cap.
     #[serde(default)]
     pub past_cap: Vec<String>,
+    /// Collect-failed cases whose trace was pulled again (no re-run), and which of them
+    /// recovered.
+    #[serde(default)]
+    pub recollected: Vec<String>,
+    #[serde(default)]
+    pub recovered: Vec<String>,
 }
 
 /// The state a case's record shows; `Retrying` while another attempt is coming.

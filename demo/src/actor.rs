@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use crate::DemoError;
 use crate::fixture::Receipt;
-use crate::http::request;
+use casebatch_http::request;
 
 /// The task fields the harness reads from `CASEBATCH_INPUT`.
 #[derive(Debug, Deserialize)]

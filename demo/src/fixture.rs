@@ -4,7 +4,8 @@
 //! /tasks/<id>/note?attempt=N` and `POST /tasks/<id>/click?attempt=N` (actions: each appends a
 //! receipt `{"type": "web_action", "action", "task_id", "attempt", "ts"}` to
 //! `<dir>/events.jsonl` and syncs it before answering), `GET /receipts?task_id=..&attempt=..`
-//! (what the evaluator observes).
+//! (what the evaluator observes), `GET /traces/<id>?attempt=N` (a trace source: the attempt's
+//! receipts as a trace document, for the collect stage).
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -232,6 +233,15 @@ async fn handle(
                     "need a known task and ?attempt=N".into(),
                 ),
             }
+        }
+        (&Method::GET, ["traces", id]) => {
+            let attempt = query_param(&req, "attempt").and_then(|a| a.parse::<u32>().ok());
+            let spans: Vec<Receipt> = read_receipts(&state.events)
+                .into_iter()
+                .filter(|r| r.task_id == *id && attempt.is_none_or(|a| a == r.attempt))
+                .collect();
+            let trace = serde_json::json!({"task_id": id, "attempt": attempt, "spans": spans});
+            reply(StatusCode::OK, "application/json", trace.to_string())
         }
         (&Method::GET, ["receipts"]) => {
             let task_id = query_param(&req, "task_id");

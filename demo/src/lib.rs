@@ -9,7 +9,6 @@
 
 pub mod actor;
 pub mod fixture;
-mod http;
 
 pub use fixture::{Fixture, FixtureOptions, MANIFEST_BATCH_ID};
 
@@ -24,6 +23,8 @@ pub enum DemoError {
     },
     #[error("failed to {0}")]
     Other(String),
+    #[error(transparent)]
+    Http(#[from] casebatch_http::HttpError),
 }
 
 impl DemoError {

@@ -257,3 +257,87 @@ tasks: [{task_id: steady}, {task_id: flaky}]
     );
     assert_eq!((sb.lines("flaky.runs"), sb.lines("steady.runs")), (3, 3));
 }
+
+#[test]
+fn a_failed_trace_pull_keeps_the_work_and_retry_failed_recollects_without_rerunning() {
+    let sb = Sandbox::engine();
+    // A free loopback port with nothing on it yet: the trace source is down.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let manifest = sb.write(
+        "traced.yaml",
+        &format!(
+            r#"batch_id: traced
+defaults:
+  runtime: local-process
+  max_retries: 2
+  harness: 'echo x >> "$SANDBOX/actor.runs"; echo "{{\"scores\": {{\"accuracy\": 1.0}}, \"trace\": {{\"url\": \"http://127.0.0.1:{port}/traces/web-1?attempt=1\"}}}}" > "$CASEBATCH_RESULT"'
+  evaluator: 'echo x >> "$SANDBOX/evaluator.runs"; echo "{{\"verdict\": \"pass\"}}" > "$CASEBATCH_RESULT"'
+tasks: [{{task_id: traced-1}}, {{task_id: traced-2}}]
+"#
+        ),
+    );
+    assert_exit(&sb.run_batch(&manifest), 4);
+    let r = sb.case_result("traced", "traced-1");
+    assert_eq!(r["failure"]["stage"], "collect", "{r:#}");
+    assert_eq!(r["failure"]["code"], "TRACE_COLLECT_FAILED");
+    assert_eq!(r["failure"]["retryable"], true);
+    assert_eq!(r["verdict"], "pass", "the work is kept");
+    assert_eq!(r["scores"]["accuracy"], 1.0);
+    assert_eq!(
+        r["attempts"], 1,
+        "a trace failure never re-runs the actor in the batch"
+    );
+    assert_eq!((sb.lines("actor.runs"), sb.lines("evaluator.runs")), (2, 2));
+
+    // Bring the trace source up (the demo fixture serves /traces/...).
+    let mut fixture = sb.spawn(
+        &[
+            "demo",
+            "serve",
+            "--directory",
+            "fixture",
+            "--port",
+            &port.to_string(),
+        ],
+        "fixture.log",
+    );
+    wait_until(std::time::Duration::from_secs(30), "fixture ready", || {
+        std::fs::read_to_string(sb.path("fixture.log"))
+            .unwrap_or_default()
+            .contains("ready: true")
+    });
+    let out = sb.out();
+    let o = sb.run(&[
+        "batch",
+        "retry-failed",
+        "--batch-id",
+        "traced",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    let _ = fixture.kill();
+    let _ = fixture.wait();
+    assert_exit(&o, 0);
+    assert!(
+        stdout(&o).contains("2 collect-failed case(s) re-collected without re-run (2 recovered)"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(
+        (sb.lines("actor.runs"), sb.lines("evaluator.runs")),
+        (2, 2),
+        "neither the actor nor the evaluator ran again"
+    );
+    let recovered = sb.case_result("traced-retry1", "traced-1");
+    assert_eq!(recovered["state"], "succeeded", "{recovered:#}");
+    assert_eq!(recovered["origin"]["recollected"], true);
+    assert!(
+        sb.bundle("traced-retry1")
+            .join("cases/traced-1/trace.json")
+            .exists()
+    );
+}

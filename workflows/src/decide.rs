@@ -41,7 +41,9 @@ pub fn attempt_state(s: &AttemptSummary) -> CaseState {
     if s.actor == Some(ActorStatus::Cancelled) {
         return CaseState::Cancelled;
     }
-    if s.failure.is_some() {
+    // A failed trace pull keeps the work but leaves the case incomplete: not a success. Only
+    // retry-failed collects again; the workflow never re-runs an actor for a trace.
+    if s.failure.is_some() || s.collect_failure.is_some() {
         return CaseState::Failed;
     }
     let actor_ok = s.actor == Some(ActorStatus::Finished);
@@ -110,6 +112,21 @@ mod tests {
             memory_limit_mb: None,
             cleanup_confirmed: None,
         }
+    }
+
+    #[test]
+    fn a_failed_trace_pull_is_incomplete_and_never_retried_in_batch() {
+        let mut s = summary(ActorStatus::Finished, None);
+        s.collect_failure = Some(Failure::infra(
+            Stage::Collect,
+            "TRACE_COLLECT_FAILED",
+            "down",
+        ));
+        assert_eq!(attempt_state(&s), CaseState::Failed);
+        assert_eq!(
+            next(&s, false, retries(5), Spent::default()),
+            Next::Finish(CaseState::Failed)
+        );
     }
 
     #[test]

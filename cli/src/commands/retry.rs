@@ -8,11 +8,14 @@
 
 use std::collections::BTreeMap;
 
+use casebatch_bundle::layout::attempt_files;
 use casebatch_bundle::{
     Bundle, CaseRecordState, CaseResult, Lineage, Origin, RECORD_SCHEMA_VERSION, read_json,
     write_json_atomic,
 };
-use casebatch_proto::{FailureClass, OOM_BOOST_CAP_MB, codes, workflow_id};
+use casebatch_proto::{
+    ActorStatus, FailureClass, OOM_BOOST_CAP_MB, Stage, Verdict, codes, workflow_id,
+};
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::{WorkflowDescribeOptions, WorkflowExecutionStatus, WorkflowHandle};
 
@@ -23,7 +26,11 @@ use crate::exit::{CliError, CliResult};
 /// What happens to one case of the source batch.
 enum Choice {
     Carry(CaseResult),
-    Rerun { boost_mb: Option<u64> },
+    /// The work is done; only its trace is missing: pull it again, run nothing.
+    Recollect(CaseResult),
+    Rerun {
+        boost_mb: Option<u64>,
+    },
     PastCap(CaseResult),
 }
 
@@ -77,14 +84,42 @@ pub async fn retry_failed(args: RetryArgs) -> CliResult {
         carried: Vec::new(),
         memory_boost_mb: BTreeMap::new(),
         past_cap: Vec::new(),
+        recollected: Vec::new(),
+        recovered: Vec::new(),
     };
     let mut carried = Vec::new();
+    let mut recollected = Vec::new();
     for case in &plan.cases {
         let result: Option<CaseResult> = read_json(&source.case_result(&case.case_dir)).ok();
         match choose(result, case.resources.memory_mb, &classes) {
             Choice::Carry(r) => {
                 lineage.carried.push(case.case_id.clone());
                 carried.push(r);
+            }
+            Choice::Recollect(mut r) => {
+                lineage.recollected.push(case.case_id.clone());
+                lineage.carried.push(case.case_id.clone());
+                let trace = r.trace_ref.clone().expect("chosen for its trace_ref");
+                let dest = target.case(&case.case_dir).join(attempt_files::TRACE);
+                std::fs::create_dir_all(target.case(&case.case_dir)).map_err(|e| {
+                    CliError::usage(format!("failed to create {}: {e}", dest.display()))
+                })?;
+                if casebatch_activities::trace::collect(&trace, &dest)
+                    .await
+                    .is_ok()
+                {
+                    lineage.recovered.push(case.case_id.clone());
+                    r.collect_failure = None;
+                    r.failure = None;
+                    let verified = !r.evaluation_configured || r.verdict == Some(Verdict::Pass);
+                    let finished = r.actor_status == Some(ActorStatus::Finished);
+                    r.state = if finished && verified {
+                        CaseRecordState::Succeeded
+                    } else {
+                        CaseRecordState::Failed
+                    };
+                }
+                recollected.push(r);
             }
             Choice::PastCap(r) => {
                 lineage.past_cap.push(case.case_id.clone());
@@ -118,10 +153,12 @@ pub async fn retry_failed(args: RetryArgs) -> CliResult {
         })?;
     }
     write_json_atomic(&target.lineage(), &lineage)?;
-    for mut r in carried {
+    let stamped = carried.into_iter().map(|r| (r, false));
+    for (mut r, recollected) in stamped.chain(recollected.into_iter().map(|r| (r, true))) {
         r.origin = Some(Origin {
             retry_of: plan.batch_id.clone(),
             carried: true,
+            recollected,
         });
         write_json_atomic(&target.case_result(&r.case_dir), &r)?;
     }
@@ -136,6 +173,13 @@ pub async fn retry_failed(args: RetryArgs) -> CliResult {
             format!(", {} with memory doubled", lineage.memory_boost_mb.len())
         }
     );
+    if !lineage.recollected.is_empty() {
+        say!(
+            "  {} collect-failed case(s) re-collected without re-run ({} recovered)",
+            lineage.recollected.len(),
+            lineage.recovered.len()
+        );
+    }
     for id in &lineage.past_cap {
         say!(
             "  {id}: OOM-killed at the {OOM_BOOST_CAP_MB} MB cap; not re-run. Change the case's resources.memory_mb (or what it does)"
@@ -166,6 +210,13 @@ fn choose(
     let class = r.failure.as_ref().map(|f| f.class);
     if !classes.is_empty() && !class.is_some_and(|c| classes.contains(&c)) {
         return Choice::Carry(r);
+    }
+    let collect_only = r
+        .failure
+        .as_ref()
+        .is_some_and(|f| f.stage == Stage::Collect);
+    if collect_only && r.trace_ref.is_some() {
+        return Choice::Recollect(r);
     }
     let oom = r
         .failure
