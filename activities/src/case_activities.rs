@@ -16,6 +16,7 @@ use casebatch_proto::{
 };
 use casebatch_workflows::{contracts, decide};
 use temporalio_macros::activities;
+use temporalio_sdk::ApplicationFailure;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
 use crate::evaluator;
@@ -72,7 +73,14 @@ impl CaseActivities {
         if let Some(p) = self.plans.lock().expect("lock").get(bundle_dir) {
             return Ok(p.clone());
         }
-        let plan = Arc::new(Bundle::at(bundle_dir).read_plan()?);
+        // Shared storage can blip: an unreadable plan is infra, retried by the activity policy.
+        let plan = Arc::new(Bundle::at(bundle_dir).read_plan().map_err(|e| {
+            classified(&Failure::infra(
+                Stage::Provision,
+                "BUNDLE_UNREADABLE",
+                e.to_string(),
+            ))
+        })?);
         self.plans
             .lock()
             .expect("lock")
@@ -83,10 +91,14 @@ impl CaseActivities {
     fn env(&self, key: &AttemptKey) -> Result<AttemptEnv, ActivityError> {
         let plan = self.plan(&key.bundle_dir)?;
         let case = plan.cases.get(key.case_index as usize).ok_or_else(|| {
-            ActivityError::from(anyhow_msg(format!(
-                "case index {} is not in the plan of {}",
-                key.case_index, key.bundle_dir
-            )))
+            classified(&Failure::config(
+                Stage::Provision,
+                "CASE_NOT_IN_PLAN",
+                format!(
+                    "case index {} is not in the plan of {}: the bundle does not match the batch",
+                    key.case_index, key.bundle_dir
+                ),
+            ))
         })?;
         Ok(AttemptEnv::new(key.clone(), case.clone()))
     }
@@ -105,8 +117,16 @@ impl CaseActivities {
     }
 }
 
-fn anyhow_msg(msg: String) -> std::io::Error {
-    std::io::Error::other(msg)
+/// A classified failure as a Temporal failure of type `casebatch.<class>`, so activity retry
+/// policies key on the class; the message carries `CODE: message`.
+fn classified(f: &Failure) -> ActivityError {
+    let message = format!("{}: {}", f.code, f.message);
+    ActivityError::application(
+        ApplicationFailure::builder(message)
+            .type_name(f.class.temporal_type())
+            .non_retryable(!f.retryable)
+            .build(),
+    )
 }
 
 #[activities]

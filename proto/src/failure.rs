@@ -147,6 +147,33 @@ impl Failure {
     }
 }
 
+/// Prefix of the Temporal failure types casebatch raises (`casebatch.infra`, ...).
+pub const TEMPORAL_TYPE_PREFIX: &str = "casebatch.";
+
+impl FailureClass {
+    /// The Temporal failure type of this class; retry policies key on it.
+    pub fn temporal_type(self) -> String {
+        format!("{TEMPORAL_TYPE_PREFIX}{}", self.as_str())
+    }
+
+    /// The class of a casebatch Temporal failure type.
+    pub fn from_temporal_type(type_name: &str) -> Option<Self> {
+        Self::parse(type_name.strip_prefix(TEMPORAL_TYPE_PREFIX)?)
+    }
+
+    /// Temporal failure types no activity retry should re-run: everything but infra.
+    pub fn non_retryable_temporal_types() -> Vec<String> {
+        [
+            FailureClass::Config,
+            FailureClass::Harness,
+            FailureClass::Agent,
+        ]
+        .iter()
+        .map(|c| c.temporal_type())
+        .collect()
+    }
+}
+
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -179,6 +206,24 @@ mod tests {
         assert!(!f.retryable);
         assert_eq!(f.class, FailureClass::Infra);
         assert!(f.message.contains("resources.memory_mb"), "{}", f.message);
+    }
+
+    #[test]
+    fn temporal_types_round_trip_and_only_infra_is_retryable() {
+        for class in [
+            FailureClass::Infra,
+            FailureClass::Config,
+            FailureClass::Harness,
+            FailureClass::Agent,
+        ] {
+            assert_eq!(
+                FailureClass::from_temporal_type(&class.temporal_type()),
+                Some(class)
+            );
+        }
+        let blocked = FailureClass::non_retryable_temporal_types();
+        assert!(!blocked.contains(&FailureClass::Infra.temporal_type()));
+        assert!(blocked.contains(&"casebatch.config".to_string()));
     }
 
     #[test]

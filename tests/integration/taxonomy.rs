@@ -133,3 +133,50 @@ tasks:
     );
     assert_eq!(first["will_retry"], true);
 }
+
+#[test]
+fn a_config_failure_raised_by_an_activity_is_typed_and_never_retried() {
+    let sb = Sandbox::engine();
+    let manifest = sb.write(
+        "two.yaml",
+        "batch_id: two\ndefaults: {runtime: local-process, concurrency: 1, harness: 'sleep 1'}\ntasks: [{task_id: a}, {task_id: b}]\n",
+    );
+    let out = sb.out();
+    let out = out.to_str().unwrap();
+    let mut runner = sb.spawn(
+        &[
+            "batch",
+            "run",
+            "--no-worker",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--output-dir",
+            out,
+        ],
+        "run.log",
+    );
+    let plan_path = sb.bundle("two").join("batch_plan.json");
+    wait_until(
+        std::time::Duration::from_secs(60),
+        "the batch starts",
+        || sb.out().join(".casebatch-engine/engine.json").exists() && plan_path.exists(),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The bundle no longer matches the batch: case b's activity raises casebatch.config.
+    let mut plan = sb.json(&plan_path);
+    plan["cases"].as_array_mut().unwrap().truncate(1);
+    std::fs::write(&plan_path, plan.to_string()).unwrap();
+    let mut worker = sb.spawn(&["worker", "--output-dir", out], "worker.log");
+    assert_eq!(
+        wait_child(&mut runner, std::time::Duration::from_secs(120)),
+        4
+    );
+    let _ = worker.kill();
+    let _ = worker.wait();
+    let status = sb.status("two");
+    assert_eq!(status["status"]["counts"]["failed"], 1, "{status:#}");
+    assert_eq!(
+        status["status"]["counters"]["retries"], 0,
+        "a config failure is not retried, even with max_retries 1: {status:#}"
+    );
+}

@@ -8,7 +8,9 @@
 use std::path::{Path, PathBuf};
 
 use temporalio_client::envconfig::LoadClientConfigProfileOptions;
-use temporalio_client::{Client, ClientOptions, Connection, ConnectionOptions};
+use temporalio_client::{
+    Client, ClientOptions, Connection, ConnectionOptions, WorkflowCountOptions,
+};
 
 use crate::devserver::{DevServer, DevServerError};
 
@@ -84,6 +86,7 @@ impl Engine {
                     .map_err(|e| EngineError::Config(format!("{e}")))?;
                 let conn = ConnectionOptions::new(url).build();
                 let client = dial(conn, "default").await?;
+                wait_until_serving(&client, &server.address).await?;
                 Ok(Self {
                     client,
                     address: server.address.clone(),
@@ -136,6 +139,27 @@ impl Engine {
                     embedded: None,
                 })
             }
+        }
+    }
+}
+
+/// A dev server accepts connections a moment before its namespace is ready; the first real
+/// call must not be mistaken for "no such batch" or an unreachable engine.
+async fn wait_until_serving(client: &Client, address: &str) -> Result<(), EngineError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match client
+            .count_workflows("", WorkflowCountOptions::default())
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if std::time::Instant::now() > deadline => {
+                return Err(EngineError::Connect {
+                    address: address.to_string(),
+                    message: format!("the dev server never became ready: {e}"),
+                });
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
         }
     }
 }

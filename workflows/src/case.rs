@@ -9,9 +9,12 @@ use std::time::Duration;
 
 use casebatch_proto::{
     ActorReport, ActorStatus, AttemptKey, AttemptSummary, AwaitInput, CaseState, CleanupInput,
-    Failure, Stage, StageResult, SubmitResult, codes,
+    Failure, FailureClass, Stage, StageResult, SubmitResult, codes,
 };
 use temporalio_common::RetryPolicy;
+use temporalio_common::protos::temporal::api::failure::v1::{
+    Failure as ProtoFailure, failure::FailureInfo,
+};
 use temporalio_sdk::{
     ActivityCancellationType, ActivityExecutionError, ActivityOptions, LocalActivityOptions,
     WorkflowCancellationToken, WorkflowContext,
@@ -59,19 +62,44 @@ pub(crate) struct CaseDone {
 fn local(timeout: Duration, token: &WorkflowCancellationToken) -> LocalActivityOptions {
     LocalActivityOptions::builder()
         .start_to_close_timeout(timeout)
-        .retry_policy(
-            RetryPolicy::builder()
-                .initial_interval(Duration::from_millis(500))
-                .maximum_attempts(3)
-                .build(),
-        )
+        .retry_policy(retry_policy(Duration::from_millis(500), 3))
         .cancellation_token(token.clone())
         .build()
 }
 
-/// An activity error that is not a classified outcome: the platform's fault.
+/// An activity that failed instead of returning an outcome. A casebatch failure type
+/// (`casebatch.<class>`) keeps its class; anything else is the platform's fault.
 fn activity_failure(stage: Stage, err: &ActivityExecutionError) -> Failure {
+    if let Some((class, non_retryable, message)) = err.failure().and_then(casebatch_failure) {
+        let (code, message) = message
+            .split_once(": ")
+            .unwrap_or((codes::ACTIVITY_ERROR, message));
+        return Failure::new(stage, class, code, message, !non_retryable);
+    }
     Failure::infra(stage, codes::ACTIVITY_ERROR, err.to_string())
+}
+
+/// The first casebatch-typed application failure in a failure chain (local activities raise
+/// it at the top; full activities wrap it in an activity failure).
+fn casebatch_failure(f: &ProtoFailure) -> Option<(FailureClass, bool, &str)> {
+    match &f.failure_info {
+        Some(FailureInfo::ApplicationFailureInfo(info)) => {
+            FailureClass::from_temporal_type(&info.r#type)
+                .map(|class| (class, info.non_retryable, f.message.as_str()))
+        }
+        _ => f.cause.as_deref().and_then(casebatch_failure),
+    }
+}
+
+/// Activity retries never repeat what the taxonomy says repeats the same way.
+fn retry_policy(initial: Duration, maximum_attempts: u32) -> RetryPolicy {
+    RetryPolicy::builder()
+        .initial_interval(initial)
+        .backoff_coefficient(1.5)
+        .maximum_interval(Duration::from_secs(5))
+        .maximum_attempts(maximum_attempts)
+        .non_retryable_error_types(FailureClass::non_retryable_temporal_types())
+        .build()
 }
 
 /// Runs every attempt of one case until it finishes, is cancelled, or runs out of budget.
@@ -226,14 +254,7 @@ async fn run_attempt(
             // On cancel, wait until the activity has stopped its job, so cleanup never
             // races a process that is still being killed.
             .cancellation_type(ActivityCancellationType::WaitCancellationCompleted)
-            .retry_policy(
-                RetryPolicy::builder()
-                    .initial_interval(Duration::from_millis(500))
-                    .backoff_coefficient(1.5)
-                    .maximum_interval(Duration::from_secs(5))
-                    .maximum_attempts(20)
-                    .build(),
-            )
+            .retry_policy(retry_policy(Duration::from_millis(500), 20))
             .build();
         let input = AwaitInput {
             key: key.clone(),
