@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Records workflow histories of representative batches for the replay tests
-# (workflows/tests/replay.rs). Re-record after an intentional, versioned workflow change;
-# a replay failure without such a change means the workflow code became nondeterministic.
+# (workflows/tests/replay.rs). Existing files are kept (histories recorded by older code must
+# keep replaying: batches started then may still be running); FORCE=1 re-records all.
+# A replay failure means the workflow code became nondeterministic for running batches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p casebatch-cli
@@ -17,6 +18,7 @@ for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$PORT") 2>/dev/null && br
 ADDR=127.0.0.1:$PORT
 cb() { "$BIN" "$@" --address "$ADDR"; }
 show() { # batch-id run-id file (the SDK's own JSON format, which its replayer reads)
+  if [ -f "$OUT/$3.json" ] && [ -z "${FORCE:-}" ]; then echo "kept $3"; return; fi
   cb batch history --batch-id "$1" --output-dir "$WORK/out" ${2:+--run-id "$2"} --out "$OUT/$3.json" > /dev/null
   echo "recorded $3"
 }
@@ -74,3 +76,17 @@ with open(sys.argv[1], "w") as f:
 PY
 cb batch run --manifest "$WORK/can.yaml" --output-dir "$WORK/out" --history-budget 150 > /dev/null
 show segments "$(first_run casebatch-segments)" continued-as-new
+
+# 6. In-batch OOM auto-boost: 64 -> 128 -> 256 MB inside one run.
+cat > "$WORK/boost.yaml" <<'YAML'
+batch_id: boost
+defaults:
+  runtime: local-process
+  max_retries: 0
+  oom_auto_boost: true
+  resources: {memory_mb: 64}
+  harness: 'python3 -c "b = bytearray(150 * 1024 * 1024)"'
+tasks: [{task_id: hog}, {task_id: light, harness: 'true'}]
+YAML
+cb batch run --manifest "$WORK/boost.yaml" --output-dir "$WORK/out" > /dev/null
+show boost "" oom-auto-boost

@@ -33,6 +33,7 @@ async fn recorded_histories_replay_deterministically() {
         "resumed.json",
         "cancelled.json",
         "continued-as-new.json",
+        "oom-auto-boost.json",
     ];
     let replayer = replayer();
     for name in names {
