@@ -166,7 +166,7 @@ impl BatchWorkflow {
             }
 
             // Wait for the first of: a case finishing, or a control signal. Polled in index
-            // order with poll_fn (not FuturesUnordered, which trips the SDK's determinism
+            // order with poll_fn (not an unordered futures set, which trips the SDK's determinism
             // detector).
             let mut control =
                 Box::pin(ctx.wait_condition(move |s: &Self| s.control_gen != gen_seen));
