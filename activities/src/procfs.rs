@@ -160,7 +160,13 @@ mod tests {
             .env(MARKER_ENV, &marker)
             .spawn()
             .unwrap();
-        let found = scan_marker(&marker);
+        // Until the child has exec'd, its environment is still ours (without the marker).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut found = scan_marker(&marker);
+        while found.marked.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            found = scan_marker(&marker);
+        }
         assert_eq!(found.marked, vec![child.id()]);
         assert!(scan_marker("some-other-marker").marked.is_empty());
         kill_pid(child.id());
