@@ -165,7 +165,7 @@ pub fn status(plan: &Plan, s: &BatchStatus, live: bool) {
         say!("  in flight: {}", ids.join(", "));
     }
     for step in s.timeline.iter().rev().take(10).rev() {
-        say!("  · {}", step.message);
+        say!("  · {}", with_case_id(plan, &step.message));
     }
 }
 
@@ -216,6 +216,16 @@ pub fn report(plan: &Plan, s: &BatchSummary, redispatched: usize) {
             }
         );
     }
+}
+
+/// History names cases by index to stay compact; people read ids.
+fn with_case_id(plan: &Plan, message: &str) -> String {
+    let named = message.strip_prefix("case ").and_then(|rest| {
+        let (index, tail) = rest.split_once(':')?;
+        let case = plan.cases.get(index.parse::<usize>().ok()?)?;
+        Some(format!("case {}:{tail}", case.case_id))
+    });
+    named.unwrap_or_else(|| message.to_string())
 }
 
 fn truncate(s: &str, n: usize) -> String {
