@@ -64,15 +64,6 @@ impl<'a> Tutorial<'a> {
     }
 }
 
-fn stop(child: &mut Child) {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    wait_child(child, Duration::from_secs(30));
-}
-
 /// The `casebatch` commands in the tutorial's code blocks.
 fn tutorial_commands() -> BTreeSet<String> {
     let doc = format!("{}/../docs/tutorial.md", env!("CARGO_MANIFEST_DIR"));

@@ -124,17 +124,6 @@ fn the_chaos_drill_passes() {
     assert!(text.contains("finished cases re-run 0"), "{text}");
     assert!(text.contains("drill: ok"), "{text}");
     // Leave no dev server behind (the drill's killed runner orphaned one).
-    for root in ["drill/out", "drill/engine-out"] {
-        let engine = sb.path(&format!("{root}/.casebatch-engine/engine.json"));
-        if let Ok(bytes) = std::fs::read(engine) {
-            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-            let pid = v["pid"].as_u64().unwrap() as u32;
-            if start_ticks(pid) == v["start_ticks"].as_u64() {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
-    }
+    kill_engine(&sb.path("drill/out"));
+    kill_engine(&sb.path("drill/engine-out"));
 }

@@ -46,16 +46,7 @@ tasks:
 
     assert_eq!(wait_child(&mut runner, Duration::from_secs(180)), 0);
     for w in [&mut w1, &mut w2] {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(w.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        assert_eq!(
-            wait_child(w, Duration::from_secs(30)),
-            0,
-            "a worker stops cleanly on SIGTERM"
-        );
+        assert_eq!(stop(w), 0, "a worker stops cleanly on SIGTERM");
     }
     let ran = std::fs::read_to_string(sb.path("ran.log")).unwrap();
     let mut ids: Vec<&str> = ran.lines().map(|l| l.split(' ').next().unwrap()).collect();
@@ -74,11 +65,7 @@ tasks:
 #[test]
 fn with_an_address_casebatch_uses_that_cluster_and_starts_no_engine_of_its_own() {
     let sb = Sandbox::engine();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let bin = std::env::var("CASEBATCH_TEMPORAL_BIN").unwrap_or_else(|_| "temporal".into());
     let mut server = std::process::Command::new(bin)
         .args([

@@ -262,11 +262,7 @@ tasks: [{task_id: steady}, {task_id: flaky}]
 fn a_failed_trace_pull_keeps_the_work_and_retry_failed_recollects_without_rerunning() {
     let sb = Sandbox::engine();
     // A free loopback port with nothing on it yet: the trace source is down.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let manifest = sb.write(
         "traced.yaml",
         &format!(

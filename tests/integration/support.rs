@@ -171,24 +171,43 @@ impl Sandbox {
 impl Drop for Sandbox {
     /// A runner killed by a test leaves its dev server behind: stop it by identity.
     fn drop(&mut self) {
-        let engine = self.out().join(".casebatch-engine/engine.json");
-        if let Ok(bytes) = std::fs::read(engine)
-            && let Ok(v) = serde_json::from_slice::<Value>(&bytes)
-            && let (Some(pid), Some(ticks)) = (v["pid"].as_u64(), v["start_ticks"].as_u64())
-            && start_ticks(pid as u32) == Some(ticks)
-        {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        kill_engine(&self.out());
     }
 }
 
-pub fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+/// SIGKILLs the embedded dev server of an output root, if `engine.json` still names it (same
+/// pid *and* start time, so a recycled pid is never signalled).
+pub fn kill_engine(output_root: &Path) {
+    let Ok(bytes) = std::fs::read(output_root.join(".casebatch-engine/engine.json")) else {
+        return;
+    };
+    let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
+        return;
+    };
+    if let (Some(pid), Some(ticks)) = (v["pid"].as_u64(), v["start_ticks"].as_u64())
+        && casebatch_activities::procfs::is_same_process(pid as u32, ticks)
+    {
+        casebatch_activities::procfs::kill_pid(pid as u32);
+    }
+}
+
+/// SIGTERM (what service managers send), then the exit code.
+pub fn stop(child: &mut Child) -> i32 {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_child(child, Duration::from_secs(30))
+}
+
+/// A loopback port nothing listens on (yet).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn wait_output(mut child: Child, timeout: Duration) -> Output {
