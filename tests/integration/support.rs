@@ -295,3 +295,35 @@ pub fn processes_matching(needle: &str) -> Vec<u32> {
     }
     found
 }
+
+impl Sandbox {
+    /// `spawn` with extra environment (e.g. `CASEBATCH_LOG` to keep the SDK's warnings).
+    pub fn spawn_env(&self, args: &[&str], log: &str, envs: &[(&str, &str)]) -> Child {
+        let out = std::fs::File::create(self.path(log)).unwrap();
+        let err = out.try_clone().unwrap();
+        let mut c = self.command(args);
+        c.envs(envs.iter().copied()).stdout(out).stderr(err);
+        c.spawn().expect("spawn casebatch")
+    }
+}
+
+/// The last `n` lines of a text file (what is there when it is absent or not UTF-8).
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_else(|e| format!("<{}: {e}>", path.display()));
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Whether `pid` is a live process (not a zombie).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .map(|r| !r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
