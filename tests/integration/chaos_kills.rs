@@ -403,21 +403,28 @@ fn in_flight(sb: &Sandbox, cases: &[String]) -> Vec<(String, u32, u32)> {
     v
 }
 
-/// Harness starts beyond one per case, and the cases that started again after they had
-/// finished (their effect lines).
+/// Harness starts beyond the first of each case, and the cases that started again after they
+/// had finished (with their effect lines).
 fn tally(sb: &Sandbox, cases: &[String]) -> (usize, Vec<String>) {
-    let mut starts = 0usize;
+    let mut extra = 0usize;
     let mut reruns = Vec::new();
     for case in cases {
         let e = effects(sb, case);
-        starts += e.iter().filter(|e| e.started).count();
+        extra += e.iter().filter(|e| e.started).count().saturating_sub(1);
         if let Some(first_finish) = e.iter().position(|e| !e.started)
             && e[first_finish..].iter().any(|e| e.started)
         {
-            reruns.push(format!("{case}: {e:?}"));
+            let lines: Vec<String> = e
+                .iter()
+                .map(|e| {
+                    let what = if e.started { "started" } else { "finished" };
+                    format!("{what} attempt {} pid {}", e.attempt, e.pid)
+                })
+                .collect();
+            reruns.push(format!("{case}: {}", lines.join(", ")));
         }
     }
-    (starts.saturating_sub(cases.len()), reruns)
+    (extra, reruns)
 }
 
 // --- when it wedges ------------------------------------------------------------------------
@@ -438,9 +445,10 @@ fn wedge_report(
     let finished = finished_cases(&sb.bundle(BATCH), &cases);
     let (extra_starts, reruns) = tally(sb, &cases);
     let mut report = format!(
-        "WEDGE: round {round} (after {kills} kill(s)) made no progress in {ROUND_DEADLINE:?}; {}/{CASES} cases finished; so far {extra_starts} extra harness start(s), {} finished case(s) started again {reruns:?}\n--- last 50 lines of {} ---\n{}\n",
+        "WEDGE: round {round} (after {kills} kill(s)) made no progress in {ROUND_DEADLINE:?}; {}/{CASES} cases finished; so far {extra_starts} extra harness start(s), {} finished case(s) started again:\n{}\n--- last 50 lines of {} ---\n{}\n",
         finished.len(),
         reruns.len(),
+        reruns.join("\n"),
         log.display(),
         tail(log, 50)
     );
