@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Records workflow histories of representative batches for the replay tests
-# (workflows/tests/replay.rs). Existing files are kept (histories recorded by older code must
-# keep replaying: batches started then may still be running); FORCE=1 re-records all.
+# (workflows/tests/replay.rs), which replay every file in workflows/tests/histories/.
+# Existing files are kept (histories recorded by older code must keep replaying: batches
+# started then may still be running); FORCE=1 re-records this pipeline's files. Files without
+# the `activities-` prefix were recorded by the old local-activity pipeline and can no longer
+# be recorded: never delete them.
 # A replay failure means the workflow code became nondeterministic for running batches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q -p casebatch-cli
+cargo build --release -q --workspace
 BIN=$PWD/target/release/casebatch
 OUT=$PWD/workflows/tests/histories
 WORK=$(mktemp -d /tmp/casebatch-record.XXXXXX)
@@ -17,11 +20,13 @@ trap 'kill $SERVER 2>/dev/null; rm -rf "$WORK"' EXIT
 for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$PORT") 2>/dev/null && break; sleep 0.1; done
 ADDR=127.0.0.1:$PORT
 cb() { "$BIN" "$@" --address "$ADDR"; }
-show() { # batch-id run-id file (the SDK's own JSON format, which its replayer reads)
-  if [ -f "$OUT/$3.json" ] && [ -z "${FORCE:-}" ]; then echo "kept $3"; return; fi
-  cb batch history --batch-id "$1" --output-dir "$WORK/out" ${2:+--run-id "$2"} --out "$OUT/$3.json" > /dev/null
+show() { # batch-id run-id name (the SDK's own JSON format, which its replayer reads)
+  local file="$OUT/activities-$3.json"
+  if [ -f "$file" ] && [ -z "${FORCE:-}" ]; then echo "kept $3"; return; fi
+  cb batch history --batch-id "$1" --output-dir "$WORK/out" ${2:+--run-id "$2"} --out "$file" > /dev/null
   echo "recorded $3"
 }
+done_cases() { ls "$WORK/out/$1"/cases/*/result.json 2>/dev/null | wc -l; }
 first_run() { temporal workflow list --address "$ADDR" --query "WorkflowId='$1'" -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)[-1]["execution"]["runId"])'; }
 
 # 1. A completed local-process batch with an evaluator.
@@ -90,3 +95,27 @@ tasks: [{task_id: hog}, {task_id: light, harness: 'true'}]
 YAML
 cb batch run --manifest "$WORK/boost.yaml" --output-dir "$WORK/out" > /dev/null
 show boost "" oom-auto-boost
+
+# 7. Crashed runs: the runner SIGKILLed three times mid-batch (cases' activities in flight,
+# its status queries arriving), resumed after each kill, then run to the end. The whole
+# history, with every crash in it, must replay.
+python3 - "$WORK/crash.yaml" <<'PY'
+import sys
+with open(sys.argv[1], "w") as f:
+    f.write("batch_id: crashed\ndefaults: {runtime: local-process, concurrency: 6, max_retries: 1}\ntasks:\n")
+    for i in range(18):
+        f.write(f"  - {{task_id: c{i}, harness: 'sleep {1 + i % 3}; echo {{}} > \"$CASEBATCH_RESULT\"'}}\n")
+PY
+# The binary itself runs in the background (not through `cb`, a function: its subshell would
+# take the SIGKILL and leave the runner alive).
+"$BIN" batch run --manifest "$WORK/crash.yaml" --output-dir "$WORK/out" --address "$ADDR" \
+  > "$WORK/crash-0.log" 2>&1 & RUNNER=$!
+for kill_at in 2 6 11; do
+  for _ in $(seq 1 600); do [ "$(done_cases crashed)" -ge "$kill_at" ] && break; sleep 0.1; done
+  kill -9 "$RUNNER"; wait "$RUNNER" 2>/dev/null || true
+  "$BIN" batch resume --batch-id crashed --output-dir "$WORK/out" --address "$ADDR" \
+    > "$WORK/crash-$kill_at.log" 2>&1 & RUNNER=$!
+done
+wait "$RUNNER"
+grep -q "18 succeeded" "$WORK/crash-11.log" || { cat "$WORK/crash-11.log"; exit 1; }
+show crashed "" crashed-runner

@@ -11,8 +11,9 @@ use casebatch_bundle::{
 };
 use casebatch_manifest::model::{Plan, RuntimeKind};
 use casebatch_proto::{
-    ActorReport, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation, Failure,
-    FinalizeInput, JobRef, Stage, StageResult, SubmitResult, codes,
+    ActorReport, ActorStatus, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation,
+    Failure, FinalizeInput, JobRef, SettleInput, Settled, Stage, StageResult, StartResult,
+    SubmitResult, codes, host_task_queue,
 };
 use casebatch_workflows::{contracts, decide};
 use temporalio_macros::activities;
@@ -22,7 +23,7 @@ use temporalio_sdk::activities::{ActivityContext, ActivityError};
 use crate::evaluator;
 use crate::harness;
 use crate::runtime::fake::Fake;
-use crate::runtime::local_process::LocalProcess;
+use crate::runtime::local_process::{LocalProcess, hostname};
 use crate::runtime::{AttemptEnv, Liveness, Runtime};
 
 /// The stage activities. One instance per worker; runtimes keep per-process state (children
@@ -129,90 +130,76 @@ fn classified(f: &Failure) -> ActivityError {
     )
 }
 
-#[activities]
+/// The stages themselves, shared by the current activities (`start`, `settle`) and the
+/// single-stage ones that batches started on the local-activity pipeline still call.
 impl CaseActivities {
-    #[activity(definition = contracts::Provision)]
-    pub async fn provision(
-        self: Arc<Self>,
-        _ctx: ActivityContext,
-        key: AttemptKey,
-    ) -> Result<StageResult, ActivityError> {
-        let env = self.env(&key)?;
+    /// Where the attempt's processes run: `settle` and `cleanup` are routed there.
+    fn host_queue(env: &AttemptEnv) -> Option<String> {
+        match env.case.runtime {
+            RuntimeKind::LocalProcess => Some(host_task_queue(&hostname())),
+            RuntimeKind::Fake => None,
+        }
+    }
+
+    async fn provision_stage(&self, env: &AttemptEnv) -> Result<StageResult, ActivityError> {
         std::fs::create_dir_all(&env.dir)?;
         let spec = serde_json::json!({
             "schema_version": RECORD_SCHEMA_VERSION,
-            "key": key,
+            "key": env.key,
             "case": env.case,
             "simulated": env.case.runtime == RuntimeKind::Fake,
         });
         write_json_atomic(&env.file(attempt_files::SPEC), &spec)?;
-        let result = with_runtime!(self, env, |rt| rt.provision(&env).await);
+        let result = with_runtime!(self, env, |rt| rt.provision(env).await);
         Ok(match result {
             Ok(()) => StageResult::Ok,
             Err(f) => StageResult::Failed(f),
         })
     }
 
-    #[activity(definition = contracts::Submit)]
-    pub async fn submit(
-        self: Arc<Self>,
-        _ctx: ActivityContext,
-        key: AttemptKey,
-    ) -> Result<SubmitResult, ActivityError> {
-        let env = self.env(&key)?;
-        let result = with_runtime!(self, env, |rt| rt.submit(&env).await);
-        Ok(match result {
+    async fn submit_stage(&self, env: &AttemptEnv) -> SubmitResult {
+        match with_runtime!(self, env, |rt| rt.submit(env).await) {
             Ok(job) => SubmitResult::Started(job),
             Err(f) => SubmitResult::Failed(f),
-        })
+        }
     }
 
-    #[activity(definition = contracts::AwaitJob)]
-    pub async fn await_job(
-        self: Arc<Self>,
-        ctx: ActivityContext,
-        input: AwaitInput,
-    ) -> Result<ActorReport, ActivityError> {
-        let env = self.env(&input.key)?;
-        // A retry of this activity (the previous worker died) re-attaches to the job named
-        // by the last heartbeat, or finds it by its case key.
+    /// Waits for the job to end. A retry of the activity (the previous worker died)
+    /// re-attaches to the job named by the last heartbeat, or finds it by its case key.
+    /// Returns the job it awaited with the report.
+    async fn await_stage(
+        &self,
+        ctx: &ActivityContext,
+        env: &AttemptEnv,
+        submitted: JobRef,
+    ) -> Result<(JobRef, ActorReport), ActivityError> {
         let job = ctx
             .heartbeat_details()
             .deserialize::<JobRef>()
             .ok()
             .flatten()
-            .or_else(|| with_runtime!(self, env, |rt| rt.adopt(&env)))
-            .unwrap_or(input.job);
+            .or_else(|| with_runtime!(self, env, |rt| rt.adopt(env)))
+            .unwrap_or(submitted);
         let retried = ctx.info().attempt > 1;
-        let live = ActivityLiveness(&ctx);
-        let mut report = with_runtime!(self, env, |rt| rt.await_job(&env, &job, &live).await);
+        let live = ActivityLiveness(ctx);
+        let mut report = with_runtime!(self, env, |rt| rt.await_job(env, &job, &live).await);
         report.adopted |= retried
             && report
                 .failure
                 .as_ref()
                 .is_none_or(|f| f.code != codes::JOB_LOST);
         if report.adopted {
-            Self::event(
-                &env,
-                "adopted",
-                format!("re-attached to job {}", job.marker),
-            );
+            Self::event(env, "adopted", format!("re-attached to job {}", job.marker));
         }
-        if report.status == casebatch_proto::ActorStatus::Cancelled {
+        if report.status == ActorStatus::Cancelled {
             return Err(ActivityError::cancelled());
         }
-        Ok(report)
+        Ok((job, report))
     }
 
-    #[activity(definition = contracts::Evaluate)]
-    pub async fn evaluate(
-        self: Arc<Self>,
-        _ctx: ActivityContext,
-        key: AttemptKey,
-    ) -> Result<Evaluation, ActivityError> {
-        let env = self.env(&key)?;
+    async fn evaluate_stage(&self, env: &AttemptEnv) -> Result<Evaluation, ActivityError> {
         let path = env.file(attempt_files::EVALUATION);
-        // Replayed after a crash: the verdict already written stands.
+        // Run again after a crash: the verdict already written stands.
         if let Ok(done) = read_json::<EvaluationRecord>(&path) {
             return Ok(evaluator::to_evaluation(&done));
         }
@@ -226,7 +213,7 @@ impl CaseActivities {
                     .unwrap_or_default();
                 evaluator::simulated(outcome)
             }
-            (_, Some(cmd)) => evaluator::run(&env, cmd).await,
+            (_, Some(cmd)) => evaluator::run(env, cmd).await,
             (_, None) => EvaluationRecord {
                 schema_version: RECORD_SCHEMA_VERSION.into(),
                 configured: false,
@@ -240,38 +227,172 @@ impl CaseActivities {
         Ok(evaluator::to_evaluation(&record))
     }
 
+    /// Artifacts written to CASEBATCH_OUTPUT_DIR are already in the bundle; a trace the
+    /// harness names is pulled here. A failure keeps the work (verdict, scores).
+    async fn collect_stage(&self, env: &AttemptEnv) -> Option<Failure> {
+        let trace = harness::read_result(&env.file(attempt_files::RESULT))
+            .ok()
+            .flatten()
+            .and_then(|r| r.trace)?;
+        crate::trace::collect(&trace, &env.file(attempt_files::TRACE))
+            .await
+            .err()
+    }
+
+    /// Evaluate and collect for a finished actor.
+    async fn judge(&self, env: &AttemptEnv) -> (Evaluation, Option<Failure>) {
+        let evaluation = self
+            .evaluate_stage(env)
+            .await
+            .unwrap_or_else(|e| Evaluation {
+                configured: true,
+                verdict: None,
+                failure: Some(Failure::infra(
+                    Stage::Evaluate,
+                    codes::ACTIVITY_ERROR,
+                    format!("failed to record the evaluation: {e:?}"),
+                )),
+            });
+        (evaluation, self.collect_stage(env).await)
+    }
+}
+
+/// How often a stage heartbeats while it works: well inside the stages' heartbeat timeout, so
+/// a worker that dies mid-stage is noticed within seconds and the stage retried elsewhere.
+const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Runs `work`, heartbeating `details` until it is done.
+async fn heartbeating<T, D>(
+    ctx: &ActivityContext,
+    details: D,
+    work: impl std::future::Future<Output = T>,
+) -> T
+where
+    D: temporalio_common::data_converters::TemporalSerializable + Clone + 'static,
+{
+    tokio::pin!(work);
+    let mut beat = tokio::time::interval(HEARTBEAT_EVERY);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = beat.tick() => {
+                let _ = ctx.record_heartbeat(details.clone()).await;
+            }
+        }
+    }
+}
+
+#[activities]
+impl CaseActivities {
+    #[activity(definition = contracts::Start)]
+    pub async fn start(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        key: AttemptKey,
+    ) -> Result<StartResult, ActivityError> {
+        let env = self.env(&key)?;
+        let failed = |failure| StartResult::Failed {
+            failure,
+            host_queue: Self::host_queue(&env),
+        };
+        let start = async {
+            if let StageResult::Failed(f) = self.provision_stage(&env).await? {
+                return Ok(failed(f));
+            }
+            Ok(match self.submit_stage(&env).await {
+                SubmitResult::Started(job) => StartResult::Started(job),
+                SubmitResult::Failed(f) => failed(f),
+            })
+        };
+        heartbeating(&ctx, (), start).await
+    }
+
+    #[activity(definition = contracts::Settle)]
+    pub async fn settle(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        input: SettleInput,
+    ) -> Result<Settled, ActivityError> {
+        let env = self.env(&input.key)?;
+        let (job, actor) = self.await_stage(&ctx, &env, input.job).await?;
+        let finished = actor.status == ActorStatus::Finished && actor.failure.is_none();
+        let (evaluation, collect_failure) = if finished && !ctx.is_cancelled() {
+            // Heartbeating the job: a retry after a crash here re-attaches to it.
+            let (evaluation, collect_failure) = heartbeating(&ctx, job, self.judge(&env)).await;
+            (Some(evaluation), collect_failure)
+        } else {
+            (None, None)
+        };
+        Ok(Settled {
+            key: input.key,
+            actor,
+            evaluation,
+            collect_failure,
+        })
+    }
+
+    #[activity(definition = contracts::Provision)]
+    pub async fn provision(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        key: AttemptKey,
+    ) -> Result<StageResult, ActivityError> {
+        let env = self.env(&key)?;
+        self.provision_stage(&env).await
+    }
+
+    #[activity(definition = contracts::Submit)]
+    pub async fn submit(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        key: AttemptKey,
+    ) -> Result<SubmitResult, ActivityError> {
+        let env = self.env(&key)?;
+        Ok(self.submit_stage(&env).await)
+    }
+
+    #[activity(definition = contracts::AwaitJob)]
+    pub async fn await_job(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        input: AwaitInput,
+    ) -> Result<ActorReport, ActivityError> {
+        let env = self.env(&input.key)?;
+        Ok(self.await_stage(&ctx, &env, input.job).await?.1)
+    }
+
+    #[activity(definition = contracts::Evaluate)]
+    pub async fn evaluate(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        key: AttemptKey,
+    ) -> Result<Evaluation, ActivityError> {
+        let env = self.env(&key)?;
+        self.evaluate_stage(&env).await
+    }
+
     #[activity(definition = contracts::Collect)]
     pub async fn collect(
         self: Arc<Self>,
         _ctx: ActivityContext,
         key: AttemptKey,
     ) -> Result<Option<Failure>, ActivityError> {
-        // Artifacts written to CASEBATCH_OUTPUT_DIR are already in the bundle; a trace the
-        // harness names is pulled here. A failure keeps the work (verdict, scores).
         let env = self.env(&key)?;
-        let Some(trace) = harness::read_result(&env.file(attempt_files::RESULT))
-            .ok()
-            .flatten()
-            .and_then(|r| r.trace)
-        else {
-            return Ok(None);
-        };
-        Ok(
-            crate::trace::collect(&trace, &env.file(attempt_files::TRACE))
-                .await
-                .err(),
-        )
+        Ok(self.collect_stage(&env).await)
     }
 
     #[activity(definition = contracts::Cleanup)]
     pub async fn cleanup(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         input: CleanupInput,
     ) -> Result<CleanupReport, ActivityError> {
         let env = self.env(&input.key)?;
         std::fs::create_dir_all(&env.dir)?;
-        let receipt = with_runtime!(self, env, |rt| rt.cleanup(&env).await);
+        let receipt = heartbeating(&ctx, (), async {
+            with_runtime!(self, env, |rt| rt.cleanup(&env).await)
+        })
+        .await;
         write_json_atomic(&env.file(attempt_files::CLEANUP), &receipt)?;
         let confirmed = receipt.cleanup_confirmed;
         let s = &input.summary;
@@ -284,8 +405,8 @@ impl CaseActivities {
             will_retry: input.will_retry,
             runtime: env.case.runtime.as_str().into(),
         };
-        // Local activities re-run when a workflow task is retried: log an attempt only once
-        // per distinct record.
+        // Cleanup can run more than once for an attempt (an activity retry, or a local
+        // activity re-run on replay): log an attempt only once per distinct record.
         let previous: Option<AttemptRecord> = read_json(&env.file(attempt_files::RECORD)).ok();
         let already_logged = previous.as_ref() == Some(&record);
         write_json_atomic(&env.file(attempt_files::RECORD), &record)?;

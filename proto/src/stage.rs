@@ -117,6 +117,25 @@ pub struct AttemptSummary {
     pub cleanup_confirmed: Option<bool>,
 }
 
+impl AttemptSummary {
+    /// The summary of an attempt before any stage has reported.
+    pub fn new(key: &AttemptKey) -> Self {
+        Self {
+            attempt: key.attempt,
+            actor: None,
+            exit_code: None,
+            evaluation_configured: false,
+            verdict: None,
+            failure: None,
+            collect_failure: None,
+            adopted: false,
+            memory_boost_mb: key.memory_boost_mb,
+            memory_limit_mb: None,
+            cleanup_confirmed: None,
+        }
+    }
+}
+
 /// Input of `cleanup`: it also records the attempt (cleanup runs for every provisioned attempt,
 /// so it is the one stage that sees every outcome).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,4 +173,37 @@ pub enum SubmitResult {
 pub struct AwaitInput {
     pub key: AttemptKey,
     pub job: JobRef,
+}
+
+/// What `start` (provision + submit in one activity) reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StartResult {
+    /// The job runs (or already ran) for this attempt.
+    Started(JobRef),
+    /// Provision or submit failed with a classified failure (its stage says which). Cleanup is
+    /// still due, on `host_queue` where the attempt's environment was made.
+    Failed {
+        failure: Failure,
+        host_queue: Option<String>,
+    },
+}
+
+/// Input of `settle`: the attempt and the job `start` started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettleInput {
+    pub key: AttemptKey,
+    pub job: JobRef,
+}
+
+/// What `settle` returns: the actor's report and, for a finished actor, the evaluation and
+/// the trace pull. Echoes its attempt key, so the workflow can check that a result belongs to
+/// the case it resolves (a guard against any replay mix-up).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settled {
+    pub key: AttemptKey,
+    pub actor: ActorReport,
+    /// `None` when the actor did not finish (nothing to judge).
+    pub evaluation: Option<Evaluation>,
+    /// A trace-collection failure that kept the work.
+    pub collect_failure: Option<Failure>,
 }

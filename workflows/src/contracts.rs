@@ -2,10 +2,15 @@
 //!
 //! Declared here (not in `casebatch-activities`) so workflow code never links the code that
 //! does I/O. The activities crate implements each with `#[activity(definition = ...)]`.
+//!
+//! Current batches run each attempt as three regular activities: [`Start`], [`Settle`],
+//! [`Cleanup`]. The six single-stage contracts ([`Provision`] … [`Collect`]) are what batches
+//! started before that change still call as local activities; workers keep serving them
+//! until no such batch can be running.
 
 use casebatch_proto::{
     ActorReport, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation, Failure,
-    FinalizeInput, StageResult, SubmitResult,
+    FinalizeInput, SettleInput, Settled, StageResult, StartResult, SubmitResult,
 };
 use temporalio_common::ActivityDefinition;
 
@@ -26,6 +31,16 @@ macro_rules! contract {
     };
 }
 
+contract!(
+    /// Provision the attempt's environment and start its job (or find the job already
+    /// started for this attempt). Runs on any worker of the shared task queue.
+    Start, "casebatch.start", AttemptKey => StartResult
+);
+contract!(
+    /// Wait for the job to end, heartbeating its reference (a retry adopts the job), then
+    /// run the evaluator and pull the trace: everything that needs the attempt's host.
+    Settle, "casebatch.settle", SettleInput => Settled
+);
 contract!(
     /// Prepare a fresh environment for the attempt (working and evidence directories).
     Provision, "casebatch.provision", AttemptKey => StageResult

@@ -1,15 +1,28 @@
 //! The per-case pipeline: provision → submit → await → evaluate → collect → cleanup, repeated
 //! for each attempt the failure taxonomy allows.
 //!
-//! Short idempotent stages run as local activities (they re-run on replay after a worker
-//! crash, which is harmless because each is keyed by its attempt); the long wait is a full
-//! activity that heartbeats its job reference so a retry on another worker adopts the job.
+//! Each attempt runs as three regular activities, every one keyed by its attempt:
+//!
+//! ```text
+//!   start (shared queue)       provision + submit: any worker; idempotent, finds a started job
+//!     └► settle (host queue)   await (heartbeats the job: a retry adopts it) + evaluate + collect
+//!          └► cleanup (host)   kill what is left, receipt, attempt record; detached from cancel
+//! ```
+//!
+//! Why regular and not local activities: with many cases in flight, a local activity gets its
+//! sequence number when it is called, and which case calls next depends on when other local
+//! activities completed, which a replay after a crash can regroup. Regular activities resolve
+//! from history events, so the order of calls is the same live and in replay. Batches that
+//! began on the old local-activity pipeline keep it ([`legacy`]), chosen once per run by a
+//! patch marker.
+
+mod legacy;
 
 use std::time::Duration;
 
 use casebatch_proto::{
-    ActorReport, ActorStatus, AttemptKey, AttemptSummary, AwaitInput, CaseState, CleanupInput,
-    Failure, FailureClass, Stage, StageResult, SubmitResult, codes,
+    ActorStatus, AttemptKey, AttemptSummary, CaseState, CleanupInput, Failure, FailureClass,
+    SettleInput, Settled, Stage, StartResult, codes,
 };
 use temporalio_common::RetryPolicy;
 use temporalio_common::protos::temporal::api::failure::v1::{
@@ -21,10 +34,34 @@ use temporalio_sdk::{
 };
 
 use crate::batch::BatchWorkflow;
-use crate::contracts::{AwaitJob, Cleanup, Collect, Evaluate, Provision, Submit};
+use crate::contracts::{Cleanup, Settle, Start};
 use crate::decide::{self, Next, Spent};
 
-/// Heartbeat timeout of `await`: how quickly a crashed worker's job is adopted elsewhere.
+/// Patch id recorded by runs whose attempts use regular activities ([`Pipeline::Activities`]).
+pub(crate) const STAGES_AS_ACTIVITIES: &str = "stages-as-activities";
+
+/// How a run executes attempts. Chosen once per run: a history recorded without the patch
+/// marker keeps the pipeline it began with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pipeline {
+    /// start / settle / cleanup as regular activities.
+    Activities,
+    /// Six local activities per attempt ([`legacy`]): only for runs recorded that way.
+    LocalActivities,
+}
+
+impl Pipeline {
+    pub(crate) fn of_run(ctx: &WorkflowContext<BatchWorkflow>) -> Self {
+        if ctx.patched(STAGES_AS_ACTIVITIES) {
+            Pipeline::Activities
+        } else {
+            Pipeline::LocalActivities
+        }
+    }
+}
+
+/// Heartbeat timeout of every stage activity (`await` in the legacy pipeline): how quickly a
+/// stage that a crashed worker held is retried elsewhere (`settle`: the job adopted).
 const AWAIT_HEARTBEAT: Duration = Duration::from_secs(5);
 /// How long `await` may wait for a worker on the job's host. Past it the host is presumed
 /// gone with its job, and the case is re-dispatched.
@@ -43,6 +80,7 @@ pub(crate) struct CaseParams {
     pub memory_boost_mb: Option<u64>,
     pub retry_backoff_ms: u64,
     pub max_timeout_seconds: u64,
+    pub pipeline: Pipeline,
 }
 
 /// What a finished case reports back to admission.
@@ -131,7 +169,12 @@ pub(crate) async fn run_case(
             memory_boost_mb,
         };
         let spent_before = spent;
-        let (summary, next) = run_attempt(&ctx, &p, &key, &cancel, spent_before).await;
+        let (summary, next) = match p.pipeline {
+            Pipeline::Activities => run_attempt(&ctx, &p, &key, &cancel, spent_before).await,
+            Pipeline::LocalActivities => {
+                legacy::run_attempt(&ctx, &p, &key, &cancel, spent_before).await
+            }
+        };
         done.adopted += u32::from(summary.adopted);
         done.cleanup_unconfirmed += u32::from(!summary_cleanup_ok(&summary));
 
@@ -185,8 +228,30 @@ pub(crate) async fn run_case(
     }
 }
 
-/// One attempt through every stage. Cleanup runs for every provisioned attempt, on a
-/// cancellation token detached from the batch's so a cancel cannot skip it.
+/// Options of a regular stage activity: its id names the case, attempt and stage (readable in
+/// the Temporal UI), retries follow the taxonomy, `token` cancels it.
+fn stage_options(
+    stage: &str,
+    key: &AttemptKey,
+    start_to_close: Duration,
+    task_queue: Option<String>,
+    token: &WorkflowCancellationToken,
+) -> ActivityOptions {
+    ActivityOptions::with_start_to_close_timeout(start_to_close)
+        .activity_id(format!("case-{}.{}.{stage}", key.case_index, key.attempt))
+        .maybe_task_queue(task_queue)
+        // A host that never comes back: past this wait nothing there can be reached.
+        .schedule_to_start_timeout(HOST_WAIT)
+        // Stages heartbeat while they work, so a dead worker's stage is retried in seconds.
+        .heartbeat_timeout(AWAIT_HEARTBEAT)
+        .cancellation_token(token.clone())
+        .retry_policy(retry_policy(Duration::from_millis(500), 5))
+        .build()
+}
+
+/// One attempt through every stage. Cleanup runs for every attempt that got as far as being
+/// started (it also writes the attempt record), on a cancellation token detached from the
+/// batch's so a cancel cannot skip it.
 async fn run_attempt(
     ctx: &WorkflowContext<BatchWorkflow>,
     p: &CaseParams,
@@ -194,86 +259,52 @@ async fn run_attempt(
     cancel: &WorkflowCancellationToken,
     spent: Spent,
 ) -> (AttemptSummary, Next) {
-    let mut s = AttemptSummary {
-        attempt: key.attempt,
-        actor: None,
-        exit_code: None,
-        evaluation_configured: false,
-        verdict: None,
-        failure: None,
-        collect_failure: None,
-        adopted: false,
-        memory_boost_mb: key.memory_boost_mb,
-        memory_limit_mb: None,
-        cleanup_confirmed: None,
-    };
+    let mut s = AttemptSummary::new(key);
     let short = Duration::from_secs(60);
 
-    // provision
-    let provisioned = match ctx
-        .execute_local_activity(Provision, key.clone(), local(short, cancel))
+    // start: provision + submit, on any worker
+    let mut host_queue = None;
+    let mut job = None;
+    match ctx
+        .execute_activity(
+            Start,
+            key.clone(),
+            stage_options("start", key, short, None, cancel),
+        )
         .await
     {
-        Ok(StageResult::Ok) => true,
-        Ok(StageResult::Failed(f)) => {
-            s.failure = Some(f);
-            // A failed provision may have created things: clean them up too.
-            true
+        Ok(StartResult::Started(j)) => {
+            host_queue = j.host_queue.clone();
+            job = Some(j);
         }
-        Err(e) => {
-            mark_error(&mut s, cancel, Stage::Provision, &e);
-            false
-        }
-    };
-
-    // submit
-    let mut job = None;
-    if s.failure.is_none() && s.actor.is_none() {
-        match ctx
-            .execute_local_activity(Submit, key.clone(), local(short, cancel))
-            .await
-        {
-            Ok(SubmitResult::Started(j)) => job = Some(j),
-            Ok(SubmitResult::Failed(f)) => {
+        Ok(StartResult::Failed {
+            failure,
+            host_queue: queue,
+        }) => {
+            host_queue = queue;
+            if failure.stage == Stage::Submit {
                 s.actor = Some(ActorStatus::Failed);
-                s.failure = Some(f);
             }
-            Err(e) => mark_error(&mut s, cancel, Stage::Submit, &e),
+            s.failure = Some(failure);
         }
+        Err(e) => mark_error(&mut s, cancel, Stage::Provision, &e),
     }
 
-    // await: a full activity, so a crashed worker's job is adopted by the retry
+    // settle: await + evaluate + collect where the job runs; a retry adopts the job
     if let Some(job) = job {
-        let timeout = Duration::from_secs(p.max_timeout_seconds) + Duration::from_secs(120);
-        let host_queue = job.host_queue.clone();
-        let opts = ActivityOptions::with_start_to_close_timeout(timeout)
-            .maybe_task_queue(host_queue)
-            .schedule_to_start_timeout(HOST_WAIT)
-            .heartbeat_timeout(AWAIT_HEARTBEAT)
-            .cancellation_token(cancel.clone())
-            // On cancel, wait until the activity has stopped its job, so cleanup never
-            // races a process that is still being killed.
-            .cancellation_type(ActivityCancellationType::WaitCancellationCompleted)
-            .retry_policy(retry_policy(Duration::from_millis(500), 20))
-            .build();
-        let input = AwaitInput {
+        // The actor's limit, then the evaluator's (at least a minute), then slack.
+        let timeout = Duration::from_secs(2 * p.max_timeout_seconds.max(60) + 120);
+        let mut opts = stage_options("settle", key, timeout, host_queue.clone(), cancel);
+        // On cancel, wait until the activity has stopped its job, so cleanup never races a
+        // process that is still being killed.
+        opts.cancellation_type = ActivityCancellationType::WaitCancellationCompleted;
+        opts.retry_policy = Some(retry_policy(Duration::from_millis(500), 20));
+        let input = SettleInput {
             key: key.clone(),
             job,
         };
-        match ctx.execute_activity(AwaitJob, input, opts).await {
-            Ok(ActorReport {
-                status,
-                exit_code,
-                failure,
-                adopted,
-                memory_limit_mb,
-            }) => {
-                s.actor = Some(status);
-                s.exit_code = exit_code;
-                s.failure = failure;
-                s.adopted = adopted;
-                s.memory_limit_mb = memory_limit_mb;
-            }
+        match ctx.execute_activity(Settle, input, opts).await {
+            Ok(settled) => apply_settled(&mut s, key, settled),
             Err(e) if !cancel.is_cancelled() && is_timeout(&e) => {
                 // The job's host never came back (or the job never reported): nothing is
                 // adoptable, so the case is re-dispatched.
@@ -288,40 +319,6 @@ async fn run_attempt(
         }
     }
 
-    let actor_finished = s.actor == Some(ActorStatus::Finished) && s.failure.is_none();
-
-    // evaluate: only a finished actor has work to judge
-    if actor_finished && !cancel.is_cancelled() {
-        let long = Duration::from_secs(p.max_timeout_seconds.max(60));
-        match ctx
-            .execute_local_activity(Evaluate, key.clone(), local(long, cancel))
-            .await
-        {
-            Ok(eval) => {
-                s.evaluation_configured = eval.configured;
-                s.verdict = eval.verdict;
-                if eval.failure.is_some() {
-                    s.failure = eval.failure;
-                }
-            }
-            Err(e) => {
-                s.evaluation_configured = true;
-                mark_error(&mut s, cancel, Stage::Evaluate, &e);
-            }
-        }
-    }
-
-    // collect: a failure keeps the work
-    if actor_finished && !cancel.is_cancelled() {
-        match ctx
-            .execute_local_activity(Collect, key.clone(), local(short, cancel))
-            .await
-        {
-            Ok(f) => s.collect_failure = f,
-            Err(e) => s.collect_failure = Some(activity_failure(Stage::Collect, &e)),
-        }
-    }
-
     // Decide once, before cleanup: the bundle records exactly what the workflow decides.
     let cancelled = cancel.is_cancelled();
     if cancelled && s.actor != Some(ActorStatus::Finished) {
@@ -331,24 +328,54 @@ async fn run_attempt(
     }
     let next = decide::next(&s, cancelled, p.policy, spent);
 
-    // cleanup: always, for every provisioned attempt
-    if provisioned {
-        let input = CleanupInput {
-            key: key.clone(),
-            summary: s.clone(),
-            will_retry: !matches!(next, Next::Finish(_)),
-        };
-        let detached = WorkflowCancellationToken::new();
-        let confirmed = match ctx
-            .execute_local_activity(Cleanup, input, local(short, &detached))
-            .await
-        {
-            Ok(r) => r.cleanup_confirmed,
-            Err(_) => false,
-        };
-        s.cleanup_confirmed = Some(confirmed);
-    }
+    // cleanup: always, where the attempt ran
+    let input = CleanupInput {
+        key: key.clone(),
+        summary: s.clone(),
+        will_retry: !matches!(next, Next::Finish(_)),
+    };
+    let detached = WorkflowCancellationToken::new();
+    let confirmed = match ctx
+        .execute_activity(
+            Cleanup,
+            input,
+            stage_options("cleanup", key, short, host_queue, &detached),
+        )
+        .await
+    {
+        Ok(r) => r.cleanup_confirmed,
+        Err(_) => false,
+    };
+    s.cleanup_confirmed = Some(confirmed);
     (s, next)
+}
+
+/// Folds `settle`'s report into the summary.
+fn apply_settled(s: &mut AttemptSummary, key: &AttemptKey, settled: Settled) {
+    // Regular activities resolve from history, so a result always belongs to the attempt
+    // that scheduled it. If that ever broke, failing this workflow task loudly beats giving
+    // one case another case's result.
+    assert_eq!(
+        (settled.key.case_index, settled.key.attempt),
+        (key.case_index, key.attempt),
+        "settle result of another attempt delivered to case {} attempt {}",
+        key.case_index,
+        key.attempt
+    );
+    let actor = settled.actor;
+    s.actor = Some(actor.status);
+    s.exit_code = actor.exit_code;
+    s.failure = actor.failure;
+    s.adopted = actor.adopted;
+    s.memory_limit_mb = actor.memory_limit_mb;
+    if let Some(eval) = settled.evaluation {
+        s.evaluation_configured = eval.configured;
+        s.verdict = eval.verdict;
+        if eval.failure.is_some() {
+            s.failure = eval.failure;
+        }
+    }
+    s.collect_failure = settled.collect_failure;
 }
 
 fn summary_cleanup_ok(s: &AttemptSummary) -> bool {

@@ -1,0 +1,179 @@
+//! The attempt pipeline of batches started before stages became regular activities: six
+//! local activities per attempt. Frozen: it only runs for histories that were recorded with
+//! it (no `stages-as-activities` patch marker), so those batches replay and finish as they
+//! began. Its flaw is why it was replaced: with several cases' local activities in flight,
+//! the order of local-activity calls (and with it their sequence numbers) follows completion
+//! timing, which a replay after a crash can regroup (TMPRL1100, or one case receiving
+//! another's result). Do not change it; do not call it for new runs.
+
+use std::time::Duration;
+
+use casebatch_proto::{
+    ActorReport, ActorStatus, AttemptKey, AttemptSummary, AwaitInput, CleanupInput, Failure, Stage,
+    StageResult, SubmitResult, codes,
+};
+use temporalio_sdk::{
+    ActivityCancellationType, ActivityOptions, WorkflowCancellationToken, WorkflowContext,
+};
+
+use super::{
+    AWAIT_HEARTBEAT, CaseParams, HOST_WAIT, activity_failure, is_timeout, local, mark_error,
+    retry_policy,
+};
+use crate::batch::BatchWorkflow;
+use crate::contracts::{AwaitJob, Cleanup, Collect, Evaluate, Provision, Submit};
+use crate::decide::{self, Next, Spent};
+
+/// One attempt through every stage. Cleanup runs for every provisioned attempt, on a
+/// cancellation token detached from the batch's so a cancel cannot skip it.
+pub(super) async fn run_attempt(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    p: &CaseParams,
+    key: &AttemptKey,
+    cancel: &WorkflowCancellationToken,
+    spent: Spent,
+) -> (AttemptSummary, Next) {
+    let mut s = AttemptSummary::new(key);
+    let short = Duration::from_secs(60);
+
+    // provision
+    let provisioned = match ctx
+        .execute_local_activity(Provision, key.clone(), local(short, cancel))
+        .await
+    {
+        Ok(StageResult::Ok) => true,
+        Ok(StageResult::Failed(f)) => {
+            s.failure = Some(f);
+            // A failed provision may have created things: clean them up too.
+            true
+        }
+        Err(e) => {
+            mark_error(&mut s, cancel, Stage::Provision, &e);
+            false
+        }
+    };
+
+    // submit
+    let mut job = None;
+    if s.failure.is_none() && s.actor.is_none() {
+        match ctx
+            .execute_local_activity(Submit, key.clone(), local(short, cancel))
+            .await
+        {
+            Ok(SubmitResult::Started(j)) => job = Some(j),
+            Ok(SubmitResult::Failed(f)) => {
+                s.actor = Some(ActorStatus::Failed);
+                s.failure = Some(f);
+            }
+            Err(e) => mark_error(&mut s, cancel, Stage::Submit, &e),
+        }
+    }
+
+    // await: a full activity, so a crashed worker's job is adopted by the retry
+    if let Some(job) = job {
+        let timeout = Duration::from_secs(p.max_timeout_seconds) + Duration::from_secs(120);
+        let host_queue = job.host_queue.clone();
+        let opts = ActivityOptions::with_start_to_close_timeout(timeout)
+            .maybe_task_queue(host_queue)
+            .schedule_to_start_timeout(HOST_WAIT)
+            .heartbeat_timeout(AWAIT_HEARTBEAT)
+            .cancellation_token(cancel.clone())
+            // On cancel, wait until the activity has stopped its job, so cleanup never
+            // races a process that is still being killed.
+            .cancellation_type(ActivityCancellationType::WaitCancellationCompleted)
+            .retry_policy(retry_policy(Duration::from_millis(500), 20))
+            .build();
+        let input = AwaitInput {
+            key: key.clone(),
+            job,
+        };
+        match ctx.execute_activity(AwaitJob, input, opts).await {
+            Ok(ActorReport {
+                status,
+                exit_code,
+                failure,
+                adopted,
+                memory_limit_mb,
+            }) => {
+                s.actor = Some(status);
+                s.exit_code = exit_code;
+                s.failure = failure;
+                s.adopted = adopted;
+                s.memory_limit_mb = memory_limit_mb;
+            }
+            Err(e) if !cancel.is_cancelled() && is_timeout(&e) => {
+                // The job's host never came back (or the job never reported): nothing is
+                // adoptable, so the case is re-dispatched.
+                s.actor = Some(ActorStatus::Failed);
+                s.failure = Some(Failure::infra(
+                    Stage::Await,
+                    codes::JOB_LOST,
+                    format!("no worker could await the job: {e}"),
+                ));
+            }
+            Err(e) => mark_error(&mut s, cancel, Stage::Await, &e),
+        }
+    }
+
+    let actor_finished = s.actor == Some(ActorStatus::Finished) && s.failure.is_none();
+
+    // evaluate: only a finished actor has work to judge
+    if actor_finished && !cancel.is_cancelled() {
+        let long = Duration::from_secs(p.max_timeout_seconds.max(60));
+        match ctx
+            .execute_local_activity(Evaluate, key.clone(), local(long, cancel))
+            .await
+        {
+            Ok(eval) => {
+                s.evaluation_configured = eval.configured;
+                s.verdict = eval.verdict;
+                if eval.failure.is_some() {
+                    s.failure = eval.failure;
+                }
+            }
+            Err(e) => {
+                s.evaluation_configured = true;
+                mark_error(&mut s, cancel, Stage::Evaluate, &e);
+            }
+        }
+    }
+
+    // collect: a failure keeps the work
+    if actor_finished && !cancel.is_cancelled() {
+        match ctx
+            .execute_local_activity(Collect, key.clone(), local(short, cancel))
+            .await
+        {
+            Ok(f) => s.collect_failure = f,
+            Err(e) => s.collect_failure = Some(activity_failure(Stage::Collect, &e)),
+        }
+    }
+
+    // Decide once, before cleanup: the bundle records exactly what the workflow decides.
+    let cancelled = cancel.is_cancelled();
+    if cancelled && s.actor != Some(ActorStatus::Finished) {
+        // Whatever the job reported after the cancel is the cancel's doing.
+        s.actor = Some(ActorStatus::Cancelled);
+        s.failure = None;
+    }
+    let next = decide::next(&s, cancelled, p.policy, spent);
+
+    // cleanup: always, for every provisioned attempt
+    if provisioned {
+        let input = CleanupInput {
+            key: key.clone(),
+            summary: s.clone(),
+            will_retry: !matches!(next, Next::Finish(_)),
+        };
+        let detached = WorkflowCancellationToken::new();
+        let confirmed = match ctx
+            .execute_local_activity(Cleanup, input, local(short, &detached))
+            .await
+        {
+            Ok(r) => r.cleanup_confirmed,
+            Err(_) => false,
+        };
+        s.cleanup_confirmed = Some(confirmed);
+    }
+    (s, next)
+}
