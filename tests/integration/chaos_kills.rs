@@ -3,8 +3,8 @@
 //! did it. It guards against the replay wedge (`TMPRL1100 Activity type of recorded marker
 //! ... does not match ...`, after which every resume re-attaches and nothing moves) and
 //! against a finished case running twice; then it exports the history of every run and
-//! replays it with the SDK's replayer, checking that each `await` is issued for the same case
-//! as in the live run (a replay can hand one case another case's result without any error).
+//! replays it with the SDK's replayer, checking that each stage activity is issued for the
+//! same case and attempt as in the live run (a replay can hand one case another case's result without any error).
 //!
 //! Reproduce a failure with the seed it prints: `CASEBATCH_CHAOS_SEED=<seed> cargo test
 //! --release -p casebatch-cli --test integration -- chaos_kills --nocapture`. The histories
@@ -17,7 +17,7 @@ use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use casebatch_proto::AwaitInput;
+use casebatch_proto::{AttemptKey, AwaitInput, CleanupInput, SettleInput};
 use casebatch_workflows::BatchWorkflow;
 use serde_json::Value;
 use temporalio_client::WorkflowHistory;
@@ -205,14 +205,16 @@ fn chaos_kills_repeated_runner_sigkills_neither_wedge_the_batch_nor_rerun_a_fini
         summary["adopted_attempts"]
     );
 
-    // Every run of the workflow replays against the current code, and each `await` goes to
+    // Every run of the workflow replays against the current code, and each stage goes to
     // the case it went to live.
     let runs = export_runs(&sb, &keep);
     assert!(!runs.is_empty(), "no history exported");
     let mut failures = Vec::new();
     for (i, (run_id, json)) in runs.iter().enumerate() {
         match replay(json) {
-            Ok(n) => println!("run {i} ({run_id}): replayed {n} await(s) deterministically"),
+            Ok(n) => {
+                println!("run {i} ({run_id}): replayed {n} stage activities deterministically")
+            }
             Err(e) => failures.push(format!("run {i} ({run_id}): {e}")),
         }
     }
@@ -229,7 +231,7 @@ fn chaos_kills_repeated_runner_sigkills_neither_wedge_the_batch_nor_rerun_a_fini
 }
 
 /// The replay check itself: the recorded histories of `workflows/tests/histories` replay and
-/// each of their `await`s is issued for the case it went to live (no engine needed).
+/// each of their stage activities is issued for the case it went to live (no engine needed).
 #[test]
 fn chaos_kills_replay_check_accepts_the_recorded_histories() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workflows/tests/histories");
@@ -238,8 +240,8 @@ fn chaos_kills_replay_check_accepts_the_recorded_histories() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "json") {
             let json = std::fs::read(&path).unwrap();
-            let awaits = replay(&json).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            assert!(awaits > 0, "{}: no await checked", path.display());
+            let stages = replay(&json).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(stages > 0, "{}: no stage activity checked", path.display());
             checked += 1;
         }
     }
@@ -473,7 +475,7 @@ fn wedge_report(
         report.push_str(&format!(
             "  offline replay: {}\n",
             match replay(json) {
-                Ok(n) => format!("ok ({n} awaits)"),
+                Ok(n) => format!("ok ({n} stage activities)"),
                 Err(e) => e,
             }
         ));
@@ -538,9 +540,10 @@ fn export_runs(sb: &Sandbox, keep: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Replays one history with the SDK's replayer. Besides nondeterminism errors, checks that
-/// every regular activity (`await`) is issued for the same case and attempt as in the live
+/// every regular activity (`start`, `settle`, `cleanup`; the legacy `await`) is issued for the
+/// same case and attempt as in the live
 /// run: replay matches activities by sequence number and type only, never by input.
-/// Returns the number of awaits checked.
+/// Returns the number of activities checked.
 fn replay(json: &[u8]) -> Result<usize, String> {
     let live = scheduled_activities(json);
     let replayed: Arc<Mutex<Vec<Scheduled>>> = Arc::default();
@@ -595,7 +598,7 @@ fn replay(json: &[u8]) -> Result<usize, String> {
     }
 }
 
-/// One scheduled regular activity: its type, and the case and attempt of an `await`.
+/// One scheduled regular activity: its type, and the case and attempt it is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Scheduled {
     activity: String,
@@ -616,10 +619,17 @@ fn scheduled_activities(json: &[u8]) -> Vec<Scheduled> {
                 .as_str()
                 .and_then(base64_decode)
                 .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+            // `start` takes the attempt key itself; `settle`, `cleanup` and the legacy
+            // `await` carry it as `key`.
             let case = input.and_then(|v| {
+                let key = if v.get("key").is_some() {
+                    &v["key"]
+                } else {
+                    &v
+                };
                 Some((
-                    v["key"]["case_index"].as_u64()? as u32,
-                    v["key"]["attempt"].as_u64()? as u32,
+                    key["case_index"].as_u64()? as u32,
+                    key["attempt"].as_u64()? as u32,
                 ))
             });
             Some(Scheduled { activity, case })
@@ -641,9 +651,12 @@ impl WorkflowInterceptor for ActivityRecorder {
             CancellableWorkflowOutboundFuture<ScheduleActivityResult>,
         >,
     ) -> CancellableWorkflowOutboundFuture<ScheduleActivityResult> {
-        let case = input
-            .input_ref::<AwaitInput>()
-            .map(|a| (a.key.case_index, a.key.attempt));
+        let key = input
+            .input_ref::<AttemptKey>()
+            .or_else(|| input.input_ref::<SettleInput>().map(|i| &i.key))
+            .or_else(|| input.input_ref::<CleanupInput>().map(|i| &i.key))
+            .or_else(|| input.input_ref::<AwaitInput>().map(|i| &i.key));
+        let case = key.map(|k| (k.case_index, k.attempt));
         self.0.lock().unwrap().push(Scheduled {
             activity: input.activity_type().to_string(),
             case,
