@@ -190,6 +190,52 @@ fn cancel_stops_in_flight_cases_and_still_cleans_them_up() {
     );
 }
 
+/// Issue 14: `temporal workflow cancel` (also the Web UI's cancel button) once spun the
+/// workflow task forever (WorkflowTaskTimedOut, a worker at 100 % CPU). It must do what
+/// `casebatch batch cancel` does: cancel in-flight cases, clean them up, end the run.
+#[test]
+fn native_temporal_cancel_ends_the_batch_like_casebatch_cancel() {
+    let sb = Sandbox::engine();
+    let manifest = slow_manifest(&sb, "nativecancel", 2, 300);
+    let mut runner = sb.spawn_batch(std::path::Path::new(&manifest), "run.log");
+    wait_until(Duration::from_secs(60), "two cases start", || {
+        sb.lines("ran.log") >= 2
+    });
+    let engine = sb.json(&sb.out().join(".casebatch-engine/engine.json"));
+    let address = engine["address"].as_str().expect("engine address");
+    let temporal = std::env::var("CASEBATCH_TEMPORAL_BIN").unwrap_or_else(|_| "temporal".into());
+    let o = std::process::Command::new(temporal)
+        .args([
+            "workflow",
+            "cancel",
+            "--workflow-id",
+            "casebatch-nativecancel",
+        ])
+        .args(["--address", address])
+        .output()
+        .expect("temporal CLI runs");
+    assert_exit(&o, 0);
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(120)),
+        4,
+        "cancelled = not all succeeded"
+    );
+
+    let summary = sb.json(&sb.bundle("nativecancel").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["cancelled"], 2, "{summary:#}");
+    for case in ["a", "b"] {
+        let receipt = sb.json(
+            &sb.bundle("nativecancel")
+                .join(format!("cases/{case}/attempts/1/cleanup.json")),
+        );
+        assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
+    }
+    assert!(
+        processes_matching("sleep 300").is_empty(),
+        "no harness process survives the cancel"
+    );
+}
+
 #[test]
 fn a_different_task_list_under_an_existing_batch_id_is_refused() {
     let sb = Sandbox::engine();

@@ -32,7 +32,7 @@ use temporalio_sdk::{
     WorkflowContext, WorkflowContextView, WorkflowResult,
 };
 
-use crate::case::{CaseDone, CaseParams, run_case};
+use crate::case::{CaseDone, CaseParams, Pipeline, run_case};
 use crate::contracts::Finalize;
 
 /// The timeline keeps its newest steps only, so history stays compact.
@@ -89,6 +89,8 @@ impl BatchWorkflow {
 
     #[run]
     pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<BatchOutcome> {
+        // First, before any command: a run keeps the pipeline its history began with.
+        let pipeline = Pipeline::of_run(ctx);
         let (segment, counts) = ctx.state(|s| (s.segment, Counts::of(&s.slots)));
         note(
             ctx,
@@ -134,6 +136,7 @@ impl BatchWorkflow {
                             memory_boost_mb: s.input.memory_boosts.get(&index).copied(),
                             retry_backoff_ms: s.input.retry_backoff_ms,
                             max_timeout_seconds: s.input.max_timeout_seconds,
+                            pipeline,
                         }
                     });
                     let fut = run_case(ctx.clone(), params, case_cancel.clone());
@@ -167,18 +170,20 @@ impl BatchWorkflow {
 
             // Wait for the first of: a case finishing, or a control signal. Polled in index
             // order with poll_fn (not an unordered futures set, which trips the SDK's determinism
-            // detector).
-            let mut control =
-                Box::pin(ctx.wait_condition(move |s: &Self| s.control_gen != gen_seen));
+            // detector). Once cancelling, only the cases matter: a wait_condition built after
+            // the workflow's own cancellation resolves at once, and polling it would spin
+            // without ever yielding the workflow task.
+            let mut control = (!cancelling)
+                .then(|| Box::pin(ctx.wait_condition(move |s: &Self| s.control_gen != gen_seen)));
             let event = std::future::poll_fn(|cx| {
                 for (i, (_, fut)) in inflight.iter_mut().enumerate() {
                     if let Poll::Ready(done) = fut.as_mut().poll(cx) {
                         return Poll::Ready(Some((i, done)));
                     }
                 }
-                match Pin::new(&mut control).poll(cx) {
-                    Poll::Ready(_) => Poll::Ready(None),
-                    Poll::Pending => Poll::Pending,
+                match control.as_mut().map(|c| Pin::new(c).poll(cx)) {
+                    Some(Poll::Ready(_)) => Poll::Ready(None),
+                    _ => Poll::Pending,
                 }
             })
             .await;
