@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Benchmarks casebatch on the embedded default against `xargs -P` running the same commands.
-# Not a test: it prints figures (cases/s, wall-time ratios, peak memory) for the closing note.
+# Benchmarks casebatch on the embedded default against `xargs -P` running the same commands,
+# measured in the same run. Not a test: it prints figures for the closing note. Every scenario
+# runs RUNS times (default 3) and the median is reported: these machines are noisy.
 #
-#   scripts/bench.sh            # all scenarios (about 5 minutes on 2 cores)
+#   scripts/bench.sh            # all scenarios
 #   N=200 scripts/bench.sh      # fewer cases
 #   SKIP_10K=1 scripts/bench.sh # without the 10,000-case fake batch
+#
+# Per scenario: wall time, cases/s, the ratio to xargs, and the CPU time (user + system) of
+# casebatch's own runner process (worker in-process) and of the embedded Temporal server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-601}
 C=${C:-64}
 BIG=${BIG:-10000}
-cargo build --release -q -p casebatch-cli
+RUNS=${RUNS:-3}
+cargo build --release -q --workspace
 BIN=$PWD/target/release/casebatch
 WORK=$(mktemp -d /tmp/casebatch-bench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
+TICK=$(getconf CLK_TCK)
 
 manifest() { # name runtime harness count concurrency
   local f="$WORK/$1.yaml"
@@ -31,22 +37,30 @@ manifest() { # name runtime harness count concurrency
 
 now() { date +%s.%N; }
 calc() { awk "BEGIN { print $1 }"; }
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# CPU seconds (user + system) a live process has used itself, children excluded.
+cpu_of() { awk -v t="$TICK" '{ print ($14 + $15) / t }' "/proc/$1/stat" 2>/dev/null || true; }
 
-# Runs a batch; prints wall seconds. Peak RSS of the runner (worker in-process) goes to $WORK/$1.rss.
+# Runs a batch on a fresh output dir (its own embedded engine). Prints
+# "wall runner_cpu engine_cpu peak_rss_kb"; CPU figures are the last samples before exit.
 run_batch() {
-  local name=$1 file=$2 t0 t1 pid peak=0 rss
+  local name=$1 file=$2 out="$WORK/out-$1-$RANDOM" t0 t1 pid peak=0 rss cpu=0 ecpu=0 epid="" c
   t0=$(now)
-  "$BIN" batch run --manifest "$file" --output-dir "$WORK/out-$name" > "$WORK/$name.log" 2>&1 &
+  "$BIN" batch run --manifest "$file" --output-dir "$out" > "$WORK/$name.log" 2>&1 &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     rss=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
     [ -n "$rss" ] && [ "$rss" -gt "$peak" ] && peak=$rss
+    c=$(cpu_of "$pid"); [ -n "$c" ] && cpu=$c
+    [ -z "$epid" ] && epid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' \
+      "$out/.casebatch-engine/engine.json" 2>/dev/null || true)
+    if [ -n "$epid" ]; then c=$(cpu_of "$epid"); [ -n "$c" ] && ecpu=$c; fi
     sleep 0.2
   done
   wait "$pid" || { echo "batch $name failed:"; cat "$WORK/$name.log"; exit 1; }
   t1=$(now)
-  echo "$peak" > "$WORK/$name.rss"
-  calc "$t1 - $t0"
+  rm -rf "$out"
+  echo "$(calc "$t1 - $t0") $cpu $ecpu $peak"
 }
 
 xargs_run() { # count concurrency command
@@ -57,32 +71,31 @@ xargs_run() { # count concurrency command
   calc "$t1 - $t0"
 }
 
-report() { # label cases seconds [baseline seconds]
-  local rate ratio=""
-  rate=$(calc "$2 / $3")
-  [ -n "${4:-}" ] && ratio=$(printf " · %.2fx the wall time of xargs -P %s (%.2fs)" "$(calc "$3 / $4")" "$C" "$4")
-  printf "%-44s %6d cases in %7.2fs = %7.1f cases/s%s\n" "$1" "$2" "$3" "$rate" "$ratio"
+# scenario label runtime harness count [baseline command]: RUNS rounds, medians printed.
+scenario() {
+  local label=$1 runtime=$2 harness=$3 count=$4 base_cmd=${5:-} f r walls="" ratios="" cpus="" ecpus="" peaks=""
+  f=$(manifest "b$RANDOM" "$runtime" "$harness" "$count" "$C")
+  for _ in $(seq 1 "$RUNS"); do
+    r=$(run_batch "$(basename "$f" .yaml)" "$f")
+    set -- $r
+    walls+="$1"$'\n'; cpus+="$2"$'\n'; ecpus+="$3"$'\n'; peaks+="$4"$'\n'
+    if [ -n "$base_cmd" ]; then
+      ratios+="$(calc "$1 / $(xargs_run "$count" "$C" "$base_cmd")")"$'\n'
+    fi
+  done
+  local wall cpu ecpu peak
+  wall=$(printf "%s" "$walls" | median); cpu=$(printf "%s" "$cpus" | median)
+  ecpu=$(printf "%s" "$ecpus" | median); peak=$(printf "%s" "$peaks" | median)
+  printf "%-40s %6d cases %7.2fs %7.1f cases/s" "$label" "$count" "$wall" "$(calc "$count / $wall")"
+  [ -n "$ratios" ] && printf " · %.2fx xargs -P %s" "$(printf "%s" "$ratios" | median)" "$C"
+  printf " · CPU runner %.1fs (%.1f ms/case), server %.1fs · peak %d MB\n" \
+    "$cpu" "$(calc "1000 * $cpu / $count")" "$ecpu" "$(calc "int($peak / 1024)")"
 }
 
-echo "casebatch benchmark: N=$N, concurrency $C, $(nproc) cores, embedded dev server"
-
-f=$(manifest trivial local-process 'true' "$N" "$C")
-base=$(xargs_run "$N" "$C" 'true')
-t=$(run_batch trivial "$f")
-report "local-process, trivial command (true)" "$N" "$t" "$base"
-
-f=$(manifest sleep1 local-process 'sleep 1' "$N" "$C")
-base=$(xargs_run "$N" "$C" 'sleep 1')
-t=$(run_batch sleep1 "$f")
-report "local-process, sleep 1" "$N" "$t" "$base"
-
-f=$(manifest fake fake '' "$N" "$C")
-t=$(run_batch fake "$f")
-report "fake runtime (simulation), no-op" "$N" "$t"
-
+echo "casebatch benchmark: N=$N, concurrency $C, $(nproc) cores, embedded dev server, median of $RUNS"
+scenario "local-process, trivial command (true)" local-process 'true' "$N" 'true'
+scenario "local-process, sleep 1" local-process 'sleep 1' "$N" 'sleep 1'
+scenario "fake runtime (simulation), no-op" fake '' "$N"
 if [ -z "${SKIP_10K:-}" ]; then
-  f=$(manifest big fake '' "$BIG" "$C")
-  t=$(run_batch big "$f")
-  report "fake runtime (simulation), $BIG cases" "$BIG" "$t"
-  printf "%-44s %6d MB peak resident (runner + in-process worker)\n" "" "$(( $(cat "$WORK/big.rss") / 1024 ))"
+  RUNS=1 scenario "fake runtime (simulation), $BIG cases" fake '' "$BIG"
 fi
