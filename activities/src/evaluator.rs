@@ -49,6 +49,17 @@ pub async fn run(env: &AttemptEnv, command: &CommandSpec) -> EvaluationRecord {
         record.failure = Some(eval_failure("failed to create evaluator log files".into()));
         return record;
     };
+    let case_env = match crate::case_env::for_attempt(env) {
+        Ok(e) => e,
+        Err(m) => {
+            record.failure = Some(Failure::config(
+                Stage::Evaluate,
+                crate::case_env::PASS_ENV_UNSET,
+                m,
+            ));
+            return record;
+        }
+    };
     let result_path = env.file(attempt_files::EVAL_RESULT);
     let _ = fs::remove_file(&result_path);
     let mut cmd = match command {
@@ -64,7 +75,8 @@ pub async fn run(env: &AttemptEnv, command: &CommandSpec) -> EvaluationRecord {
         }
     };
     cmd.current_dir(env.file(attempt_files::WORKDIR))
-        .envs(env.contract_env())
+        .env_clear()
+        .envs(case_env)
         .env("CASEBATCH_ACTOR_RESULT", env.file(attempt_files::RESULT))
         .env("CASEBATCH_RESULT", &result_path)
         .stdin(Stdio::null())

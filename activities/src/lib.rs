@@ -6,6 +6,7 @@
 //! that is the workflow's job (`casebatch-workflows`).
 
 mod case_activities;
+pub mod case_env;
 pub mod evaluator;
 pub mod harness;
 pub mod memlimit;

@@ -317,17 +317,9 @@ enum Parsed {
 }
 
 fn parse_runspec(file: &Path, r: &mut Report) -> Parsed {
-    let bytes = match std::fs::read(file) {
-        Ok(b) => b,
-        Err(e) => {
-            r.at_line(
-                None,
-                FILE_FIELD,
-                format!("cannot read it: {e}"),
-                "check the file's permissions",
-            );
-            return Parsed::Spec(None);
-        }
+    // A regular file only, checked before opening: opening a FIFO would block for ever.
+    let Some(bytes) = source::read_bounded(file, "the runspec", source::Kind::Referenced, r) else {
+        return Parsed::Spec(None);
     };
     let Some(text) = source::decode(&bytes, r) else {
         return Parsed::Spec(None);

@@ -32,6 +32,8 @@ const RECORD_FIELDS: &[&str] = &[
     "evaluator",
     "runtime",
     "inputs",
+    "env",
+    "pass_env",
     "id",
     "ques",
     "web",

@@ -22,6 +22,7 @@
 //!   `{label, runspec}` whose [`RunSpec`] files must stay inside the manifest's directory and
 //!   must each be a single run, not a sweep.
 
+pub mod limits;
 pub mod model;
 
 mod batch_v1;
@@ -70,17 +71,10 @@ pub struct LoadOptions {
 ///
 /// Every problem is collected before returning, so one run of `validate` shows them all.
 pub fn load_plan(path: &Path, opts: &LoadOptions) -> Result<Plan, ManifestError> {
-    match std::fs::read(path) {
-        Ok(bytes) => load_plan_from_bytes(path, &bytes, opts),
-        Err(e) => Err(ManifestError::new(
-            path,
-            vec![Problem {
-                line: None,
-                field: FILE_FIELD.into(),
-                message: format!("cannot read the manifest: {e}"),
-                fix: "check the path and that the file is readable".into(),
-            }],
-        )),
+    let mut r = Report::default();
+    match source::read_bounded(path, "the manifest", source::Kind::Named, &mut r) {
+        Some(bytes) => load_plan_from_bytes(path, &bytes, opts),
+        None => Err(ManifestError::new(path, r.problems)),
     }
 }
 

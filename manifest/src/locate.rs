@@ -419,6 +419,246 @@ impl JsonScanner<'_> {
     }
 }
 
+/// The first line (1-based) at which `text` nests mappings and lists deeper than `limit`.
+///
+/// A linear pre-scan that runs before any parser: YAML parsers spend quadratic time on deep
+/// flow nesting (and JSON is YAML's flow style). It over-estimates rather than misses: block
+/// nesting is counted from indentation and the compact indicators (`- `, `? `, `key: `) of a
+/// line, flow nesting from brackets outside quoted scalars and comments, block scalars
+/// (`|`, `>`) are skipped. Aliases are not expanded (the parser bounds those itself).
+pub(crate) fn too_deep(text: &str, limit: usize) -> Option<usize> {
+    let mut scan = DepthScan::default();
+    for (i, raw) in text.lines().enumerate() {
+        if scan.line(raw, limit) {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Map,
+    Seq,
+}
+
+#[derive(Default)]
+struct DepthScan {
+    /// Open block collections: (column, kind), columns non-decreasing.
+    stack: Vec<(usize, Block)>,
+    /// Open flow collections (`[`, `{`).
+    flow: usize,
+    /// Inside a quoted scalar that continues on the next line.
+    quote: Option<u8>,
+    /// Inside a block scalar: the column of its parent, and its content indent once known.
+    block_scalar: Option<(usize, Option<usize>)>,
+}
+
+impl DepthScan {
+    fn depth(&self) -> usize {
+        self.stack.len() + self.flow
+    }
+
+    /// Scan one line; true when the depth went past `limit` on it.
+    fn line(&mut self, raw: &str, limit: usize) -> bool {
+        let content = raw.trim_start_matches(' ');
+        let indent = raw.len() - content.len();
+        let blank = content.trim().is_empty();
+        if let Some((parent, content_indent)) = self.block_scalar {
+            if blank {
+                return false;
+            }
+            match content_indent {
+                None if indent > parent => {
+                    self.block_scalar = Some((parent, Some(indent)));
+                    return false;
+                }
+                Some(ci) if indent >= ci => return false,
+                _ => self.block_scalar = None,
+            }
+        }
+        let bytes = raw.as_bytes();
+        let mut pos = indent;
+        if let Some(q) = self.quote {
+            match skip_quoted(bytes, pos, q) {
+                Some(end) => {
+                    self.quote = None;
+                    pos = end;
+                }
+                None => return false,
+            }
+            if self.flow == 0 {
+                // The rest of a multi-line quoted scalar's last line: a comment at most.
+                return false;
+            }
+        }
+        if self.flow > 0 {
+            return self.flow_scan(bytes, pos, limit);
+        }
+        if blank || content.starts_with('#') || (indent == 0 && content.starts_with('%')) {
+            return false;
+        }
+        if indent == 0 && (content.starts_with("---") || content.starts_with("...")) {
+            self.stack.clear();
+            pos = 3;
+        }
+        self.block_scan(bytes, pos, indent, limit)
+    }
+
+    /// Record a block collection entry at `col`; true past the limit.
+    fn open(&mut self, kind: Block, col: usize, limit: usize) -> bool {
+        while self.stack.last().is_some_and(|(c, _)| *c > col) {
+            self.stack.pop();
+        }
+        match self.stack.last() {
+            Some(&(c, k)) if c == col && k == kind => {}
+            // A key at a dash's column: the list was the value of the key before it.
+            Some(&(c, Block::Seq)) if c == col && kind == Block::Map => {
+                self.stack.pop();
+                if !matches!(self.stack.last(), Some(&(c, Block::Map)) if c == col) {
+                    self.stack.push((col, kind));
+                }
+            }
+            _ => self.stack.push((col, kind)),
+        }
+        self.depth() > limit
+    }
+
+    fn block_scan(&mut self, bytes: &[u8], mut pos: usize, indent: usize, limit: usize) -> bool {
+        let mut parent = indent;
+        loop {
+            while pos < bytes.len() && bytes[pos] == b' ' {
+                pos += 1;
+            }
+            let Some(&c) = bytes.get(pos) else {
+                return false;
+            };
+            let next_is_space = bytes.get(pos + 1).is_none_or(|b| *b == b' ' || *b == b'\t');
+            match c {
+                b'#' => return false,
+                b'&' | b'!' => {
+                    while pos < bytes.len() && bytes[pos] != b' ' {
+                        pos += 1;
+                    }
+                }
+                b'-' | b'?' if next_is_space => {
+                    let kind = if c == b'-' { Block::Seq } else { Block::Map };
+                    if self.open(kind, pos, limit) {
+                        return true;
+                    }
+                    parent = pos;
+                    pos += 1;
+                }
+                b':' if next_is_space => pos += 1,
+                b'[' | b'{' => return self.flow_scan(bytes, pos, limit),
+                b'|' | b'>' => {
+                    self.block_scalar = Some((parent, None));
+                    return false;
+                }
+                b'"' | b'\'' => match skip_quoted(bytes, pos + 1, c) {
+                    None => {
+                        self.quote = Some(c);
+                        return false;
+                    }
+                    Some(end) => {
+                        let after = end + count_spaces(&bytes[end..]);
+                        let is_key = bytes.get(after) == Some(&b':')
+                            && bytes.get(after + 1).is_none_or(|b| *b == b' ');
+                        if !is_key {
+                            return false;
+                        }
+                        if self.open(Block::Map, pos, limit) {
+                            return true;
+                        }
+                        parent = pos;
+                        pos = after + 1;
+                    }
+                },
+                _ => {
+                    let rest = std::str::from_utf8(&bytes[pos..]).unwrap_or("");
+                    let Some((_, value)) = split_key(rest) else {
+                        return false;
+                    };
+                    if self.open(Block::Map, pos, limit) {
+                        return true;
+                    }
+                    parent = pos;
+                    // `value` is a trimmed slice of `rest`: continue where it starts.
+                    pos += value.as_ptr() as usize - rest.as_ptr() as usize;
+                }
+            }
+        }
+    }
+
+    /// Count brackets from `pos` while inside flow collections (and from an opening bracket).
+    fn flow_scan(&mut self, bytes: &[u8], mut pos: usize, limit: usize) -> bool {
+        // The last significant byte: a quote only opens a scalar right after one of `[{,:`.
+        let mut prev: Option<u8> = None;
+        let mut after_space = true;
+        while pos < bytes.len() {
+            let c = bytes[pos];
+            pos += 1;
+            match c {
+                b' ' | b'\t' | b'\r' => {
+                    after_space = true;
+                    continue;
+                }
+                b'#' if after_space => return false,
+                b'"' | b'\'' if prev.is_none_or(|p| b"[{,:".contains(&p)) => {
+                    match skip_quoted(bytes, pos, c) {
+                        Some(end) => pos = end,
+                        None => {
+                            self.quote = Some(c);
+                            return false;
+                        }
+                    }
+                }
+                b'[' | b'{' => {
+                    self.flow += 1;
+                    if self.depth() > limit {
+                        return true;
+                    }
+                }
+                b']' | b'}' => {
+                    self.flow = self.flow.saturating_sub(1);
+                    if self.flow == 0 {
+                        return false;
+                    }
+                }
+                _ => {}
+            }
+            prev = Some(c);
+            after_space = false;
+        }
+        false
+    }
+}
+
+fn count_spaces(bytes: &[u8]) -> usize {
+    bytes.iter().take_while(|b| **b == b' ').count()
+}
+
+/// The offset just past the quote `q` that closes a scalar whose text starts at `pos`, or
+/// `None` when it does not close on this line.
+fn skip_quoted(bytes: &[u8], mut pos: usize, q: u8) -> Option<usize> {
+    while pos < bytes.len() {
+        let c = bytes[pos];
+        if q == b'"' && c == b'\\' {
+            pos += 2;
+            continue;
+        }
+        if c == q {
+            if q == b'\'' && bytes.get(pos + 1) == Some(&b'\'') {
+                pos += 2;
+                continue;
+            }
+            return Some(pos + 1);
+        }
+        pos += 1;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,6 +725,37 @@ summary:
     }
 
     #[test]
+    fn nesting_depth_is_estimated_without_parsing() {
+        let deep = |n: usize| too_deep(&format!("{}{}", "[".repeat(n), "]".repeat(n)), 64);
+        assert_eq!(deep(64), None);
+        assert_eq!(deep(65), Some(1));
+        assert_eq!(too_deep(YAML, 4), None);
+        assert_eq!(too_deep(YAML, 3), Some(15));
+        // Block nesting: compact dashes on one line, and keys by indentation.
+        assert_eq!(too_deep(&format!("{}x\n", "- ".repeat(65)), 64), Some(1));
+        let mut keyed = String::new();
+        for i in 0..70 {
+            keyed.push_str(&format!("{}k{i}:\n", " ".repeat(i)));
+        }
+        assert_eq!(too_deep(&keyed, 64), Some(65));
+        // A list under a key at the key's own column is a level of its own.
+        let mut listed = String::new();
+        for i in 0..40 {
+            listed.push_str(&format!("{}- k{i}:\n", " ".repeat(2 * i)));
+        }
+        assert_eq!(too_deep(&listed, 64), Some(33));
+        // Brackets in quotes, comments, plain scalars and block scalars do not count.
+        let text = format!(
+            "a: \"{0}\"\nb: '{0}'\nc: x{0} # {0}\nd: |\n  {0}\n  {0}\ne: {{\"k\": \"{0}\"}}\n",
+            "[".repeat(100)
+        );
+        assert_eq!(too_deep(&text, 64), None);
+        // JSON across lines.
+        let json = format!("{{\n\"a\":\n{}1{}\n}}", "[\n".repeat(70), "]".repeat(70));
+        assert_eq!(too_deep(&json, 64), Some(66));
+    }
+
+    #[test]
     fn garbage_does_not_panic() {
         for text in [
             "{\"a\": [1, {\"b\": \"\\",
@@ -495,6 +766,7 @@ summary:
         ] {
             let _ = index_json(text);
             let _ = index_yaml(text);
+            let _ = too_deep(text, 2);
         }
     }
 }

@@ -11,9 +11,8 @@ use serde::{Deserialize, Serialize};
 
 /// Version tag written into `batch_plan.json`.
 pub const PLAN_SCHEMA_VERSION: &str = "batch_plan_v1";
-/// Bounds from the design brief.
-pub const CONCURRENCY_RANGE: std::ops::RangeInclusive<u32> = 1..=512;
-pub const MAX_RETRIES_RANGE: std::ops::RangeInclusive<u32> = 0..=5;
+/// Bounds (all of them live in [`crate::limits`]).
+pub use crate::limits::{CONCURRENCY_RANGE, MAX_RETRIES_RANGE};
 pub const DEFAULT_CONCURRENCY: u32 = 2;
 pub const DEFAULT_MAX_RETRIES: u32 = 1;
 pub const DEFAULT_TIMEOUT_SECONDS: u64 = 600;
@@ -23,8 +22,9 @@ pub const DEFAULT_TIMEOUT_SECONDS: u64 = 600;
 #[serde(deny_unknown_fields)]
 pub struct BatchManifest {
     /// Stable identity within the output root; change it for a new workload.
-    /// Letters, digits, `.`, `_`, `-`; not starting with `.` (it names a directory).
-    #[schemars(length(min = 1, max = 128), pattern(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$"))]
+    /// Letters, digits, `.`, `_`, `-`; not starting with `.` (it names a directory); at most
+    /// 128 characters.
+    #[schemars(length(min = 1, max = crate::limits::MAX_BATCH_ID_LEN), pattern(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$"))]
     pub batch_id: String,
     #[serde(default)]
     pub defaults: Defaults,
@@ -44,8 +44,8 @@ pub struct Defaults {
     /// Extra whole-case attempts after a retryable failure (0..=5).
     #[schemars(range(max = 5))]
     pub max_retries: Option<u32>,
-    /// Wall-clock limit for one attempt of the actor.
-    #[schemars(range(min = 1))]
+    /// Wall-clock limit for one attempt of the actor, in seconds: 1 to 604800 (7 days).
+    #[schemars(range(min = 1, max = crate::limits::MAX_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<u64>,
     pub sandbox: Option<Sandbox>,
     pub resources: Option<Resources>,
@@ -63,6 +63,15 @@ pub struct Defaults {
     /// Re-run an `OOM_KILLED` case inside the batch with its memory doubled for that job
     /// only (compounding, up to 16 GB). Off by default: every boost re-runs the case.
     pub oom_auto_boost: Option<bool>,
+    /// Extra environment variables for the harness and evaluator, as literal values (they are
+    /// in the plan: put secrets in `pass_env`, not here). Names are `[A-Za-z_][A-Za-z0-9_]*`
+    /// and may not start with `CASEBATCH_`. A task's `env` is merged over the defaults' by name.
+    pub env: Option<BTreeMap<String, String>>,
+    /// Names of variables copied from the worker's environment when the attempt starts (only
+    /// the names are in the plan; a name that is unset there fails the attempt as `config`).
+    /// Merged with the defaults' list; for one name, the more specific layer's `env` or
+    /// `pass_env` wins.
+    pub pass_env: Option<Vec<String>>,
 }
 
 /// Where and how an attempt's environment is provisioned. A task's `sandbox` replaces the
@@ -73,15 +82,20 @@ pub struct Sandbox {
     pub provider: String,
     pub template: Option<String>,
     pub platform: Option<String>,
-    /// Attempt lifetime in seconds.
+    /// Attempt lifetime in seconds: 1 to 604800 (7 days).
+    #[schemars(range(min = 1, max = crate::limits::MAX_SANDBOX_LIFETIME_SECONDS))]
     pub lifetime: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
+    /// CPUs: a positive number up to 1024.
+    #[schemars(range(max = crate::limits::MAX_CPU))]
     pub cpu: Option<f64>,
-    /// Memory limit enforced by the runtime; a kill by this limit is `infra/OOM_KILLED`.
+    /// Memory limit in MiB enforced by the runtime, 1 to 1048576 (1 TiB); a kill by this
+    /// limit is `infra/OOM_KILLED`.
+    #[schemars(range(min = 1, max = crate::limits::MAX_MEMORY_MB))]
     pub memory_mb: Option<u64>,
 }
 
@@ -115,12 +129,16 @@ impl RuntimeKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FakeScript {
+    /// Simulated duration of an attempt, in milliseconds: 0 to 604800000 (7 days).
     #[serde(default)]
+    #[schemars(range(max = crate::limits::MAX_FAKE_DURATION_MS))]
     pub duration_ms: u64,
     #[serde(default)]
     pub outcome: FakeOutcome,
-    /// The first N attempts fail with a retryable infra error before `outcome` applies.
+    /// The first N attempts fail with a retryable infra error before `outcome` applies
+    /// (0 to 1000).
     #[serde(default)]
+    #[schemars(range(max = crate::limits::MAX_FAKE_INFRA_FAILURES))]
     pub infra_failures_first: u32,
 }
 
@@ -139,8 +157,9 @@ pub enum FakeOutcome {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Task {
-    /// Unique stable identity, used by resume.
-    #[schemars(length(min = 1))]
+    /// Unique stable identity, used by resume. Any text without control characters (no NUL,
+    /// newline or tab).
+    #[schemars(length(min = 1), pattern(r"^[^\x00-\x1f\x7f-\x9f]+$"))]
     pub task_id: String,
     pub agent_kind: Option<String>,
     pub query: Option<String>,
@@ -150,7 +169,8 @@ pub struct Task {
     /// Complete per-task sandbox; replaces `defaults.sandbox` whole.
     pub sandbox: Option<Sandbox>,
     pub resources: Option<Resources>,
-    #[schemars(range(min = 1))]
+    /// Wall-clock limit for one attempt, in seconds: 1 to 604800 (7 days).
+    #[schemars(range(min = 1, max = crate::limits::MAX_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<u64>,
     pub fake: Option<FakeScript>,
     /// This task's own actor command (replaces `defaults.harness`).
@@ -159,6 +179,15 @@ pub struct Task {
     pub evaluator: Option<CommandSpec>,
     /// This task's runtime (replaces `defaults.runtime`).
     pub runtime: Option<RuntimeKind>,
+    /// Extra environment variables for the harness and evaluator, as literal values (they are
+    /// in the plan: put secrets in `pass_env`, not here). Names are `[A-Za-z_][A-Za-z0-9_]*`
+    /// and may not start with `CASEBATCH_`. Merged over `defaults.env` by name.
+    pub env: Option<BTreeMap<String, String>>,
+    /// Names of variables copied from the worker's environment when the attempt starts (only
+    /// the names are in the plan; a name that is unset there fails the attempt as `config`).
+    /// Merged with `defaults.pass_env`; for one name, the more specific layer's `env` or
+    /// `pass_env` wins.
+    pub pass_env: Option<Vec<String>>,
     /// Free-form task fields handed to the harness in `CASEBATCH_INPUT`.
     #[serde(default)]
     pub inputs: BTreeMap<String, serde_json::Value>,
@@ -186,7 +215,10 @@ pub struct BatchV1Manifest {
     pub schema_version: String,
     /// Optional here: `--batch-id` or the manifest's file stem is used when absent.
     #[serde(default)]
-    #[schemars(length(min = 1, max = 128), pattern(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$"))]
+    #[schemars(
+        length(min = 1, max = crate::limits::MAX_BATCH_ID_LEN),
+        pattern(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
+    )]
     pub batch_id: Option<String>,
     #[serde(default)]
     pub defaults: Defaults,
@@ -207,8 +239,8 @@ pub struct BatchV1 {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchV1Case {
-    /// The case id: unique within the batch.
-    #[schemars(length(min = 1))]
+    /// The case id: unique within the batch; no control characters.
+    #[schemars(length(min = 1), pattern(r"^[^\x00-\x1f\x7f-\x9f]+$"))]
     pub label: String,
     /// Relative to the manifest's directory; must stay inside it.
     pub runspec: String,
@@ -226,7 +258,8 @@ pub struct RunSpec {
     /// Complete sandbox for this case; replaces `defaults.sandbox` whole.
     pub sandbox: Option<Sandbox>,
     pub resources: Option<Resources>,
-    #[schemars(range(min = 1))]
+    /// Wall-clock limit for one attempt, in seconds: 1 to 604800 (7 days).
+    #[schemars(range(min = 1, max = crate::limits::MAX_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<u64>,
     pub fake: Option<FakeScript>,
     #[serde(default)]
@@ -234,6 +267,15 @@ pub struct RunSpec {
     pub harness: Option<CommandSpec>,
     pub evaluator: Option<CommandSpec>,
     pub runtime: Option<RuntimeKind>,
+    /// Extra environment variables for the harness and evaluator, as literal values (they are
+    /// in the plan: put secrets in `pass_env`, not here). Names are `[A-Za-z_][A-Za-z0-9_]*`
+    /// and may not start with `CASEBATCH_`. Merged over `defaults.env` by name.
+    pub env: Option<BTreeMap<String, String>>,
+    /// Names of variables copied from the worker's environment when the attempt starts (only
+    /// the names are in the plan; a name that is unset there fails the attempt as `config`).
+    /// Merged with `defaults.pass_env`; for one name, the more specific layer's `env` or
+    /// `pass_env` wins.
+    pub pass_env: Option<Vec<String>>,
 }
 
 /// Which of the three manifest shapes a file was.
@@ -297,6 +339,12 @@ pub struct PlannedCase {
     pub resources: Resources,
     pub timeout_seconds: u64,
     pub fake: Option<FakeScript>,
+    /// Literal environment variables for the harness and evaluator (defaults and case merged).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Names copied from the worker's environment at spawn time; never their values.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pass_env: Vec<String>,
     /// The task fields handed to the harness (`query`, `url`, `max_steps`, `agent_kind`,
     /// plus free-form inputs), as written to `CASEBATCH_INPUT`.
     pub input: BTreeMap<String, serde_json::Value>,

@@ -4,7 +4,8 @@
 //! Precedence, lowest first: built-in defaults < defaults file < manifest `defaults` <
 //! command-line flags < the case's own fields. Object-valued settings (`sandbox`,
 //! `resources`, `fake`) are replaced whole by a more specific layer, never merged field by
-//! field: a sandbox is only meaningful as a complete description.
+//! field: a sandbox is only meaningful as a complete description. The environment (`env`,
+//! `pass_env`) is the exception: it merges by variable name (see [`merge_environment`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -178,6 +179,10 @@ fn resolve_batch_id(loaded: &Loaded, input: &PlanInput<'_>, r: &mut Report) -> O
 /// Later layer wins field by field; object-valued fields are taken whole.
 fn overlay(lower: Defaults, upper: &Defaults) -> Defaults {
     let u = upper.clone();
+    let (env, pass_env) = merge_environment(
+        (lower.env, lower.pass_env),
+        (u.env.as_ref(), u.pass_env.as_deref()),
+    );
     Defaults {
         concurrency: u.concurrency.or(lower.concurrency),
         max_retries: u.max_retries.or(lower.max_retries),
@@ -191,7 +196,46 @@ fn overlay(lower: Defaults, upper: &Defaults) -> Defaults {
         device_controller_url: u.device_controller_url.or(lower.device_controller_url),
         fake: u.fake.or(lower.fake),
         oom_auto_boost: u.oom_auto_boost.or(lower.oom_auto_boost),
+        env,
+        pass_env,
     }
+}
+
+/// A layer's `env` and `pass_env`.
+type Environment = (Option<BTreeMap<String, String>>, Option<Vec<String>>);
+
+/// Unlike the object-valued settings, environments merge by name: a more specific layer
+/// adds variables, and for a name it sets (as a literal in `env` or copied by `pass_env`)
+/// its setting replaces the lower layer's.
+fn merge_environment(
+    (lower_env, lower_pass): Environment,
+    (upper_env, upper_pass): (Option<&BTreeMap<String, String>>, Option<&[String]>),
+) -> Environment {
+    if upper_env.is_none() && upper_pass.is_none() {
+        return (lower_env, lower_pass);
+    }
+    let upper_names = |name: &String| {
+        upper_env.is_some_and(|e| e.contains_key(name))
+            || upper_pass.is_some_and(|p| p.contains(name))
+    };
+    let mut env: BTreeMap<String, String> = lower_env
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| !upper_names(k))
+        .collect();
+    env.extend(
+        upper_env
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    let mut pass: Vec<String> = lower_pass
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|k| !upper_names(k))
+        .collect();
+    pass.extend(upper_pass.into_iter().flatten().cloned());
+    (Some(env), Some(pass))
 }
 
 fn case_line(decl: &CaseDecl, r: &Report) -> Option<usize> {
@@ -263,7 +307,11 @@ fn resolve_case(
     }
     let input = case_input(&decl, r);
     let case_dir = case_dir_name(&decl.id, taken);
-    let spec = decl.spec;
+    let mut spec = decl.spec;
+    let (env, pass_env) = merge_environment(
+        (defaults.env.clone(), defaults.pass_env.clone()),
+        (spec.env.take().as_ref(), spec.pass_env.take().as_deref()),
+    );
     Some(PlannedCase {
         index,
         case_id: decl.id,
@@ -281,6 +329,8 @@ fn resolve_case(
             .or(defaults.timeout_seconds)
             .unwrap_or(DEFAULT_TIMEOUT_SECONDS),
         fake: spec.fake.or_else(|| defaults.fake.clone()),
+        env: env.unwrap_or_default(),
+        pass_env: pass_env.unwrap_or_default(),
         input,
         source: CaseSource {
             line: decl.line,
@@ -332,6 +382,11 @@ struct FingerprintCase<'a> {
     timeout_seconds: u64,
     fake: &'a Option<FakeScript>,
     input: &'a BTreeMap<String, Value>,
+    /// Skipped when empty, so plans made before `env` existed keep their fingerprint.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    env: &'a BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    pass_env: &'a [String],
 }
 
 /// sha256 over the canonical JSON (sorted keys, no whitespace) of the cases, in order.
@@ -348,6 +403,8 @@ pub(crate) fn fingerprint(cases: &[PlannedCase]) -> String {
             timeout_seconds: c.timeout_seconds,
             fake: &c.fake,
             input: &c.input,
+            env: &c.env,
+            pass_env: &c.pass_env,
         })
         .collect();
     let value = serde_json::to_value(view).unwrap_or(Value::Null);

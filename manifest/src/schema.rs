@@ -49,4 +49,43 @@ mod tests {
         assert!(a["properties"]["tasks"].is_object());
         assert_eq!(a["additionalProperties"], false);
     }
+
+    #[test]
+    fn schema_quotes_the_limits() {
+        use crate::limits::*;
+        let s = batch_schema();
+        let defs = &s["$defs"];
+        let cases = [
+            (
+                &defs["Defaults"]["properties"]["timeout_seconds"],
+                MAX_TIMEOUT_SECONDS,
+            ),
+            (
+                &defs["Task"]["properties"]["timeout_seconds"],
+                MAX_TIMEOUT_SECONDS,
+            ),
+            (
+                &defs["Sandbox"]["properties"]["lifetime"],
+                MAX_SANDBOX_LIFETIME_SECONDS,
+            ),
+            (&defs["Resources"]["properties"]["memory_mb"], MAX_MEMORY_MB),
+            (
+                &defs["FakeScript"]["properties"]["duration_ms"],
+                MAX_FAKE_DURATION_MS,
+            ),
+            (
+                &defs["FakeScript"]["properties"]["infra_failures_first"],
+                u64::from(MAX_FAKE_INFRA_FAILURES),
+            ),
+        ];
+        for (field, max) in cases {
+            assert_eq!(field["maximum"], max, "{field:#}");
+            let description = field["description"].as_str().unwrap_or_default();
+            assert!(description.contains(&max.to_string()), "{field:#}");
+        }
+        let cpu = &defs["Resources"]["properties"]["cpu"];
+        assert_eq!(cpu["maximum"], MAX_CPU);
+        assert!(defs["Defaults"]["properties"]["env"].is_object());
+        assert!(defs["Task"]["properties"]["pass_env"].is_object());
+    }
 }

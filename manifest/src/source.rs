@@ -3,11 +3,13 @@
 //! Every later stage works on `serde_json::Value`, whichever syntax the file used, so type
 //! checks and messages are the same for YAML and JSON.
 
+use std::io::Read;
 use std::path::Path;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::limits::{MAX_MANIFEST_BYTES, MAX_NESTING_DEPTH};
 use crate::locate;
 use crate::report::{FieldPath, Locator, Report};
 
@@ -60,9 +62,103 @@ fn sniff(text: &str) -> Syntax {
     }
 }
 
+/// How a file came to be read, which decides what kinds of file are accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Named by the user on the command line (the manifest, `--defaults-file`): a regular
+    /// file, or a pipe such as `<(generate)`, read up to the size limit.
+    Named,
+    /// Referenced from inside a manifest (a batch_v1 runspec): a regular file only, checked
+    /// before it is opened, so a FIFO or device is never opened (opening a FIFO blocks).
+    Referenced,
+}
+
+/// Read a file of at most [`MAX_MANIFEST_BYTES`]: the size is checked from the metadata before
+/// reading (symlinks followed), and the read itself stops past the limit, so neither a huge
+/// file nor an endless pipe is read whole. Problems are reported as `(file)` with a fix.
+pub(crate) fn read_bounded(path: &Path, what: &str, kind: Kind, r: &mut Report) -> Option<Vec<u8>> {
+    let too_big = |r: &mut Report, size: String| {
+        r.at_line(
+            None,
+            FILE_FIELD,
+            format!("{what} is {size}, more than the limit of {MAX_MANIFEST_BYTES} bytes (64 MiB)"),
+            "split the batch into several manifests, or move large task data into files the \
+             harness reads (name them in `inputs`)",
+        );
+    };
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) => {
+            r.at_line(
+                None,
+                FILE_FIELD,
+                format!("cannot read {what}: {e}"),
+                "check the path and that the file is readable",
+            );
+            return None;
+        }
+    };
+    if meta.is_dir() {
+        r.at_line(
+            None,
+            FILE_FIELD,
+            format!("{what} is a directory"),
+            "name a YAML, JSON or JSONL file",
+        );
+        return None;
+    }
+    if !meta.is_file() && kind == Kind::Referenced {
+        r.at_line(
+            None,
+            FILE_FIELD,
+            format!("{what} is not a regular file (a FIFO, socket or device); it was not opened"),
+            "point it at a regular YAML or JSON file",
+        );
+        return None;
+    }
+    if meta.is_file() && meta.len() > MAX_MANIFEST_BYTES {
+        too_big(r, format!("{} bytes", meta.len()));
+        return None;
+    }
+    let capacity = if meta.is_file() { meta.len() } else { 0 };
+    let mut bytes = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
+    let read = std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes));
+    if let Err(e) = read {
+        r.at_line(
+            None,
+            FILE_FIELD,
+            format!("cannot read {what}: {e}"),
+            "check the path and that the file is readable",
+        );
+        return None;
+    }
+    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+        too_big(r, "larger than that".into());
+        return None;
+    }
+    Some(bytes)
+}
+
 /// Bytes as UTF-8 text (a leading byte-order mark dropped), or a problem naming the line of
-/// the first invalid byte.
+/// the first invalid byte. Text nested deeper than [`MAX_NESTING_DEPTH`] is refused here,
+/// before any parser sees it.
 pub(crate) fn decode<'a>(bytes: &'a [u8], r: &mut Report) -> Option<&'a str> {
+    let text = decode_utf8(bytes, r)?;
+    if let Some(line) = locate::too_deep(text, MAX_NESTING_DEPTH) {
+        r.at_line(
+            Some(line),
+            SYNTAX_FIELD,
+            format!("mappings and lists are nested more than {MAX_NESTING_DEPTH} levels deep here"),
+            "flatten the structure (a manifest needs a handful of levels); deep data belongs \
+             in a file the harness reads, named in `inputs`",
+        );
+        return None;
+    }
+    Some(text)
+}
+
+fn decode_utf8<'a>(bytes: &'a [u8], r: &mut Report) -> Option<&'a str> {
     match std::str::from_utf8(bytes) {
         Ok(text) => Some(text.strip_prefix('\u{feff}').unwrap_or(text)),
         Err(e) => {

@@ -1,13 +1,14 @@
 //! Checks on typed values that the type system cannot express: ranges, emptiness, safe names.
 
-use crate::model::{
-    CONCURRENCY_RANGE, CommandSpec, Defaults, MAX_RETRIES_RANGE, Resources, RunSpec, Sandbox,
-    SummarySpec,
-};
-use crate::report::{FieldPath, Report};
+use std::collections::BTreeMap;
 
-/// Longest accepted batch id; it becomes a directory name.
-pub(crate) const MAX_BATCH_ID_LEN: usize = 128;
+use crate::limits::{
+    CONCURRENCY_RANGE, MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS, MAX_FAKE_INFRA_FAILURES,
+    MAX_MEMORY_MB, MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS, RESERVED_ENV_PREFIX,
+    TIMEOUT_SECONDS_RANGE,
+};
+use crate::model::{CommandSpec, Defaults, FakeScript, Resources, RunSpec, Sandbox, SummarySpec};
+use crate::report::{FieldPath, Report};
 
 pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
     if let Some(c) = d.concurrency
@@ -55,6 +56,10 @@ pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
     }
     command(d.harness.as_ref(), &path.key("harness"), r);
     command(d.evaluator.as_ref(), &path.key("evaluator"), r);
+    if let Some(f) = &d.fake {
+        fake(f, &path.key("fake"), r);
+    }
+    environment(d.env.as_ref(), d.pass_env.as_deref(), path, r);
 }
 
 /// Checks on one case's own settings.
@@ -68,15 +73,58 @@ pub(crate) fn spec(s: &RunSpec, path: &FieldPath, r: &mut Report) {
     }
     command(s.harness.as_ref(), &path.key("harness"), r);
     command(s.evaluator.as_ref(), &path.key("evaluator"), r);
+    if let Some(f) = &s.fake {
+        fake(f, &path.key("fake"), r);
+    }
+    environment(s.env.as_ref(), s.pass_env.as_deref(), path, r);
 }
 
 fn timeout(t: Option<u64>, parent: &FieldPath, r: &mut Report) {
-    if t == Some(0) {
-        let p = parent.key("timeout_seconds");
+    let Some(t) = t else { return };
+    let p = parent.key("timeout_seconds");
+    if t == 0 {
         r.at(
             &p,
             "timeout_seconds is 0, so every attempt would time out at once",
             format!("set {p} to a positive number of seconds or remove it (default 600)"),
+        );
+    } else if !TIMEOUT_SECONDS_RANGE.contains(&t) {
+        r.at(
+            &p,
+            format!(
+                "timeout_seconds {t} is more than the maximum of {} (7 days)",
+                TIMEOUT_SECONDS_RANGE.end()
+            ),
+            format!(
+                "set {p} between {} and {} seconds; split longer work into several cases",
+                TIMEOUT_SECONDS_RANGE.start(),
+                TIMEOUT_SECONDS_RANGE.end()
+            ),
+        );
+    }
+}
+
+fn fake(f: &FakeScript, path: &FieldPath, r: &mut Report) {
+    if f.duration_ms > MAX_FAKE_DURATION_MS {
+        let p = path.key("duration_ms");
+        r.at(
+            &p,
+            format!(
+                "duration_ms {} is more than the maximum of {MAX_FAKE_DURATION_MS} (7 days)",
+                f.duration_ms
+            ),
+            format!("set {p} between 0 and {MAX_FAKE_DURATION_MS}"),
+        );
+    }
+    if f.infra_failures_first > MAX_FAKE_INFRA_FAILURES {
+        let p = path.key("infra_failures_first");
+        r.at(
+            &p,
+            format!(
+                "infra_failures_first {} is more than the maximum of {MAX_FAKE_INFRA_FAILURES}",
+                f.infra_failures_first
+            ),
+            format!("set {p} between 0 and {MAX_FAKE_INFRA_FAILURES}"),
         );
     }
 }
@@ -99,17 +147,29 @@ fn sandbox(s: &Sandbox, path: &FieldPath, r: &mut Report) {
             format!("set {p} to a positive number of seconds"),
         );
     }
+    if let Some(l) = s.lifetime
+        && l > MAX_SANDBOX_LIFETIME_SECONDS
+    {
+        let p = path.key("lifetime");
+        r.at(
+            &p,
+            format!(
+                "sandbox lifetime {l} is more than the maximum of {MAX_SANDBOX_LIFETIME_SECONDS} seconds (7 days)"
+            ),
+            format!("set {p} between 1 and {MAX_SANDBOX_LIFETIME_SECONDS}"),
+        );
+    }
 }
 
 fn resources(res: &Resources, path: &FieldPath, r: &mut Report) {
     if let Some(cpu) = res.cpu
-        && !(cpu.is_finite() && cpu > 0.0)
+        && !(cpu.is_finite() && cpu > 0.0 && cpu <= MAX_CPU)
     {
         let p = path.key("cpu");
         r.at(
             &p,
-            format!("cpu {cpu} is not a positive number"),
-            format!("set {p} to a positive number such as 1 or 0.5"),
+            format!("cpu {cpu} is not a positive number up to {MAX_CPU}"),
+            format!("set {p} to a positive number such as 1 or 0.5 (at most {MAX_CPU})"),
         );
     }
     if res.memory_mb == Some(0) {
@@ -118,6 +178,16 @@ fn resources(res: &Resources, path: &FieldPath, r: &mut Report) {
             &p,
             "memory_mb is 0",
             format!("set {p} to a positive number of MiB or remove it"),
+        );
+    }
+    if let Some(mb) = res.memory_mb
+        && mb > MAX_MEMORY_MB
+    {
+        let p = path.key("memory_mb");
+        r.at(
+            &p,
+            format!("memory_mb {mb} is more than the maximum of {MAX_MEMORY_MB} (1 TiB)"),
+            format!("set {p} between 1 and {MAX_MEMORY_MB}, or remove it for no limit"),
         );
     }
 }
@@ -135,10 +205,28 @@ fn command(c: Option<&CommandSpec>, path: &FieldPath, r: &mut Report) {
             format!("set {path} to a shell string such as `./run_case.sh` or an argv list"),
         );
     }
+    // A NUL cannot be passed to exec: the command would fail on every attempt.
+    let nul = match c {
+        Some(CommandSpec::Shell(s)) => s.contains('\0'),
+        Some(CommandSpec::Argv(argv)) => argv.iter().any(|a| a.contains('\0')),
+        None => false,
+    };
+    if nul {
+        r.at(
+            path,
+            "the command contains a NUL character, which no process can be started with",
+            format!("remove the NUL (\\0) from {path}"),
+        );
+    }
 }
 
-/// A case id (task_id or label): anything but empty. Unsafe characters are fine: the case
-/// directory name is derived separately.
+/// The first control character (NUL, newline, tab, DEL, C1 controls) in `s`.
+fn control_char(s: &str) -> Option<char> {
+    s.chars().find(|c| c.is_control())
+}
+
+/// A case id (task_id or label): not empty, no control characters. Other unsafe characters
+/// (spaces, slashes) are fine: the case directory name is derived separately.
 pub(crate) fn case_id(id: &str, path: &FieldPath, r: &mut Report) -> bool {
     if id.trim().is_empty() {
         r.at(
@@ -148,7 +236,89 @@ pub(crate) fn case_id(id: &str, path: &FieldPath, r: &mut Report) -> bool {
         );
         return false;
     }
+    if let Some(c) = control_char(id) {
+        r.at(
+            path,
+            format!(
+                "the case id {id:?} contains the control character {c:?}; ids travel in \
+                 environment variables, logs and reports, where it breaks or hides text"
+            ),
+            format!("remove the control character from {path} (use spaces or `-` instead)"),
+        );
+        return false;
+    }
     true
+}
+
+/// Why `name` cannot be an environment variable set by the manifest, if it cannot.
+pub(crate) fn env_name_error(name: &str) -> Option<String> {
+    let mut chars = name.chars();
+    let valid = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Some(format!(
+            "{name:?} is not a valid environment variable name (letters, digits and `_`, \
+             not starting with a digit)"
+        ));
+    }
+    if name.to_ascii_uppercase().starts_with(RESERVED_ENV_PREFIX) {
+        return Some(format!(
+            "{name:?} would override the harness contract's {RESERVED_ENV_PREFIX}* variables"
+        ));
+    }
+    None
+}
+
+/// `env` (literal values) and `pass_env` (names copied from the worker) of one layer.
+fn environment(
+    env: Option<&BTreeMap<String, String>>,
+    pass_env: Option<&[String]>,
+    parent: &FieldPath,
+    r: &mut Report,
+) {
+    let env_path = parent.key("env");
+    for (name, value) in env.into_iter().flatten() {
+        let p = env_path.key(name);
+        if let Some(why) = env_name_error(name) {
+            r.at(
+                &p,
+                why,
+                format!(
+                    "rename it to letters, digits and `_` (not starting with a digit or {RESERVED_ENV_PREFIX})"
+                ),
+            );
+        }
+        if value.contains('\0') {
+            r.at(
+                &p,
+                "the value contains a NUL character, which an environment variable cannot hold",
+                format!("remove the NUL (\\0) from {p}"),
+            );
+        }
+    }
+    let pass_path = parent.key("pass_env");
+    for (i, name) in pass_env.into_iter().flatten().enumerate() {
+        let p = pass_path.index(i);
+        if let Some(why) = env_name_error(name) {
+            r.at(
+                &p,
+                why,
+                format!(
+                    "list the name of a variable of the worker's environment (letters, digits and `_`, not {RESERVED_ENV_PREFIX}*)"
+                ),
+            );
+        } else if env.is_some_and(|e| e.contains_key(name)) {
+            r.at(
+                &p,
+                format!("{name} is both in `env` and in `pass_env` here"),
+                "keep it in one of them: `env` for a literal value, `pass_env` to copy it from the worker",
+            );
+        } else if pass_env.is_some_and(|l| l[..i].contains(name)) {
+            r.at(&p, format!("{name} is listed twice"), "list it once");
+        }
+    }
 }
 
 /// Why a batch id cannot be a directory name, if it cannot.
@@ -159,6 +329,11 @@ pub(crate) fn batch_id_error(id: &str) -> Option<String> {
     if id.len() > MAX_BATCH_ID_LEN {
         return Some(format!(
             "batch_id is longer than {MAX_BATCH_ID_LEN} characters"
+        ));
+    }
+    if let Some(c) = control_char(id) {
+        return Some(format!(
+            "batch_id {id:?} contains the control character {c:?}"
         ));
     }
     if let Some(bad) = id
@@ -200,6 +375,29 @@ mod tests {
         assert!(batch_id_error("a/b").is_some());
         assert!(batch_id_error("a b").is_some());
         assert!(batch_id_error(&"x".repeat(200)).is_some());
+        assert!(
+            batch_id_error("a\0b")
+                .unwrap()
+                .contains("control character")
+        );
+    }
+
+    #[test]
+    fn env_names() {
+        assert_eq!(env_name_error("MY_VAR_2"), None);
+        assert_eq!(env_name_error("_x"), None);
+        for bad in [
+            "",
+            "2X",
+            "A-B",
+            "A=B",
+            "A B",
+            "CASEBATCH_RESULT",
+            "casebatch_x",
+            "É",
+        ] {
+            assert!(env_name_error(bad).is_some(), "{bad}");
+        }
     }
 
     #[test]

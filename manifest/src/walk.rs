@@ -29,6 +29,8 @@ pub(crate) const DEFAULTS_FIELDS: &[&str] = &[
     "device_controller_url",
     "fake",
     "oom_auto_boost",
+    "env",
+    "pass_env",
 ];
 pub(crate) const SANDBOX_FIELDS: &[&str] = &["provider", "template", "platform", "lifetime"];
 pub(crate) const RESOURCES_FIELDS: &[&str] = &["cpu", "memory_mb"];
@@ -48,6 +50,8 @@ pub(crate) const TASK_FIELDS: &[&str] = &[
     "evaluator",
     "runtime",
     "inputs",
+    "env",
+    "pass_env",
 ];
 pub(crate) const RUNSPEC_FIELDS: &[&str] = &[
     "agent_kind",
@@ -62,6 +66,8 @@ pub(crate) const RUNSPEC_FIELDS: &[&str] = &[
     "harness",
     "evaluator",
     "runtime",
+    "env",
+    "pass_env",
 ];
 
 /// A value type a single field may hold, with how to describe it to a user.
@@ -259,7 +265,36 @@ pub(crate) fn defaults(value: &Value, path: &FieldPath, r: &mut Report) -> Optio
         device_controller_url: o.opt("device_controller_url", r),
         fake: o.nested("fake", r, fake),
         oom_auto_boost: o.opt("oom_auto_boost", r),
+        env: o.nested("env", r, env),
+        pass_env: o.opt("pass_env", r),
     })
+}
+
+/// `env:`, a mapping of variable names to string values; each value is type-checked on its
+/// own so a number names its own line.
+pub(crate) fn env(
+    value: &Value,
+    path: &FieldPath,
+    r: &mut Report,
+) -> Option<BTreeMap<String, String>> {
+    let Value::Object(map) = value else {
+        r.at(
+            path,
+            format!(
+                "expected a mapping of names to values, found {}",
+                describe(value)
+            ),
+            format!("write {path} as a mapping such as `{{LOG_LEVEL: debug}}`"),
+        );
+        return None;
+    };
+    let mut out = BTreeMap::new();
+    for (name, v) in map {
+        if let Some(v) = leaf::<String>(v, &path.key(name), r) {
+            out.insert(name.clone(), v);
+        }
+    }
+    Some(out)
 }
 
 pub(crate) fn sandbox(value: &Value, path: &FieldPath, r: &mut Report) -> Option<Sandbox> {
@@ -325,6 +360,8 @@ pub(crate) fn task_body(o: &Obj<'_>, r: &mut Report) -> RunSpec {
         harness: None,
         evaluator: None,
         runtime: None,
+        env: o.nested("env", r, env),
+        pass_env: o.opt("pass_env", r),
     }
 }
 
@@ -354,6 +391,8 @@ pub(crate) fn task(value: &Value, path: &FieldPath, r: &mut Report) -> Option<Ta
         evaluator: body.evaluator,
         runtime: body.runtime,
         inputs: body.inputs,
+        env: body.env,
+        pass_env: body.pass_env,
     })
 }
 
@@ -374,6 +413,8 @@ pub(crate) fn split_task(task: Task) -> (String, RunSpec) {
         evaluator,
         runtime,
         inputs,
+        env,
+        pass_env,
     } = task;
     let spec = RunSpec {
         agent_kind,
@@ -388,6 +429,8 @@ pub(crate) fn split_task(task: Task) -> (String, RunSpec) {
         harness,
         evaluator,
         runtime,
+        env,
+        pass_env,
     };
     (task_id, spec)
 }

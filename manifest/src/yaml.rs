@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::model::{Defaults, ManifestFormat};
 use crate::plan::{CaseDecl, Loaded};
 use crate::report::{FieldPath, Report};
-use crate::source::{self, FILE_FIELD, Syntax};
+use crate::source::{self, Syntax};
 use crate::validate;
 use crate::walk::{self, Obj};
 
@@ -91,18 +91,7 @@ pub(crate) fn load_defaults_file(file: &Path, r: &mut Report) -> Option<Defaults
 }
 
 fn read_defaults(file: &Path, r: &mut Report) -> Option<Defaults> {
-    let bytes = match std::fs::read(file) {
-        Ok(b) => b,
-        Err(e) => {
-            r.at_line(
-                None,
-                FILE_FIELD,
-                format!("cannot read it: {e}"),
-                "check the --defaults-file path",
-            );
-            return None;
-        }
-    };
+    let bytes = source::read_bounded(file, "the defaults file", source::Kind::Named, r)?;
     let text = source::decode(&bytes, r)?;
     let syntax = match source::syntax_of(file, text) {
         Syntax::Jsonl => Syntax::Json,

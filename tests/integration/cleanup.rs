@@ -12,6 +12,7 @@ fn cleanup_finds_and_kills_a_detached_grandchild() {
         "leak.yaml",
         r#"batch_id: leak
 defaults:
+  pass_env: [SANDBOX]
   runtime: local-process
   harness: 'setsid sh -c "sleep 400; echo survived >> $SANDBOX/survivor.log" > /dev/null 2>&1 & echo "{}" > "$CASEBATCH_RESULT"'
 tasks:

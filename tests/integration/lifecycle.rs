@@ -79,6 +79,7 @@ fn run_writes_the_bundle_and_resume_of_a_completed_batch_changes_nothing() {
 
 const SLOW: &str = r#"
 defaults:
+  pass_env: [SANDBOX]
   runtime: local-process
   harness: 'echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/ran.log"; sleep {secs}; echo "{}" > "$CASEBATCH_RESULT"'
 tasks:

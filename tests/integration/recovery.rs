@@ -12,6 +12,7 @@ fn sigkill_of_the_runner_then_resume_adopts_in_flight_cases_and_reruns_nothing()
         "crash.yaml",
         r#"batch_id: crash
 defaults:
+  pass_env: [SANDBOX]
   concurrency: 3
   runtime: local-process
   harness: 'echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/started.log"; sleep 3; echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/finished.log"; echo "{}" > "$CASEBATCH_RESULT"'
@@ -68,6 +69,7 @@ fn a_dev_server_killed_mid_batch_is_brought_back_and_the_batch_completes() {
         "restart.yaml",
         r#"batch_id: restart
 defaults:
+  pass_env: [SANDBOX]
   concurrency: 3
   runtime: local-process
   harness: 'echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/ran.log"; sleep 2; echo "{}" > "$CASEBATCH_RESULT"'

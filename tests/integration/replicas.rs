@@ -18,6 +18,7 @@ fn two_standalone_workers_share_one_batch_and_run_each_case_once() {
         &format!(
             r#"batch_id: replicas
 defaults:
+  pass_env: [SANDBOX]
   concurrency: 6
   runtime: local-process
   harness: 'echo "$CASEBATCH_CASE_ID $PPID" >> "$SANDBOX/ran.log"; sleep 1; echo "{{}}" > "$CASEBATCH_RESULT"'

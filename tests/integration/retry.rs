@@ -11,6 +11,7 @@ fn retry_failed_with_a_class_filter_reruns_only_that_class_and_carries_the_rest(
         "incident.yaml",
         r#"batch_id: incident
 defaults:
+  pass_env: [SANDBOX]
   runtime: local-process
   max_retries: 0
   harness: 'echo x >> "$SANDBOX/$CASEBATCH_CASE_ID.runs"; if [ -f "$SANDBOX/network-down" ]; then echo "{\"failure\": {\"class\": \"infra\", \"code\": \"NETWORK_DOWN\", \"retryable\": true}}" > "$CASEBATCH_RESULT"; exit 1; fi; echo "{\"scores\": {\"accuracy\": 0.75}}" > "$CASEBATCH_RESULT"'
@@ -83,6 +84,7 @@ fn oom_killed_cases_escalate_memory_per_retry_without_changing_the_spec() {
         "hog.yaml",
         r#"batch_id: hog
 defaults:
+  pass_env: [SANDBOX]
   runtime: local-process
   max_retries: 0
   resources: {memory_mb: 64}
@@ -166,6 +168,7 @@ fn rerun_makes_new_attempts_in_the_same_batch_and_keeps_earlier_evidence() {
         "again.yaml",
         r#"batch_id: again
 defaults:
+  pass_env: [SANDBOX]
   runtime: local-process
   max_retries: 0
   harness: 'echo x >> "$SANDBOX/$CASEBATCH_CASE_ID.runs"; [ "$CASEBATCH_CASE_ID" = flaky ] && [ -f "$SANDBOX/broken" ] && exit 3; echo "{}" > "$CASEBATCH_RESULT"'
@@ -268,6 +271,7 @@ fn a_failed_trace_pull_keeps_the_work_and_retry_failed_recollects_without_rerunn
         &format!(
             r#"batch_id: traced
 defaults:
+  pass_env: [SANDBOX]
   runtime: local-process
   max_retries: 2
   harness: 'echo x >> "$SANDBOX/actor.runs"; echo "{{\"scores\": {{\"accuracy\": 1.0}}, \"trace\": {{\"url\": \"http://127.0.0.1:{port}/traces/web-1?attempt=1\"}}}}" > "$CASEBATCH_RESULT"'

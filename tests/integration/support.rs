@@ -75,6 +75,18 @@ impl Sandbox {
         wait_output(child, Duration::from_secs(240))
     }
 
+    /// [`Sandbox::run`] with extra variables in the runner's own environment.
+    pub fn run_env(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
+        let child = self
+            .command(args)
+            .envs(envs.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn casebatch");
+        wait_output(child, Duration::from_secs(240))
+    }
+
     /// Starts in the background (stdout/stderr to files in the sandbox).
     pub fn spawn(&self, args: &[&str], log: &str) -> Child {
         let out = std::fs::File::create(self.path(log)).unwrap();

@@ -12,6 +12,7 @@ defaults:
   runtime: local-process
   max_retries: 2
   concurrency: 4
+  pass_env: [SANDBOX]   # harnesses see only what is passed on
   harness: 'echo x >> "$SANDBOX/$CASEBATCH_CASE_ID.runs"; echo "{}" > "$CASEBATCH_RESULT"'
 tasks:
   - task_id: flaky-infra
@@ -80,6 +81,7 @@ defaults:
   runtime: local-process
   max_retries: 3
   resources: {memory_mb: 64}
+  pass_env: [SANDBOX]   # harnesses see only what is passed on
   harness: 'echo x >> "$SANDBOX/oom.runs"; python3 -c "b = bytearray(400 * 1024 * 1024); print(len(b))"'
 tasks:
   - task_id: hog
@@ -111,6 +113,7 @@ defaults:
   runtime: local-process
   max_retries: 1
   timeout_seconds: 1
+  pass_env: [SANDBOX]   # harnesses see only what is passed on
   harness: 'echo x >> "$SANDBOX/slow.runs"; sleep 345'
 tasks:
   - task_id: sleeper

@@ -128,3 +128,49 @@ fn operating_an_unknown_batch_is_a_usage_error() {
     ]);
     assert_exit(&o, 2);
 }
+
+#[test]
+fn values_that_cannot_run_are_refused_with_exit_2() {
+    let sb = Sandbox::new();
+    let out = sb.out().display().to_string();
+    let deep = format!(
+        "batch_id: b\ndefaults: {{runtime: fake}}\ntasks:\n  - task_id: x\n    inputs: {{k: {}{}}}\n",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let cases = [
+        (
+            "huge-timeout.yaml",
+            "batch_id: b\ndefaults: {runtime: fake, timeout_seconds: 18446744073709551615}\ntasks:\n  - task_id: x\n".to_string(),
+            "maximum of 604800",
+        ),
+        (
+            "nul-id.yaml",
+            "batch_id: b\ndefaults: {runtime: fake}\ntasks:\n  - task_id: \"x\\0y\"\n".to_string(),
+            "control character",
+        ),
+        (
+            "env-name.yaml",
+            "batch_id: b\ndefaults: {runtime: fake, env: {CASEBATCH_RESULT: x}}\ntasks:\n  - task_id: x\n".to_string(),
+            "harness contract",
+        ),
+        ("deep.yaml", deep, "nested more than 64 levels"),
+    ];
+    for (name, text, needle) in cases {
+        let m = sb.write(name, &text);
+        for verb in ["validate", "run"] {
+            let mut args = vec!["batch", verb, "--manifest", m.to_str().unwrap()];
+            if verb != "validate" {
+                args.extend(["--output-dir", &out]);
+            }
+            let o = sb.run(&args);
+            assert_exit(&o, 2);
+            let err = stderr(&o);
+            assert!(
+                err.contains(name) && err.contains(needle),
+                "{verb} {name}: {err}"
+            );
+        }
+    }
+    assert!(!sb.out().exists(), "a refused manifest writes nothing");
+}

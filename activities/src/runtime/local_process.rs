@@ -103,6 +103,8 @@ impl LocalProcess {
                 ),
             )
         })?;
+        let case_env = crate::case_env::for_attempt(env)
+            .map_err(|m| Failure::config(Stage::Submit, crate::case_env::PASS_ENV_UNSET, m))?;
         let open = |name: &str| {
             fs::File::create(env.file(name))
                 .map_err(|e| submit_failure(format!("failed to create {name}: {e}")))
@@ -118,7 +120,8 @@ impl LocalProcess {
             CommandSpec::Argv(argv) => cmd.args(argv),
         };
         cmd.current_dir(env.file(attempt_files::WORKDIR))
-            .envs(env.contract_env())
+            .env_clear()
+            .envs(case_env)
             .env("CASEBATCH_EXIT_FILE", env.file(attempt_files::EXIT))
             .env(
                 "CASEBATCH_CGROUP_PROCS",

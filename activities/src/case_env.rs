@@ -1,0 +1,151 @@
+//! The environment every process of a case starts with (the harness, its wrapper, the
+//! evaluator): an empty one plus an explicit allowlist, so nothing of the runner's own
+//! environment (`TEMPORAL_API_KEY`, cloud credentials, tokens) reaches a harness or the bundle
+//! unless the manifest asks for it by name.
+//!
+//! What a process sees, later entries winning:
+//! 1. [`INHERITED`]: `PATH`, `HOME`, `LANG`, `LC_ALL`, `LC_CTYPE`, `TZ`, `TMPDIR`, `USER`,
+//!    copied from the worker when set there;
+//! 2. the case's `pass_env` names, copied from the worker when the attempt starts (an unset
+//!    name fails the attempt as `config`; values are never written anywhere by casebatch);
+//! 3. the case's `env` literals;
+//! 4. the harness contract's `CASEBATCH_*` variables ([`AttemptEnv::contract_env`], including
+//!    the allocation marker that cleanup finds processes by), which the manifest cannot set.
+//!
+//! The caller then adds its own `CASEBATCH_*` extras (exit file, cgroup, actor result).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+
+use casebatch_manifest::model::PlannedCase;
+
+use crate::runtime::AttemptEnv;
+
+/// Variables copied from the worker's environment into every case process, when set.
+pub const INHERITED: &[&str] = &[
+    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER",
+];
+
+/// Failure code of an attempt whose `pass_env` names a variable the worker does not have.
+pub const PASS_ENV_UNSET: &str = "PASS_ENV_UNSET";
+
+/// A case process's complete environment, reading the worker's variables through `lookup`.
+/// `Err` names the `pass_env` variables that `lookup` does not have.
+pub fn build(
+    case: &PlannedCase,
+    contract: BTreeMap<String, String>,
+    lookup: impl Fn(&str) -> Option<OsString>,
+) -> Result<BTreeMap<OsString, OsString>, String> {
+    let mut env: BTreeMap<OsString, OsString> = BTreeMap::new();
+    for name in INHERITED {
+        if let Some(value) = lookup(name) {
+            env.insert((*name).into(), value);
+        }
+    }
+    let mut unset = Vec::new();
+    for name in &case.pass_env {
+        match lookup(name) {
+            Some(value) => {
+                env.insert(name.into(), value);
+            }
+            None => unset.push(name.as_str()),
+        }
+    }
+    if !unset.is_empty() {
+        return Err(format!(
+            "pass_env names {}, which the worker's environment does not set: export it where \
+             every worker runs, or remove it from pass_env",
+            unset.join(", ")
+        ));
+    }
+    for (name, value) in &case.env {
+        env.insert(name.into(), value.into());
+    }
+    for (name, value) in contract {
+        env.insert(name.into(), value.into());
+    }
+    Ok(env)
+}
+
+/// [`build`] for an attempt, from this worker's environment as it is now.
+pub fn for_attempt(attempt: &AttemptEnv) -> Result<BTreeMap<OsString, OsString>, String> {
+    build(&attempt.case, attempt.contract_env(), |name| {
+        std::env::var_os(name)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(env: &[(&str, &str)], pass_env: &[&str]) -> PlannedCase {
+        serde_json::from_value(serde_json::json!({
+            "index": 0,
+            "case_id": "c",
+            "case_dir": "c",
+            "runtime": "local-process",
+            "harness": "true",
+            "resources": {},
+            "timeout_seconds": 60,
+            "env": env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+            "pass_env": pass_env,
+            "input": {},
+            "source": {"line": null, "runspec": null},
+        }))
+        .unwrap()
+    }
+
+    fn worker(name: &str) -> Option<OsString> {
+        let value = match name {
+            "PATH" => "/usr/bin:/bin",
+            "HOME" => "/home/w",
+            "TEMPORAL_API_KEY" => "sekrit-api-key",
+            "AWS_SECRET_ACCESS_KEY" => "sekrit-aws",
+            "MY_TOKEN" => "passed-on-purpose",
+            "CASEBATCH_ALLOC_MARKER" => "the-workers-own-marker",
+            _ => return None,
+        };
+        Some(value.into())
+    }
+
+    fn get<'a>(env: &'a BTreeMap<OsString, OsString>, name: &str) -> Option<&'a str> {
+        env.get(&OsString::from(name)).and_then(|v| v.to_str())
+    }
+
+    #[test]
+    fn only_the_allowlist_the_contract_and_the_manifests_choices_get_through() {
+        let contract = BTreeMap::from([
+            ("CASEBATCH_RESULT".to_string(), "/b/result.json".to_string()),
+            ("CASEBATCH_ALLOC_MARKER".to_string(), "b/0/1".to_string()),
+        ]);
+        let c = case(&[("MODE", "fast"), ("PATH", "/opt/bin")], &["MY_TOKEN"]);
+        let env = build(&c, contract, worker).unwrap();
+        let names: Vec<&str> = env.keys().filter_map(|k| k.to_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "CASEBATCH_ALLOC_MARKER",
+                "CASEBATCH_RESULT",
+                "HOME",
+                "MODE",
+                "MY_TOKEN",
+                "PATH"
+            ]
+        );
+        assert_eq!(get(&env, "HOME"), Some("/home/w"));
+        assert_eq!(get(&env, "MY_TOKEN"), Some("passed-on-purpose"));
+        // A literal wins over the inherited value; the contract wins over the worker's own.
+        assert_eq!(get(&env, "PATH"), Some("/opt/bin"));
+        assert_eq!(get(&env, "CASEBATCH_ALLOC_MARKER"), Some("b/0/1"));
+        assert!(
+            env.values()
+                .all(|v| !v.to_string_lossy().contains("sekrit"))
+        );
+    }
+
+    #[test]
+    fn an_unset_pass_env_name_is_an_error_naming_it() {
+        let err = build(&case(&[], &["NOT_THERE"]), BTreeMap::new(), worker).unwrap_err();
+        assert!(err.contains("NOT_THERE"), "{err}");
+    }
+}

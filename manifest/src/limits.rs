@@ -1,0 +1,45 @@
+//! Every bound a manifest is checked against, in one place.
+//!
+//! A value outside these bounds is refused by `validate` (exit 2) instead of failing, or
+//! hanging, at run time: the engine adds, multiplies and converts these numbers (durations
+//! into Temporal timeouts, MiB into bytes, doubling on OOM boosts), and each bound leaves room
+//! for that arithmetic. The README's manifest section and the JSON Schema descriptions
+//! (`casebatch config schema`) quote the same numbers; a unit test keeps the schema in step.
+
+use std::ops::RangeInclusive;
+
+/// Active case limit.
+pub const CONCURRENCY_RANGE: RangeInclusive<u32> = 1..=512;
+/// Extra whole-case attempts after a retryable failure.
+pub const MAX_RETRIES_RANGE: RangeInclusive<u32> = 0..=5;
+
+/// Longest wall-clock limit of one attempt: 7 days. Temporal timeouts are built from it (plus
+/// slack), so it must stay far below what a duration can hold.
+pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 60 * 60;
+/// Accepted `timeout_seconds`.
+pub const TIMEOUT_SECONDS_RANGE: RangeInclusive<u64> = 1..=MAX_TIMEOUT_SECONDS;
+/// Longest sandbox `lifetime`, in seconds (the same 7 days).
+pub const MAX_SANDBOX_LIFETIME_SECONDS: u64 = MAX_TIMEOUT_SECONDS;
+/// Longest scripted duration of a `fake` attempt, in milliseconds (the same 7 days).
+pub const MAX_FAKE_DURATION_MS: u64 = MAX_TIMEOUT_SECONDS * 1000;
+/// Most scripted infra failures of a `fake` case.
+pub const MAX_FAKE_INFRA_FAILURES: u32 = 1000;
+
+/// Largest `resources.memory_mb`: 1 TiB. Converted to bytes (`* 1024 * 1024`) and doubled by
+/// OOM boosts, which must not overflow.
+pub const MAX_MEMORY_MB: u64 = 1024 * 1024;
+/// Largest `resources.cpu`.
+pub const MAX_CPU: f64 = 1024.0;
+
+/// Longest accepted batch id; it becomes a directory name.
+pub const MAX_BATCH_ID_LEN: usize = 128;
+
+/// Largest manifest (and defaults file, and batch_v1 runspec) read, in bytes: 64 MiB. Checked
+/// from the file's metadata before reading, and enforced while reading.
+pub const MAX_MANIFEST_BYTES: u64 = 64 * 1024 * 1024;
+/// Deepest nesting of mappings and lists in a manifest document. A real manifest needs about
+/// six levels; deeper input is refused before it is parsed (parsing it costs quadratic time).
+pub const MAX_NESTING_DEPTH: usize = 64;
+
+/// Prefix of the harness contract's variables: `env`/`pass_env` may not set these.
+pub const RESERVED_ENV_PREFIX: &str = "CASEBATCH_";
