@@ -264,6 +264,7 @@ defaults:
   max_retries: 1
   timeout_seconds: 120
   runtime: local-process
+  pass_env: [SANDBOX]
   harness: |
     e="$SANDBOX/effects/$CASEBATCH_CASE_ID.log"
     echo "started $CASEBATCH_CASE_ID $CASEBATCH_ATTEMPT $$" >> "$e"
