@@ -9,20 +9,20 @@
 use std::time::Duration;
 
 use casebatch_proto::{
-    ActorReport, ActorStatus, AttemptKey, AttemptSummary, AwaitInput, CleanupInput, Failure, Stage,
-    StageResult, SubmitResult, codes,
+    ActorReport, ActorStatus, AttemptKey, AttemptSummary, AwaitInput, CleanupInput, Stage,
+    StageResult, SubmitResult,
 };
 use temporalio_sdk::{
     ActivityCancellationType, ActivityOptions, WorkflowCancellationToken, WorkflowContext,
 };
 
 use super::{
-    AWAIT_HEARTBEAT, CaseParams, HOST_WAIT, activity_failure, is_timeout, local, mark_error,
-    retry_policy,
+    AWAIT_HEARTBEAT, CaseParams, HOST_WAIT, activity_failure, decide_attempt, is_timeout, local,
+    mark_error, mark_job_lost, retry_policy,
 };
 use crate::batch::BatchWorkflow;
 use crate::contracts::{AwaitJob, Cleanup, Collect, Evaluate, Provision, Submit};
-use crate::decide::{self, Next, Spent};
+use crate::decide::{Next, Spent};
 
 /// One attempt through every stage. Cleanup runs for every provisioned attempt, on a
 /// cancellation token detached from the batch's so a cancel cannot skip it.
@@ -101,16 +101,7 @@ pub(super) async fn run_attempt(
                 s.adopted = adopted;
                 s.memory_limit_mb = memory_limit_mb;
             }
-            Err(e) if !cancel.is_cancelled() && is_timeout(&e) => {
-                // The job's host never came back (or the job never reported): nothing is
-                // adoptable, so the case is re-dispatched.
-                s.actor = Some(ActorStatus::Failed);
-                s.failure = Some(Failure::infra(
-                    Stage::Await,
-                    codes::JOB_LOST,
-                    format!("no worker could await the job: {e}"),
-                ));
-            }
+            Err(e) if !cancel.is_cancelled() && is_timeout(&e) => mark_job_lost(&mut s, &e),
             Err(e) => mark_error(&mut s, cancel, Stage::Await, &e),
         }
     }
@@ -150,13 +141,7 @@ pub(super) async fn run_attempt(
     }
 
     // Decide once, before cleanup: the bundle records exactly what the workflow decides.
-    let cancelled = cancel.is_cancelled();
-    if cancelled && s.actor != Some(ActorStatus::Finished) {
-        // Whatever the job reported after the cancel is the cancel's doing.
-        s.actor = Some(ActorStatus::Cancelled);
-        s.failure = None;
-    }
-    let next = decide::next(&s, cancelled, p.policy, spent);
+    let next = decide_attempt(&mut s, cancel, p.policy, spent);
 
     // cleanup: always, for every provisioned attempt
     if provisioned {

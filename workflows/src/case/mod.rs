@@ -305,28 +305,13 @@ async fn run_attempt(
         };
         match ctx.execute_activity(Settle, input, opts).await {
             Ok(settled) => apply_settled(&mut s, key, settled),
-            Err(e) if !cancel.is_cancelled() && is_timeout(&e) => {
-                // The job's host never came back (or the job never reported): nothing is
-                // adoptable, so the case is re-dispatched.
-                s.actor = Some(ActorStatus::Failed);
-                s.failure = Some(Failure::infra(
-                    Stage::Await,
-                    codes::JOB_LOST,
-                    format!("no worker could await the job: {e}"),
-                ));
-            }
+            Err(e) if !cancel.is_cancelled() && is_timeout(&e) => mark_job_lost(&mut s, &e),
             Err(e) => mark_error(&mut s, cancel, Stage::Await, &e),
         }
     }
 
     // Decide once, before cleanup: the bundle records exactly what the workflow decides.
-    let cancelled = cancel.is_cancelled();
-    if cancelled && s.actor != Some(ActorStatus::Finished) {
-        // Whatever the job reported after the cancel is the cancel's doing.
-        s.actor = Some(ActorStatus::Cancelled);
-        s.failure = None;
-    }
-    let next = decide::next(&s, cancelled, p.policy, spent);
+    let next = decide_attempt(&mut s, cancel, p.policy, spent);
 
     // cleanup: always, where the attempt ran
     let input = CleanupInput {
@@ -376,6 +361,33 @@ fn apply_settled(s: &mut AttemptSummary, key: &AttemptKey, settled: Settled) {
         }
     }
     s.collect_failure = settled.collect_failure;
+}
+
+/// The job's host never came back (or the job never reported): nothing is adoptable, so the
+/// case is re-dispatched.
+fn mark_job_lost(s: &mut AttemptSummary, err: &ActivityExecutionError) {
+    s.actor = Some(ActorStatus::Failed);
+    s.failure = Some(Failure::infra(
+        Stage::Await,
+        codes::JOB_LOST,
+        format!("no worker could await the job: {err}"),
+    ));
+}
+
+/// The attempt's outcome and what comes next. Whatever the job reported after a batch cancel
+/// is the cancel's doing.
+fn decide_attempt(
+    s: &mut AttemptSummary,
+    cancel: &WorkflowCancellationToken,
+    policy: decide::Policy,
+    spent: Spent,
+) -> Next {
+    let cancelled = cancel.is_cancelled();
+    if cancelled && s.actor != Some(ActorStatus::Finished) {
+        s.actor = Some(ActorStatus::Cancelled);
+        s.failure = None;
+    }
+    decide::next(s, cancelled, policy, spent)
 }
 
 fn summary_cleanup_ok(s: &AttemptSummary) -> bool {
