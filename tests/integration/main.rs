@@ -6,6 +6,7 @@ mod support;
 
 mod cleanup;
 mod demo;
+mod engine;
 mod lifecycle;
 mod recovery;
 mod replicas;

@@ -295,3 +295,38 @@ pub fn processes_matching(needle: &str) -> Vec<u32> {
     }
     found
 }
+
+impl Sandbox {
+    /// Like `run`, with extra environment variables.
+    pub fn run_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let child = self
+            .command(args)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn casebatch");
+        wait_output(child, Duration::from_secs(240))
+    }
+
+    /// The text of a file in the sandbox ("" when absent).
+    pub fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.path(rel)).unwrap_or_default()
+    }
+}
+
+/// The embedded engine's `engine.json` under an output root, if there is one.
+pub fn engine_record(output_root: &Path) -> Option<Value> {
+    let bytes = std::fs::read(output_root.join(".casebatch-engine/engine.json")).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// True when the process an `engine.json` names is alive and is that very process.
+pub fn engine_alive(record: &Value) -> bool {
+    match (record["pid"].as_u64(), record["start_ticks"].as_u64()) {
+        (Some(pid), Some(ticks)) => {
+            casebatch_activities::procfs::is_same_process(pid as u32, ticks)
+        }
+        _ => false,
+    }
+}
