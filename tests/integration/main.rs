@@ -7,6 +7,7 @@ mod support;
 mod chaos_kills;
 mod cleanup;
 mod demo;
+mod engine;
 mod environment;
 mod lifecycle;
 mod recovery;

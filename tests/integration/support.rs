@@ -317,6 +317,11 @@ impl Sandbox {
         c.envs(envs.iter().copied()).stdout(out).stderr(err);
         c.spawn().expect("spawn casebatch")
     }
+
+    /// The text of a file in the sandbox ("" when absent).
+    pub fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.path(rel)).unwrap_or_default()
+    }
 }
 
 /// The last `n` lines of a text file (what is there when it is absent or not UTF-8).
@@ -338,4 +343,20 @@ pub fn alive(pid: u32) -> bool {
                 .map(|r| !r.trim_start().starts_with('Z'))
         })
         .unwrap_or(false)
+}
+
+/// The embedded engine's `engine.json` under an output root, if there is one.
+pub fn engine_record(output_root: &Path) -> Option<Value> {
+    let bytes = std::fs::read(output_root.join(".casebatch-engine/engine.json")).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// True when the process an `engine.json` names is alive and is that very process.
+pub fn engine_alive(record: &Value) -> bool {
+    match (record["pid"].as_u64(), record["start_ticks"].as_u64()) {
+        (Some(pid), Some(ticks)) => {
+            casebatch_activities::procfs::is_same_process(pid as u32, ticks)
+        }
+        _ => false,
+    }
 }

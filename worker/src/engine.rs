@@ -1,18 +1,36 @@
 //! Which Temporal the CLI talks to, and the connected client.
 //!
 //! With no address configured anywhere, the engine is the embedded dev server of the output
-//! root. An address from `--address` or Temporal's own settings (`TEMPORAL_ADDRESS`, a
-//! `temporal.toml` profile) selects cluster mode, with namespace, TLS and API key from the
-//! same settings. Secrets are read from there each time and never written to disk.
+//! root (found or started, and from then on supervised, by `devserver.rs`). An address from
+//! `--address` or Temporal's own settings (`TEMPORAL_ADDRESS`, a `temporal.toml` profile)
+//! selects cluster mode, with namespace, TLS and API key from the same settings. Secrets are
+//! read from there each time and never written to disk.
+//!
+//! A connection counts only once the server answers real calls: the first one is retried with
+//! backoff for up to [`CONNECT_WAIT`] (a dev server accepts TCP connections a moment before
+//! its frontend is healthy), so no command starts a worker or a batch against a server that is
+//! still coming up. Configuration and authentication errors from a cluster are not retried.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use temporalio_client::envconfig::LoadClientConfigProfileOptions;
+use temporalio_client::errors::ClientConnectError;
+use temporalio_client::tonic::{self, Code};
 use temporalio_client::{
     Client, ClientOptions, Connection, ConnectionOptions, WorkflowCountOptions,
 };
+use temporalio_common::protos::temporal::api::workflowservice::v1::DescribeNamespaceRequest;
 
 use crate::devserver::{DevServer, DevServerError};
+
+/// How long the first connection may take until the server answers a real call.
+pub const CONNECT_WAIT: Duration = Duration::from_secs(30);
+/// One attempt (connect, then the probe calls): a server that accepts connections but never
+/// answers costs no more than this per try.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -26,6 +44,15 @@ pub enum EngineError {
     Insecure { address: String },
     #[error("failed to connect to Temporal at {address}: {message}")]
     Connect { address: String, message: String },
+    #[error(
+        "failed to reach the embedded Temporal dev server at {address}: it did not answer within {secs}s (last error: {last}); its log is {log}"
+    )]
+    NotServing {
+        address: String,
+        secs: u64,
+        last: String,
+        log: String,
+    },
 }
 
 /// Where the engine is.
@@ -66,7 +93,7 @@ impl EngineTarget {
     }
 }
 
-/// A connected client, plus the dev server when embedded (kept alive by holding this).
+/// A connected client, plus the dev server when embedded (supervised while this is held).
 pub struct Engine {
     pub client: Client,
     pub address: String,
@@ -75,18 +102,32 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Connects, starting the embedded dev server when needed.
+    /// Connects once the server answers, finding or starting the embedded dev server when
+    /// that is the target.
     pub async fn connect(target: &EngineTarget) -> Result<Self, EngineError> {
         match target {
             EngineTarget::Embedded { output_root } => {
-                let server = DevServer::ensure(output_root)?;
+                // Blocking: may wait for the state lock and for a new server's port to open.
+                let root = output_root.clone();
+                let server = tokio::task::spawn_blocking(move || DevServer::ensure(&root))
+                    .await
+                    .map_err(|e| EngineError::Config(format!("engine start-up failed: {e}")))??;
                 let url: temporalio_client::Url = server
                     .address
                     .parse()
                     .map_err(|e| EngineError::Config(format!("{e}")))?;
-                let conn = ConnectionOptions::new(url).build();
-                let client = dial(conn, "default").await?;
-                wait_until_serving(&client, &server.address).await?;
+                let conn = ConnectionOptions::new(url)
+                    .connect_timeout(ATTEMPT_TIMEOUT)
+                    .build();
+                // On failure `server` is dropped, which stops a server this process started.
+                let client = connect_until_serving(conn, "default", Mode::Embedded)
+                    .await
+                    .map_err(|f| EngineError::NotServing {
+                        address: server.address.clone(),
+                        secs: CONNECT_WAIT.as_secs(),
+                        last: f.message(),
+                        log: server.log.display().to_string(),
+                    })?;
                 Ok(Self {
                     client,
                     address: server.address.clone(),
@@ -131,7 +172,21 @@ impl Engine {
                 if !loopback && plaintext {
                     return Err(EngineError::Insecure { address: addr });
                 }
-                let client = dial(conn, &ns).await?;
+                if conn.connect_timeout.is_none() {
+                    conn.connect_timeout = Some(ATTEMPT_TIMEOUT);
+                }
+                let client = connect_until_serving(conn, &ns, Mode::Cluster)
+                    .await
+                    .map_err(|f| EngineError::Connect {
+                        address: addr.clone(),
+                        message: match f {
+                            Failure::Fatal(m) => m,
+                            Failure::TimedOut(m) => format!(
+                                "no answer within {}s (last error: {m}); check the address and that the server is up",
+                                CONNECT_WAIT.as_secs()
+                            ),
+                        },
+                    })?;
                 Ok(Self {
                     client,
                     address: addr,
@@ -143,39 +198,186 @@ impl Engine {
     }
 }
 
-/// A dev server accepts connections a moment before its namespace is ready; the first real
-/// call must not be mistaken for "no such batch" or an unreachable engine.
-async fn wait_until_serving(client: &Client, address: &str) -> Result<(), EngineError> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        match client
-            .count_workflows("", WorkflowCountOptions::default())
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(e) if std::time::Instant::now() > deadline => {
-                return Err(EngineError::Connect {
-                    address: address.to_string(),
-                    message: format!("the dev server never became ready: {e}"),
-                });
-            }
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Our own dev server: any error within the bound means "still starting".
+    Embedded,
+    /// A cluster: configuration and authentication errors are final.
+    Cluster,
+}
+
+/// Why an attempt, or the first connection as a whole, failed.
+#[derive(Debug)]
+enum Failure {
+    /// Retrying cannot help (bad configuration, credentials, unknown namespace).
+    Fatal(String),
+    /// For an attempt: worth retrying. For the connection: the bound ran out; the last error.
+    TimedOut(String),
+}
+
+impl Failure {
+    fn message(self) -> String {
+        match self {
+            Failure::Fatal(m) | Failure::TimedOut(m) => m,
         }
     }
 }
 
-async fn dial(conn: ConnectionOptions, namespace: &str) -> Result<Client, EngineError> {
-    let address = conn.target.to_string();
-    let connection = Connection::connect(conn)
-        .await
-        .map_err(|e| EngineError::Connect {
-            address: address.clone(),
-            message: e.to_string(),
-        })?;
-    Client::new(connection, ClientOptions::new(namespace).build()).map_err(|e| {
-        EngineError::Connect {
-            address,
-            message: e.to_string(),
+/// Connects and probes until the server answers, with backoff, within [`CONNECT_WAIT`].
+async fn connect_until_serving(
+    conn: ConnectionOptions,
+    namespace: &str,
+    mode: Mode,
+) -> Result<Client, Failure> {
+    let deadline = Instant::now() + CONNECT_WAIT;
+    let mut backoff = FIRST_BACKOFF;
+    let mut client: Option<Client> = None;
+    loop {
+        let budget = deadline
+            .saturating_duration_since(Instant::now())
+            .min(ATTEMPT_TIMEOUT);
+        let tried =
+            tokio::time::timeout(budget, attempt(&mut client, &conn, namespace, mode)).await;
+        let last = match tried {
+            Ok(Ok(())) => return Ok(client.expect("connected")),
+            Ok(Err(Failure::Fatal(m))) => return Err(Failure::Fatal(m)),
+            Ok(Err(Failure::TimedOut(m))) => m,
+            Err(_) => format!("no answer within {:.1}s", budget.as_secs_f32()),
+        };
+        if Instant::now() + backoff >= deadline {
+            return Err(Failure::TimedOut(last));
         }
-    })
+        tracing::debug!("Temporal at {} is not serving yet: {last}", conn.target);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// One try: connect (unless connected by an earlier try), then real calls. An error that is
+/// worth retrying comes back as `TimedOut`.
+async fn attempt(
+    client: &mut Option<Client>,
+    conn: &ConnectionOptions,
+    namespace: &str,
+    mode: Mode,
+) -> Result<(), Failure> {
+    if client.is_none() {
+        *client = Some(dial(conn.clone(), namespace, mode).await?);
+    }
+    let c = client.as_ref().expect("connected");
+    let request = DescribeNamespaceRequest {
+        namespace: namespace.to_string(),
+        ..Default::default()
+    };
+    let described = c
+        .connection()
+        .workflow_service()
+        .describe_namespace(tonic::Request::new(request))
+        .await;
+    match (described, mode) {
+        (Ok(_), _) => {}
+        (Err(s), Mode::Embedded) => return Err(Failure::TimedOut(status_text(&s))),
+        // The server answered; a worker's credentials need not read namespace metadata.
+        (Err(s), Mode::Cluster) if s.code() == Code::PermissionDenied => {}
+        (Err(s), Mode::Cluster) if s.code() == Code::NotFound => {
+            return Err(Failure::Fatal(format!(
+                "namespace {namespace:?} does not exist there (set --namespace or TEMPORAL_NAMESPACE)"
+            )));
+        }
+        (Err(s), Mode::Cluster) => return Err(classify(&s)),
+    }
+    if mode == Mode::Embedded {
+        // Visibility answers too: a command's first real call (describe, count, list) must
+        // not be mistaken for "no such batch".
+        c.count_workflows("", WorkflowCountOptions::default())
+            .await
+            .map_err(|e| Failure::TimedOut(e.to_string()))?;
+    }
+    Ok(())
+}
+
+async fn dial(conn: ConnectionOptions, namespace: &str, mode: Mode) -> Result<Client, Failure> {
+    let connection = Connection::connect(conn).await.map_err(|e| match e {
+        ClientConnectError::TonicTransportError(t) => Failure::TimedOut(transport_text(&t)),
+        // Connect makes a first call (GetSystemInfo): a dev server answers it with
+        // "Frontend is not healthy yet" while it starts.
+        ClientConnectError::SystemInfoCallError(s) if mode == Mode::Embedded => {
+            Failure::TimedOut(status_text(&s))
+        }
+        ClientConnectError::SystemInfoCallError(s) => classify(&s),
+        ClientConnectError::DnsResolutionError { host, source } => {
+            Failure::TimedOut(format!("cannot resolve {host}: {source}"))
+        }
+        other => Failure::Fatal(other.to_string()),
+    })?;
+    Client::new(connection, ClientOptions::new(namespace).build())
+        .map_err(|e| Failure::Fatal(e.to_string()))
+}
+
+/// A cluster's answer: transient codes are retried, the rest are final.
+fn classify(s: &tonic::Status) -> Failure {
+    match s.code() {
+        Code::Unavailable
+        | Code::DeadlineExceeded
+        | Code::ResourceExhausted
+        | Code::Aborted
+        | Code::Internal
+        | Code::Unknown
+        | Code::Cancelled => Failure::TimedOut(status_text(s)),
+        Code::Unauthenticated | Code::PermissionDenied => Failure::Fatal(format!(
+            "not authorized ({}); check TEMPORAL_API_KEY or the TLS client certificate",
+            s.message()
+        )),
+        _ => Failure::Fatal(status_text(s)),
+    }
+}
+
+fn status_text(s: &tonic::Status) -> String {
+    if s.message().is_empty() {
+        format!("{:?}", s.code())
+    } else {
+        format!("{:?}: {}", s.code(), s.message())
+    }
+}
+
+/// The innermost cause (e.g. "Connection refused") rather than "transport error".
+fn transport_text(e: &tonic::transport::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text = s.to_string();
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn nothing_listening_gives_up_after_the_bound_with_the_last_error() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url: temporalio_client::Url = format!("http://127.0.0.1:{port}").parse().unwrap();
+        let conn = ConnectionOptions::new(url)
+            .connect_timeout(ATTEMPT_TIMEOUT)
+            .build();
+        let started = Instant::now();
+        let failure = connect_until_serving(conn, "default", Mode::Cluster)
+            .await
+            .expect_err("nothing listens there");
+        let waited = started.elapsed();
+        assert!(
+            waited >= CONNECT_WAIT - MAX_BACKOFF && waited <= CONNECT_WAIT + ATTEMPT_TIMEOUT,
+            "bounded: {waited:?}"
+        );
+        match failure {
+            Failure::TimedOut(m) => assert!(m.to_lowercase().contains("refused"), "{m}"),
+            Failure::Fatal(m) => panic!("a refused connection is worth retrying: {m}"),
+        }
+    }
 }
