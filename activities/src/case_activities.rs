@@ -19,6 +19,7 @@ use temporalio_macros::activities;
 use temporalio_sdk::ApplicationFailure;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
+use crate::attempt_io;
 use crate::evaluator;
 use crate::harness;
 use crate::runtime::fake::Fake;
@@ -213,7 +214,10 @@ impl CaseActivities {
         let env = self.env(&key)?;
         let path = env.file(attempt_files::EVALUATION);
         // Replayed after a crash: the verdict already written stands.
-        if let Ok(done) = read_json::<EvaluationRecord>(&path) {
+        if let Ok(Some(done)) =
+            attempt_io::read_json::<EvaluationRecord>(path.clone(), attempt_io::max_result_bytes())
+                .await
+        {
             return Ok(evaluator::to_evaluation(&done));
         }
         let record = match (&env.case.runtime, &env.case.evaluator) {
@@ -249,10 +253,12 @@ impl CaseActivities {
         // Artifacts written to CASEBATCH_OUTPUT_DIR are already in the bundle; a trace the
         // harness names is pulled here. A failure keeps the work (verdict, scores).
         let env = self.env(&key)?;
-        let Some(trace) = harness::read_result(&env.file(attempt_files::RESULT))
-            .ok()
-            .flatten()
-            .and_then(|r| r.trace)
+        let Some(trace) =
+            harness::read_result::<harness::TraceOnly>(&env.file(attempt_files::RESULT))
+                .await
+                .ok()
+                .flatten()
+                .and_then(|r| r.trace)
         else {
             return Ok(None);
         };
@@ -286,18 +292,32 @@ impl CaseActivities {
         };
         // Local activities re-run when a workflow task is retried: log an attempt only once
         // per distinct record.
-        let previous: Option<AttemptRecord> = read_json(&env.file(attempt_files::RECORD)).ok();
+        let previous: Option<AttemptRecord> =
+            attempt_io::read_json(env.file(attempt_files::RECORD), attempt_io::RECORD_LIMIT)
+                .await
+                .ok()
+                .flatten();
         let already_logged = previous.as_ref() == Some(&record);
         write_json_atomic(&env.file(attempt_files::RECORD), &record)?;
 
-        let harness_result = harness::read_result(&env.file(attempt_files::RESULT))
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        let eval: Option<EvaluationRecord> = read_json(&env.file(attempt_files::EVALUATION)).ok();
+        // The one full parse of the harness's result: its outputs and scores move into the
+        // case result.
+        let harness_result =
+            harness::read_result::<harness::HarnessResult>(&env.file(attempt_files::RESULT))
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+        let eval: Option<EvaluationRecord> = attempt_io::read_json(
+            env.file(attempt_files::EVALUATION),
+            attempt_io::max_result_bytes(),
+        )
+        .await
+        .ok()
+        .flatten();
         let mut scores = harness_result.scores;
-        if let Some(e) = &eval {
-            scores.extend(e.scores.clone());
+        if let Some(e) = eval {
+            scores.extend(e.scores);
         }
         let state = if input.will_retry {
             casebatch_bundle::CaseRecordState::Retrying

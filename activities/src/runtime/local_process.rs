@@ -16,7 +16,7 @@ use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use casebatch_bundle::{
-    CleanupReceipt, RECORD_SCHEMA_VERSION, layout::attempt_files, read_json, write_json_atomic,
+    CleanupReceipt, RECORD_SCHEMA_VERSION, layout::attempt_files, write_json_atomic,
 };
 use casebatch_manifest::model::CommandSpec;
 use casebatch_proto::{ActorReport, ActorStatus, Failure, JobRef, Stage, codes};
@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 
 use super::{AttemptEnv, Liveness, Runtime};
+use crate::attempt_io;
 use crate::harness;
 use crate::memlimit::MemoryLimit;
 use crate::procfs;
@@ -81,12 +82,14 @@ fn submit_failure(msg: String) -> Failure {
 
 impl LocalProcess {
     fn read_job(env: &AttemptEnv) -> Option<JobRecord> {
-        read_json(&env.file(attempt_files::JOB)).ok()
+        attempt_io::read_json_now(&env.file(attempt_files::JOB), attempt_io::RECORD_LIMIT)
+            .ok()
+            .flatten()
     }
 
     fn exit_status(env: &AttemptEnv) -> Option<i32> {
-        fs::read_to_string(env.file(attempt_files::EXIT))
-            .ok()?
+        attempt_io::read_text_now(&env.file(attempt_files::EXIT), 64)
+            .ok()??
             .trim()
             .parse()
             .ok()
@@ -175,11 +178,17 @@ impl LocalProcess {
         scan.marked
     }
 
-    fn finish(&self, env: &AttemptEnv, job: &JobRecord, exit: i32, adopted: bool) -> ActorReport {
+    async fn finish(
+        &self,
+        env: &AttemptEnv,
+        job: &JobRecord,
+        exit: i32,
+        adopted: bool,
+    ) -> ActorReport {
         let mut report = if job.memory.oom_killed() {
             oom_report(job, exit)
         } else {
-            harness::classify(exit, &env.file(attempt_files::RESULT))
+            harness::classify(exit, &env.file(attempt_files::RESULT)).await
         };
         report.adopted = adopted;
         report.memory_limit_mb = job.memory.limit_mb();
@@ -275,7 +284,7 @@ impl Runtime for LocalProcess {
 
         let waited = wait(env, &record, child, live, deadline_ms, rss_limit).await;
         match waited {
-            Waited::Exited(code) => self.finish(env, &record, code, adopted),
+            Waited::Exited(code) => self.finish(env, &record, code, adopted).await,
             Waited::TimedOut => {
                 self.kill_all(env, Some(&record));
                 let mut r = lost(env, "");
