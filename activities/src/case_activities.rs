@@ -187,7 +187,10 @@ impl CaseActivities {
         let retried = ctx.info().attempt > 1;
         let live = ActivityLiveness(&ctx);
         let mut report = with_runtime!(self, env, |rt| rt.await_job(&env, &job, &live).await);
+        // local-process knows whether it re-attached (see its module doc); the fake runtime
+        // has no process, so a retried await stands for re-attaching.
         report.adopted |= retried
+            && env.case.runtime == RuntimeKind::Fake
             && report
                 .failure
                 .as_ref()
@@ -339,6 +342,10 @@ impl CaseActivities {
             failure: s.failure.clone().or_else(|| s.collect_failure.clone()),
             collect_failure: s.collect_failure.clone(),
             adopted: s.adopted,
+            job_starts: match env.case.runtime {
+                RuntimeKind::LocalProcess => LocalProcess::recorded_starts(&env),
+                RuntimeKind::Fake => None,
+            },
             scores,
             trace_ref: harness_result.trace.clone(),
             outputs: harness_result.outputs,
