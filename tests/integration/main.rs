@@ -9,6 +9,8 @@ mod demo;
 mod lifecycle;
 mod recovery;
 mod replicas;
+mod result_files;
 mod retry;
+mod submit_window;
 mod taxonomy;
 mod validation;
