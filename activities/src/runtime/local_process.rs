@@ -23,6 +23,7 @@
 //!    live marked process). Only then is the attempt started again, as `starts: n + 1` with a
 //!    `job_restarted` event: visible in `job.json`, the case's `result.json` (`job_starts`) and
 //!    `events.jsonl`, never hidden behind `attempts: 1`.
+//!
 //! Logs are opened for appending, so no later start can truncate an earlier one's output.
 //! An attempt reports `adopted` only when its result was harvested from a process started by
 //! another worker process that is gone (not a child of this process, not a live replica's).
