@@ -20,6 +20,7 @@ use temporalio_macros::activities;
 use temporalio_sdk::ApplicationFailure;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
+use crate::attempt_io;
 use crate::evaluator;
 use crate::harness;
 use crate::runtime::fake::Fake;
@@ -183,7 +184,10 @@ impl CaseActivities {
         let retried = ctx.info().attempt > 1;
         let live = ActivityLiveness(ctx);
         let mut report = with_runtime!(self, env, |rt| rt.await_job(env, &job, &live).await);
+        // local-process knows whether it re-attached (see its module doc); the fake runtime
+        // has no process, so a retried await stands for re-attaching.
         report.adopted |= retried
+            && env.case.runtime == RuntimeKind::Fake
             && report
                 .failure
                 .as_ref()
@@ -200,7 +204,10 @@ impl CaseActivities {
     async fn evaluate_stage(&self, env: &AttemptEnv) -> Result<Evaluation, ActivityError> {
         let path = env.file(attempt_files::EVALUATION);
         // Run again after a crash: the verdict already written stands.
-        if let Ok(done) = read_json::<EvaluationRecord>(&path) {
+        if let Ok(Some(done)) =
+            attempt_io::read_json::<EvaluationRecord>(path.clone(), attempt_io::max_result_bytes())
+                .await
+        {
             return Ok(evaluator::to_evaluation(&done));
         }
         let record = match (&env.case.runtime, &env.case.evaluator) {
@@ -230,7 +237,8 @@ impl CaseActivities {
     /// Artifacts written to CASEBATCH_OUTPUT_DIR are already in the bundle; a trace the
     /// harness names is pulled here. A failure keeps the work (verdict, scores).
     async fn collect_stage(&self, env: &AttemptEnv) -> Option<Failure> {
-        let trace = harness::read_result(&env.file(attempt_files::RESULT))
+        let trace = harness::read_result::<harness::TraceOnly>(&env.file(attempt_files::RESULT))
+            .await
             .ok()
             .flatten()
             .and_then(|r| r.trace)?;
@@ -407,18 +415,32 @@ impl CaseActivities {
         };
         // Cleanup can run more than once for an attempt (an activity retry, or a local
         // activity re-run on replay): log an attempt only once per distinct record.
-        let previous: Option<AttemptRecord> = read_json(&env.file(attempt_files::RECORD)).ok();
+        let previous: Option<AttemptRecord> =
+            attempt_io::read_json(env.file(attempt_files::RECORD), attempt_io::RECORD_LIMIT)
+                .await
+                .ok()
+                .flatten();
         let already_logged = previous.as_ref() == Some(&record);
         write_json_atomic(&env.file(attempt_files::RECORD), &record)?;
 
-        let harness_result = harness::read_result(&env.file(attempt_files::RESULT))
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        let eval: Option<EvaluationRecord> = read_json(&env.file(attempt_files::EVALUATION)).ok();
+        // The one full parse of the harness's result: its outputs and scores move into the
+        // case result.
+        let harness_result =
+            harness::read_result::<harness::HarnessResult>(&env.file(attempt_files::RESULT))
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+        let eval: Option<EvaluationRecord> = attempt_io::read_json(
+            env.file(attempt_files::EVALUATION),
+            attempt_io::max_result_bytes(),
+        )
+        .await
+        .ok()
+        .flatten();
         let mut scores = harness_result.scores;
-        if let Some(e) = &eval {
-            scores.extend(e.scores.clone());
+        if let Some(e) = eval {
+            scores.extend(e.scores);
         }
         let state = if input.will_retry {
             casebatch_bundle::CaseRecordState::Retrying
@@ -440,6 +462,10 @@ impl CaseActivities {
             failure: s.failure.clone().or_else(|| s.collect_failure.clone()),
             collect_failure: s.collect_failure.clone(),
             adopted: s.adopted,
+            job_starts: match env.case.runtime {
+                RuntimeKind::LocalProcess => LocalProcess::recorded_starts(&env),
+                RuntimeKind::Fake => None,
+            },
             scores,
             trace_ref: harness_result.trace.clone(),
             outputs: harness_result.outputs,

@@ -12,6 +12,7 @@ use casebatch_proto::{Evaluation, Failure, FailureClass, Stage, Verdict, codes};
 use serde::Deserialize;
 use tokio::process::Command;
 
+use crate::attempt_io;
 use crate::runtime::AttemptEnv;
 
 #[derive(Deserialize)]
@@ -41,13 +42,20 @@ pub async fn run(env: &AttemptEnv, command: &CommandSpec) -> EvaluationRecord {
         failure: None,
         exit_code: None,
     };
-    let open = |name: &str| fs::File::create(env.file(name));
-    let (Ok(out), Ok(err)) = (
+    // Appended, and only as regular files: the harness ran before and could have planted a
+    // FIFO or a symlink at these paths.
+    let open = |name: &str| attempt_io::open_log(&env.file(name));
+    let (out, err) = match (
         open(attempt_files::EVAL_STDOUT),
         open(attempt_files::EVAL_STDERR),
-    ) else {
-        record.failure = Some(eval_failure("failed to create evaluator log files".into()));
-        return record;
+    ) {
+        (Ok(out), Ok(err)) => (out, err),
+        (Err(e), _) | (_, Err(e)) => {
+            record.failure = Some(eval_failure(format!(
+                "failed to open the evaluator's log files: {e}"
+            )));
+            return record;
+        }
     };
     let case_env = match crate::case_env::for_attempt(env) {
         Ok(e) => e,
@@ -108,12 +116,30 @@ pub async fn run(env: &AttemptEnv, command: &CommandSpec) -> EvaluationRecord {
         }
     };
     record.exit_code = status.code();
-    let parsed = fs::read(&result_path)
-        .map_err(|e| format!("it wrote no result at {}: {e}", result_path.display()))
-        .and_then(|b| {
-            serde_json::from_slice::<EvaluatorOutput>(&b)
-                .map_err(|e| format!("its result is not {{\"verdict\": ...}}: {e}"))
-        });
+    // Same rules as the harness's result: regular file, size limit, off the async threads.
+    let parsed = match attempt_io::read_json::<EvaluatorOutput>(
+        result_path.clone(),
+        attempt_io::max_result_bytes(),
+    )
+    .await
+    {
+        Ok(Some(o)) => Ok(o),
+        Ok(None) => Err(format!("it wrote no result at {}", result_path.display())),
+        Err(e) if e.is_too_large() => {
+            record.failure = Some(Failure::new(
+                Stage::Evaluate,
+                FailureClass::Harness,
+                codes::RESULT_TOO_LARGE,
+                format!("the evaluator's result was not read: {e}"),
+                false,
+            ));
+            return record;
+        }
+        Err(e @ attempt_io::FileError::Parse { .. }) => {
+            Err(format!("its result is not {{\"verdict\": ...}}: {e}"))
+        }
+        Err(e) => Err(format!("its result is unusable: {e}")),
+    };
     match parsed {
         Ok(o) if o.verdict == "pass" || o.verdict == "fail" => {
             record.verdict = Some(if o.verdict == "pass" {

@@ -1,10 +1,13 @@
 //! The harness contract's result side: turning an exit status and the optional result JSON
-//! into a classified [`ActorReport`].
+//! into a classified [`ActorReport`]. The result file is read only through
+//! [`crate::attempt_io`] (regular file, size limit, off the async threads).
 
 use std::path::Path;
 
 use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureClass, Stage, codes};
 use serde::Deserialize;
+
+use crate::attempt_io::{self, FileError};
 
 /// The parts of a harness's result JSON the engine reads.
 #[derive(Debug, Default, Deserialize)]
@@ -29,22 +32,46 @@ pub struct DeclaredFailure {
     pub retryable: bool,
 }
 
-/// Reads the result JSON; `Err` carries why it is unusable.
-pub fn read_result(path: &Path) -> Result<Option<HarnessResult>, String> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| format!("{} is not a valid result JSON: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("failed to read {}: {e}", path.display())),
-    }
+/// What classification needs of a result: the declared failure, with the rest of the shape
+/// checked but not kept (`outputs` is never materialized here).
+#[derive(Debug, Default, Deserialize)]
+pub struct ResultCheck {
+    #[serde(default)]
+    #[allow(dead_code)]
+    scores: std::collections::BTreeMap<String, serde::de::IgnoredAny>,
+    failure: Option<DeclaredFailure>,
+    #[allow(dead_code)]
+    trace: Option<casebatch_bundle::TraceRef>,
 }
 
-/// Classifies a finished harness: exit 0 means the actor finished unless its result JSON
-/// declares a failure; non-zero is a harness failure unless the JSON says otherwise.
-pub fn classify(exit_code: i32, result_path: &Path) -> ActorReport {
-    let result = read_result(result_path);
-    let declared = match &result {
+/// Only the trace reference of a result (the collect stage).
+#[derive(Debug, Default, Deserialize)]
+pub struct TraceOnly {
+    pub trace: Option<casebatch_bundle::TraceRef>,
+}
+
+/// Reads (part of) the attempt's result JSON through [`crate::attempt_io`]: regular file
+/// only, bounded by the worker's limit, off the async threads. `Ok(None)`: none was written.
+pub async fn read_result<T: serde::de::DeserializeOwned + Send + 'static>(
+    path: &Path,
+) -> Result<Option<T>, FileError> {
+    attempt_io::read_json(path.to_path_buf(), attempt_io::max_result_bytes()).await
+}
+
+/// Classifies a finished harness: reads its result file and applies [`classify_result`].
+pub async fn classify(exit_code: i32, result_path: &Path) -> ActorReport {
+    classify_result(exit_code, &read_result::<ResultCheck>(result_path).await)
+}
+
+/// Exit 0 means the actor finished unless its result JSON declares a failure; non-zero is a
+/// harness failure unless the JSON says otherwise. A result past the size limit fails the
+/// attempt as `harness/RESULT_TOO_LARGE` whatever the exit status; any other unusable result
+/// (not JSON, not a regular file) fails an exit-0 attempt as `HARNESS_BAD_RESULT`.
+pub fn classify_result(
+    exit_code: i32,
+    result: &Result<Option<ResultCheck>, FileError>,
+) -> ActorReport {
+    let declared = match result {
         Ok(Some(r)) => r.failure.as_ref().map(|d| {
             let class = FailureClass::parse(&d.class).unwrap_or(FailureClass::Harness);
             let message = if d.message.is_empty() {
@@ -59,21 +86,34 @@ pub fn classify(exit_code: i32, result_path: &Path) -> ActorReport {
     if let Some(f) = declared {
         return report(ActorStatus::Failed, exit_code, Some(f));
     }
+    if let Err(e) = result
+        && e.is_too_large()
+    {
+        return report(
+            ActorStatus::Failed,
+            exit_code,
+            Some(Failure::harness(
+                Stage::Await,
+                codes::RESULT_TOO_LARGE,
+                format!("the harness's result was not read: {e}"),
+            )),
+        );
+    }
     if exit_code == 0 {
         return match result {
-            Err(msg) => report(
+            Err(e) => report(
                 ActorStatus::Failed,
                 exit_code,
                 Some(Failure::harness(
                     Stage::Await,
                     codes::HARNESS_BAD_RESULT,
-                    msg,
+                    format!("the harness's result is unusable: {e}"),
                 )),
             ),
             Ok(_) => report(ActorStatus::Finished, exit_code, None),
         };
     }
-    let message = if exit_code > 128 {
+    let mut message = if exit_code > 128 {
         format!(
             "the harness was killed by signal {} (exit {exit_code})",
             exit_code - 128
@@ -81,6 +121,9 @@ pub fn classify(exit_code: i32, result_path: &Path) -> ActorReport {
     } else {
         format!("the harness exited with status {exit_code}; see stderr.log")
     };
+    if let Err(e) = result {
+        message.push_str(&format!("; its result was not read: {e}"));
+    }
     report(
         ActorStatus::Failed,
         exit_code,
@@ -102,12 +145,19 @@ fn report(status: ActorStatus, exit_code: i32, failure: Option<Failure>) -> Acto
 mod tests {
     use super::*;
 
+    fn classify_now(exit: i32, path: &Path) -> ActorReport {
+        classify_result(
+            exit,
+            &attempt_io::read_json_now(path, attempt_io::DEFAULT_MAX_RESULT_BYTES),
+        )
+    }
+
     #[test]
     fn exit_codes_and_declared_failures_classify() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("result.json");
-        assert_eq!(classify(0, &path).status, ActorStatus::Finished);
-        let r = classify(3, &path);
+        assert_eq!(classify_now(0, &path).status, ActorStatus::Finished);
+        let r = classify_now(3, &path);
         assert_eq!(r.failure.unwrap().class, FailureClass::Harness);
 
         std::fs::write(
@@ -115,14 +165,55 @@ mod tests {
             r#"{"failure": {"class": "infra", "code": "BROWSER_DOWN", "retryable": true}}"#,
         )
         .unwrap();
-        let f = classify(1, &path).failure.unwrap();
+        let f = classify_now(1, &path).failure.unwrap();
         assert_eq!(
             (f.class, f.code.as_str(), f.retryable),
             (FailureClass::Infra, "BROWSER_DOWN", true)
         );
 
         std::fs::write(&path, "not json").unwrap();
-        let f = classify(0, &path).failure.unwrap();
+        let f = classify_now(0, &path).failure.unwrap();
         assert_eq!(f.code, codes::HARNESS_BAD_RESULT);
+
+        // The shape is still checked although nothing but the failure is kept.
+        std::fs::write(&path, r#"{"scores": 5}"#).unwrap();
+        let f = classify_now(0, &path).failure.unwrap();
+        assert_eq!(f.code, codes::HARNESS_BAD_RESULT);
+    }
+
+    #[test]
+    fn unsafe_and_oversized_results_classify_as_harness_failures() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("result.json");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let f = classify_now(0, &path).failure.unwrap();
+        assert_eq!(
+            (f.class, f.code.as_str()),
+            (FailureClass::Harness, codes::HARNESS_BAD_RESULT)
+        );
+        assert!(f.message.contains("a FIFO"), "{}", f.message);
+        std::fs::remove_file(&path).unwrap();
+
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        let f = classify_now(0, &path).failure.unwrap();
+        assert!(f.message.contains("symbolic link"), "{}", f.message);
+        let f = classify_now(2, &path).failure.unwrap();
+        assert_eq!(f.code, codes::HARNESS_EXIT);
+        assert!(f.message.contains("symbolic link"), "{}", f.message);
+        std::fs::remove_file(&path).unwrap();
+
+        std::fs::write(&path, format!(r#"{{"outputs": "{}"}}"#, "x".repeat(200))).unwrap();
+        for exit in [0, 1] {
+            let r = classify_result(exit, &attempt_io::read_json_now(&path, 100));
+            let f = r.failure.unwrap();
+            assert_eq!(
+                (r.status, f.class, f.code.as_str()),
+                (
+                    ActorStatus::Failed,
+                    FailureClass::Harness,
+                    codes::RESULT_TOO_LARGE
+                )
+            );
+        }
     }
 }

@@ -5,6 +5,7 @@
 //! and writing each attempt's evidence into the bundle. Must not decide retries or ordering:
 //! that is the workflow's job (`casebatch-workflows`).
 
+pub mod attempt_io;
 mod case_activities;
 pub mod case_env;
 pub mod evaluator;

@@ -27,6 +27,11 @@ fn stat_fields(pid: u32) -> Option<Vec<String>> {
     Some(rest.split_whitespace().map(str::to_string).collect())
 }
 
+/// Process group of a process (field 5 of `/proc/<pid>/stat`).
+pub fn process_group(pid: u32) -> Option<u32> {
+    stat_fields(pid)?.get(2)?.parse().ok()
+}
+
 /// Process state letter (`R`, `S`, `Z`, ...).
 fn state(pid: u32) -> Option<char> {
     stat_fields(pid)?.first()?.chars().next()

@@ -27,8 +27,16 @@ pub async fn collect(trace: &TraceRef, dest: &Path) -> Result<(), Failure> {
         .map_err(|_| fail(format!("no answer within {}s", PULL_TIMEOUT.as_secs())))?
         .map_err(|e| fail(e.to_string()))?;
     match pulled {
+        // A temp file and a rename: never written through whatever the harness may have
+        // planted at `dest` (a FIFO would block the write, a symlink would redirect it).
         (200, body) => {
-            std::fs::write(dest, body).map_err(|e| fail(format!("write {}: {e}", dest.display())))
+            let dest = dest.to_path_buf();
+            tokio::task::spawn_blocking(move || {
+                casebatch_bundle::write_bytes_atomic(&dest, body.as_bytes())
+            })
+            .await
+            .map_err(|e| fail(e.to_string()))?
+            .map_err(|e| fail(e.to_string()))
         }
         (status, _) => Err(fail(format!("HTTP {status}"))),
     }

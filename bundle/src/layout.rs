@@ -94,6 +94,12 @@ pub mod attempt_files {
     pub const JOB: &str = "job.json";
     /// The harness's exit status, written by the wrapper that outlives a worker crash.
     pub const EXIT: &str = "exit_status";
+    /// `<pid> <start ticks>` of the wrapper, written as its first act, before the harness runs:
+    /// a start that left no such file (and no exit status, and no marked process) never ran
+    /// the harness.
+    pub const WRAPPER_PID: &str = "wrapper.pid";
+    /// Held (flock) by whoever decides whether to start the attempt's process.
+    pub const JOB_LOCK: &str = "job.lock";
     /// The harness's working directory (fresh per attempt).
     pub const WORKDIR: &str = "work";
     pub const OUTPUT: &str = "output";

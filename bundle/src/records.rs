@@ -23,6 +23,11 @@ pub struct CaseResult {
     pub failure: Option<Failure>,
     pub collect_failure: Option<Failure>,
     pub adopted: bool,
+    /// Processes started for the latest attempt (local-process): 1, or more when a start was
+    /// found provably never to have run and was started again (see `events.jsonl`,
+    /// `job_restarted`). Absent where the runtime starts no process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_starts: Option<u32>,
     #[serde(default)]
     pub scores: BTreeMap<String, serde_json::Value>,
     #[serde(default)]

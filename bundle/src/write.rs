@@ -14,6 +14,16 @@ use serde::de::DeserializeOwned;
 use crate::BundleError;
 
 pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<(), BundleError> {
+    let mut bytes = serde_json::to_vec_pretty(value).expect("bundle records always serialize");
+    bytes.push(b'\n');
+    write_bytes_atomic(path, &bytes)
+}
+
+/// Writes `bytes` to a fresh temp file beside `path`, then renames it over `path`. The temp
+/// file is created exclusively (`O_CREAT|O_EXCL`, which never follows a symlink), so a file
+/// planted at its name by an attempt's processes is replaced, not written through; the rename
+/// replaces whatever entry `path` was (a symlink or FIFO included) without opening it.
+pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<(), BundleError> {
     let werr = |source| BundleError::Write {
         path: path.display().to_string(),
         source,
@@ -21,8 +31,6 @@ pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> Resul
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).map_err(werr)?;
     }
-    let mut bytes = serde_json::to_vec_pretty(value).expect("bundle records always serialize");
-    bytes.push(b'\n');
     // Unique per host, process and call: replicas in containers share low pids.
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -36,8 +44,22 @@ pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> Resul
         host.trim(),
         std::process::id()
     ));
-    let mut f = fs::File::create(&tmp).map_err(werr)?;
-    f.write_all(&bytes).map_err(werr)?;
+    let create = || {
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+    };
+    let mut f = match create() {
+        // Left by an earlier process with the same pid, or planted: replace the entry.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            fs::remove_file(&tmp).map_err(werr)?;
+            create()
+        }
+        other => other,
+    }
+    .map_err(werr)?;
+    f.write_all(bytes).map_err(werr)?;
     fs::rename(&tmp, path).map_err(werr)
 }
 

@@ -70,6 +70,9 @@ pub mod codes {
     pub const TIMEOUT: &str = "TIMEOUT";
     pub const HARNESS_EXIT: &str = "HARNESS_EXIT_NONZERO";
     pub const HARNESS_BAD_RESULT: &str = "HARNESS_BAD_RESULT";
+    /// A result file (harness or evaluator) past the worker's size limit
+    /// (`CASEBATCH_MAX_RESULT_BYTES`, default 16 MiB); class harness, not retryable.
+    pub const RESULT_TOO_LARGE: &str = "RESULT_TOO_LARGE";
     pub const SPAWN_FAILED: &str = "SPAWN_FAILED";
     pub const JOB_LOST: &str = "JOB_LOST";
     pub const EVALUATOR_FAILED: &str = "EVALUATOR_FAILED";

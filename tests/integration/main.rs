@@ -12,6 +12,8 @@ mod environment;
 mod lifecycle;
 mod recovery;
 mod replicas;
+mod result_files;
 mod retry;
+mod submit_window;
 mod taxonomy;
 mod validation;

@@ -322,6 +322,28 @@ impl Sandbox {
     pub fn read(&self, rel: &str) -> String {
         std::fs::read_to_string(self.path(rel)).unwrap_or_default()
     }
+
+    /// `batch run` in the background with extra environment for the runner (test hooks such
+    /// as `CASEBATCH_FAULT_POINT`, worker settings such as `CASEBATCH_MAX_RESULT_BYTES`).
+    pub fn spawn_batch_with_env(&self, manifest: &Path, log: &str, envs: &[(&str, &str)]) -> Child {
+        let out = self.out();
+        let (manifest, out) = (manifest.to_str().unwrap(), out.to_str().unwrap());
+        self.spawn_env(
+            &["batch", "run", "--manifest", manifest, "--output-dir", out],
+            log,
+            envs,
+        )
+    }
+
+    /// A file of an attempt: `cases/<case_dir>/attempts/<n>/<name>`.
+    pub fn attempt_file(&self, batch: &str, case_dir: &str, attempt: u32, name: &str) -> PathBuf {
+        self.bundle(batch)
+            .join("cases")
+            .join(case_dir)
+            .join("attempts")
+            .join(attempt.to_string())
+            .join(name)
+    }
 }
 
 /// The last `n` lines of a text file (what is there when it is absent or not UTF-8).
@@ -359,4 +381,32 @@ pub fn engine_alive(record: &Value) -> bool {
         }
         _ => false,
     }
+}
+
+/// Waits for a background child and returns its whole exit status (a signal included).
+pub fn wait_status(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("background casebatch did not finish in {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Peak resident memory (`VmHWM`) of a live process, in KiB.
+pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }

@@ -7,6 +7,27 @@
 //! `await` adopts it. Identity is pid + start time + the allocation marker in the
 //! environment; a pid from old state alone is never signalled.
 //!
+//! Exactly one start per attempt, across crashes (the submit window):
+//! 1. `submit` holds the attempt's `job.lock` (flock: released when its holder dies) while it
+//!    decides, so two submits of one attempt never both start it.
+//! 2. Before anything is spawned, `job.json` is written as an intent (`state: starting`,
+//!    `starts: n`, the memory limit, the deadline's start, the owner: this worker process).
+//! 3. The wrapper's first act, before the harness can run, is writing `wrapper.pid`
+//!    (`<pid> <start ticks>`); then `job.json` is completed (`state: running`, pid, ticks).
+//! 4. A submit (or adopt, or await) that finds an intent looks for the start's own traces: a
+//!    child this process holds, `wrapper.pid`, `exit_status`, a live process carrying the
+//!    marker. Any of them means the start happened: the record is completed from them and the
+//!    job adopted, never started again.
+//! 5. None of them, [`SPAWN_GRACE`] after the intent was written, proves the harness never ran
+//!    (it only runs after `wrapper.pid` exists, and a wrapper that has not written it yet is a
+//!    live marked process). Only then is the attempt started again, as `starts: n + 1` with a
+//!    `job_restarted` event: visible in `job.json`, the case's `result.json` (`job_starts`) and
+//!    `events.jsonl`, never hidden behind `attempts: 1`.
+//!
+//! Logs are opened for appending, so no later start can truncate an earlier one's output.
+//! An attempt reports `adopted` only when its result was harvested from a process started by
+//! another worker process that is gone (not a child of this process, not a live replica's).
+//!
 //! This is not an OS sandbox: it shares the host's filesystem, user and network.
 
 use std::collections::HashMap;
@@ -16,20 +37,30 @@ use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use casebatch_bundle::{
-    CleanupReceipt, RECORD_SCHEMA_VERSION, layout::attempt_files, read_json, write_json_atomic,
+    CleanupReceipt, Event, RECORD_SCHEMA_VERSION, append_jsonl, layout::attempt_files,
+    write_json_atomic,
 };
 use casebatch_manifest::model::CommandSpec;
 use casebatch_proto::{ActorReport, ActorStatus, Failure, JobRef, Stage, codes};
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 
 use super::{AttemptEnv, Liveness, Runtime};
+use crate::attempt_io;
 use crate::harness;
 use crate::memlimit::MemoryLimit;
 use crate::procfs;
 
-/// Joins the cgroup, runs the harness, records its exit status durably.
+/// Records its own pid and start time (`$1`: the `wrapper.pid` path; before anything else, so
+/// the harness never runs unrecorded), joins the cgroup, runs the harness, records its exit
+/// status durably. Field 22 of `/proc/$$/stat` is the start time, counted after the command
+/// name's closing parenthesis.
 const WRAPPER: &str = r#"
+pidfile=$1; shift
+stat=; read -r stat < /proc/$$/stat
+ticks=; field22() { shift 19; ticks=$1; }; field22 ${stat##*') '}
+printf '%s %s\n' "$$" "$ticks" > "$pidfile" || exit 95
 if [ -n "$CASEBATCH_CGROUP_PROCS" ]; then echo $$ > "$CASEBATCH_CGROUP_PROCS" || exit 96; fi
 "$@"
 code=$?
@@ -40,17 +71,72 @@ exit $code
 /// How often an adopted job (one this process did not spawn) is polled.
 const POLL: Duration = Duration::from_millis(100);
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+/// How long after an intent was written a start with no trace counts as never having run:
+/// far longer than fork → exec → the wrapper's first `printf` takes on a loaded host.
+pub const SPAWN_GRACE: Duration = Duration::from_secs(3);
+/// Test hook, see [`fault_point`].
+pub const FAULT_POINT_ENV: &str = "CASEBATCH_FAULT_POINT";
 
-/// `job.json`: the runtime's record of the job it started.
+/// Where a job record stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// The intent: written before the process is spawned; pid not known yet.
+    Starting,
+    /// The process is known (pid, start time). Records from before intents read as this.
+    #[default]
+    Running,
+}
+
+/// A process named by pid and start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessId {
+    pub pid: u32,
+    pub start_ticks: u64,
+}
+
+impl ProcessId {
+    fn this() -> Option<Self> {
+        let pid = std::process::id();
+        Some(Self {
+            pid,
+            start_ticks: procfs::start_ticks(pid)?,
+        })
+    }
+
+    fn is_alive(&self) -> bool {
+        procfs::is_same_process(self.pid, self.start_ticks)
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// `job.json`: the runtime's record of the job it starts (an intent first, then the process).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobRecord {
     pub schema_version: String,
     pub marker: String,
-    pub pid: u32,
-    pub start_ticks: u64,
+    #[serde(default)]
+    pub state: JobState,
+    /// The wrapper (group leader); `None` while starting, or when only its traces were found.
+    pub pid: Option<u32>,
+    pub start_ticks: Option<u64>,
     pub started_at_ms: u64,
     pub timeout_seconds: u64,
     pub memory: MemoryLimit,
+    /// How many processes were started for this attempt: 1, unless an intent was found that
+    /// provably never ran and the attempt was started again.
+    #[serde(default = "one")]
+    pub starts: u32,
+    /// The worker process that wrote the intent and spawned the process.
+    #[serde(default)]
+    pub owner: Option<ProcessId>,
+    /// True when a later worker completed this record from the start's traces (it died in
+    /// the submit window).
+    #[serde(default)]
+    pub recovered: bool,
 }
 
 /// Children this process spawned, by marker: awaited directly instead of polled. Process-wide
@@ -81,18 +167,52 @@ fn submit_failure(msg: String) -> Failure {
 
 impl LocalProcess {
     fn read_job(env: &AttemptEnv) -> Option<JobRecord> {
-        read_json(&env.file(attempt_files::JOB)).ok()
+        Self::read_job_checked(env).ok().flatten()
+    }
+
+    /// `Err`: a `job.json` is there but unusable (replaced by the attempt's processes, or an
+    /// I/O error): not the same as no record at all.
+    fn read_job_checked(env: &AttemptEnv) -> Result<Option<JobRecord>, attempt_io::FileError> {
+        attempt_io::read_json_now(&env.file(attempt_files::JOB), attempt_io::RECORD_LIMIT)
     }
 
     fn exit_status(env: &AttemptEnv) -> Option<i32> {
-        fs::read_to_string(env.file(attempt_files::EXIT))
-            .ok()?
+        attempt_io::read_text_now(&env.file(attempt_files::EXIT), 64)
+            .ok()??
             .trim()
             .parse()
             .ok()
     }
 
-    fn spawn(&self, env: &AttemptEnv) -> Result<JobRef, Failure> {
+    /// How many processes were started for the attempt (`job.json`'s `starts`).
+    pub fn recorded_starts(env: &AttemptEnv) -> Option<u32> {
+        Self::read_job(env).map(|r| r.starts)
+    }
+
+    /// Writes the intent record of start number `starts`, before anything is spawned.
+    fn write_intent(env: &AttemptEnv, starts: u32) -> Result<JobRecord, Failure> {
+        let cgroup_name = env.marker().replace('/', "_");
+        let memory = MemoryLimit::create(&cgroup_name, env.memory_mb());
+        let intent = JobRecord {
+            schema_version: RECORD_SCHEMA_VERSION.into(),
+            marker: env.marker(),
+            state: JobState::Starting,
+            pid: None,
+            start_ticks: None,
+            started_at_ms: now_ms(),
+            timeout_seconds: env.case.timeout_seconds,
+            memory,
+            starts,
+            owner: ProcessId::this(),
+            recovered: false,
+        };
+        write_json_atomic(&env.file(attempt_files::JOB), &intent)
+            .map_err(|e| submit_failure(e.to_string()))?;
+        Ok(intent)
+    }
+
+    /// Spawns the wrapper for an intent already on disk.
+    fn spawn(&self, env: &AttemptEnv, intent: &JobRecord) -> Result<Child, Failure> {
         let harness = env.case.harness.as_ref().ok_or_else(|| {
             Failure::config(
                 Stage::Submit,
@@ -105,16 +225,17 @@ impl LocalProcess {
         })?;
         let case_env = crate::case_env::for_attempt(env)
             .map_err(|m| Failure::config(Stage::Submit, crate::case_env::PASS_ENV_UNSET, m))?;
+        // Appended: a start never truncates what an earlier one of the attempt wrote.
         let open = |name: &str| {
-            fs::File::create(env.file(name))
-                .map_err(|e| submit_failure(format!("failed to create {name}: {e}")))
+            attempt_io::open_log(&env.file(name))
+                .map_err(|e| submit_failure(format!("failed to open {name}: {e}")))
         };
         let (stdout, stderr) = (open(attempt_files::STDOUT)?, open(attempt_files::STDERR)?);
-        let cgroup_name = env.marker().replace('/', "_");
-        let memory = MemoryLimit::create(&cgroup_name, env.memory_mb());
+        let memory = &intent.memory;
 
         let mut cmd = Command::new("sh");
         cmd.arg("-c").arg(WRAPPER).arg("casebatch-wrapper");
+        cmd.arg(env.file(attempt_files::WRAPPER_PID));
         match harness {
             CommandSpec::Shell(s) => cmd.args(["sh", "-c", s]),
             CommandSpec::Argv(argv) => cmd.args(argv),
@@ -144,32 +265,51 @@ impl LocalProcess {
         {
             cmd.env("CASEBATCH_CONTROLLER_URL", url);
         }
-        let child = cmd
-            .spawn()
-            .map_err(|e| submit_failure(format!("failed to start the harness: {e}")))?;
-        let pid = child
-            .id()
-            .ok_or_else(|| submit_failure("the harness exited at once".into()))?;
-        let start_ticks = procfs::start_ticks(pid).unwrap_or(0);
+        cmd.spawn()
+            .map_err(|e| submit_failure(format!("failed to start the harness: {e}")))
+    }
+
+    /// Completes an intent from what is known of its process, and writes it.
+    fn complete(
+        env: &AttemptEnv,
+        intent: &JobRecord,
+        pid: Option<u32>,
+        ticks: Option<u64>,
+        recovered: bool,
+    ) -> Result<JobRecord, Failure> {
         let record = JobRecord {
-            schema_version: RECORD_SCHEMA_VERSION.into(),
-            marker: env.marker(),
+            state: JobState::Running,
             pid,
-            start_ticks,
-            started_at_ms: now_ms(),
-            timeout_seconds: env.case.timeout_seconds,
-            memory,
+            start_ticks: ticks,
+            recovered,
+            ..intent.clone()
         };
         write_json_atomic(&env.file(attempt_files::JOB), &record)
             .map_err(|e| submit_failure(e.to_string()))?;
-        CHILDREN.lock().expect("lock").insert(env.marker(), child);
-        Ok(job_ref(&record))
+        Ok(record)
     }
 
+    /// Starts the attempt's process (start number `starts`): intent, spawn, completed record.
+    async fn start(&self, env: &AttemptEnv, starts: u32) -> Result<JobRef, Failure> {
+        let intent = Self::write_intent(env, starts)?;
+        fault_point("before-spawn").await;
+        let child = self.spawn(env, &intent)?;
+        fault_point("after-spawn").await;
+        let pid = child
+            .id()
+            .ok_or_else(|| submit_failure("the harness exited at once".into()))?;
+        // A zombie (the harness already ended) still has its stat: the identity is readable.
+        let ticks = procfs::start_ticks(pid);
+        // Held before the record is written: a failed write leaves the intent, and the child
+        // is still found (and awaited directly) through this map.
+        CHILDREN.lock().expect("lock").insert(env.marker(), child);
+        let record = Self::complete(env, &intent, Some(pid), ticks, false)?;
+        Ok(job_ref(&record))
+    }
     /// Kills the job's group (if it is still the same process) and every marked process.
     fn kill_all(&self, env: &AttemptEnv, job: Option<&JobRecord>) -> Vec<u32> {
-        if let Some(job) = job {
-            procfs::kill_group_if_same(job.pid, job.start_ticks);
+        if let Some((pid, ticks)) = job.and_then(|j| j.pid.zip(j.start_ticks)) {
+            procfs::kill_group_if_same(pid, ticks);
         }
         let scan = procfs::scan_marker(&env.marker());
         for pid in &scan.marked {
@@ -178,11 +318,17 @@ impl LocalProcess {
         scan.marked
     }
 
-    fn finish(&self, env: &AttemptEnv, job: &JobRecord, exit: i32, adopted: bool) -> ActorReport {
+    async fn finish(
+        &self,
+        env: &AttemptEnv,
+        job: &JobRecord,
+        exit: i32,
+        adopted: bool,
+    ) -> ActorReport {
         let mut report = if job.memory.oom_killed() {
             oom_report(job, exit)
         } else {
-            harness::classify(exit, &env.file(attempt_files::RESULT))
+            harness::classify(exit, &env.file(attempt_files::RESULT)).await
         };
         report.adopted = adopted;
         report.memory_limit_mb = job.memory.limit_mb();
@@ -193,8 +339,8 @@ impl LocalProcess {
 fn job_ref(r: &JobRecord) -> JobRef {
     JobRef {
         marker: r.marker.clone(),
-        pid: Some(r.pid),
-        start_ticks: Some(r.start_ticks),
+        pid: r.pid,
+        start_ticks: r.start_ticks,
         host_queue: Some(casebatch_proto::host_task_queue(&hostname())),
     }
 }
@@ -235,11 +381,73 @@ impl Runtime for LocalProcess {
     }
 
     async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, Failure> {
-        // Idempotent: a retried submit finds the job it already started.
-        if let Some(job) = self.adopt(env) {
-            return Ok(job);
+        // One decider per attempt at a time; released when this future ends or its process
+        // dies.
+        let _lock = lock_attempt(env).await?;
+        let existing = match Self::read_job_checked(env) {
+            Ok(r) => r,
+            // Only an attempt's own processes can replace an atomically written record, so
+            // it started: rebuild the record from the start's traces, never start again.
+            Err(e) => {
+                let Some(t) = start_traces(env) else {
+                    return Err(submit_failure(format!("job record unusable: {e}")));
+                };
+                let record = recovered_record(env, t);
+                write_json_atomic(&env.file(attempt_files::JOB), &record)
+                    .map_err(|e| submit_failure(e.to_string()))?;
+                return Ok(job_ref(&record));
+            }
+        };
+        let Some(record) = existing else {
+            // No intent: nothing of this version started. A marked process without one is
+            // from an older version: adopt it rather than start another.
+            if let Some(t) = find_marked(env) {
+                let record = recovered_record(env, t);
+                write_json_atomic(&env.file(attempt_files::JOB), &record)
+                    .map_err(|e| submit_failure(e.to_string()))?;
+                return Ok(job_ref(&record));
+            }
+            return self.start(env, 1).await;
+        };
+        if record.state == JobState::Running {
+            // Idempotent: a retried submit finds the job it already started.
+            return Ok(job_ref(&record));
         }
-        self.spawn(env)
+        // An intent: its start may have happened. Look for its own traces first.
+        if let Some(t) = start_traces(env) {
+            return Self::complete(env, &record, t.pid, t.ticks, true).map(|r| job_ref(&r));
+        }
+        let written = Duration::from_millis(now_ms().saturating_sub(record.started_at_ms));
+        if let Some(wait) = SPAWN_GRACE.checked_sub(written) {
+            tokio::time::sleep(wait).await;
+            if let Some(t) = start_traces(env) {
+                return Self::complete(env, &record, t.pid, t.ticks, true).map(|r| job_ref(&r));
+            }
+        }
+        // Provably never ran: no wrapper.pid (written before the harness runs), no exit
+        // status, no live marked process, SPAWN_GRACE after the intent. Start again, visibly.
+        let starts = record.starts + 1;
+        tracing::warn!(
+            marker = %env.marker(),
+            starts,
+            "the attempt's intent was found with no trace of its start: starting it again"
+        );
+        let _ = append_jsonl(
+            &env.bundle.events(),
+            &Event {
+                ts_ms: now_ms(),
+                kind: "job_restarted".into(),
+                case_id: Some(env.case.case_id.clone()),
+                attempt: Some(env.key.attempt),
+                message: format!(
+                    "start {starts} of attempt {}: start {} left no wrapper.pid, no exit status and no live process {}s after its intent, so the harness never ran",
+                    env.key.attempt,
+                    record.starts,
+                    SPAWN_GRACE.as_secs()
+                ),
+            },
+        );
+        self.start(env, starts).await
     }
 
     async fn await_job<L: Liveness>(
@@ -248,28 +456,41 @@ impl Runtime for LocalProcess {
         job: &JobRef,
         live: &L,
     ) -> ActorReport {
-        let Some(record) = Self::read_job(env).or_else(|| {
+        let record = match Self::read_job(env) {
+            Some(r) if r.state == JobState::Running => Some(r),
+            // An intent left by a submit that died: its traces name the process.
+            Some(r) => start_traces(env).map(|t| JobRecord {
+                state: JobState::Running,
+                pid: t.pid,
+                start_ticks: t.ticks,
+                recovered: true,
+                ..r
+            }),
             // job.json lost but the heartbeat named the process: trust it only if the
             // marker still identifies it.
-            let pid = job.pid?;
-            let ticks = job.start_ticks?;
-            procfs::scan_marker(&job.marker)
-                .marked
-                .contains(&pid)
-                .then(|| JobRecord {
-                    schema_version: RECORD_SCHEMA_VERSION.into(),
-                    marker: job.marker.clone(),
-                    pid,
-                    start_ticks: ticks,
-                    started_at_ms: now_ms(),
-                    timeout_seconds: env.case.timeout_seconds,
-                    memory: MemoryLimit::None,
-                })
-        }) else {
-            return lost(env, "its job.json is missing");
+            None => job.pid.zip(job.start_ticks).and_then(|(pid, ticks)| {
+                procfs::scan_marker(&job.marker)
+                    .marked
+                    .contains(&pid)
+                    .then(|| {
+                        recovered_record(
+                            env,
+                            Trace {
+                                pid: Some(pid),
+                                ticks: Some(ticks),
+                            },
+                        )
+                    })
+            }),
+        };
+        let Some(record) = record else {
+            return lost(env, "its job.json is missing or its start left no trace");
         };
         let child = CHILDREN.lock().expect("lock").remove(&record.marker);
-        let adopted = child.is_none();
+        // Adopted: harvested from a process another worker process started and is gone.
+        // Not when this process holds the child, or started it (and lost the handle), or
+        // the starter is a live replica on this host.
+        let adopted = child.is_none() && !record.owner.is_some_and(|o| o.is_alive());
         let deadline_ms = record.started_at_ms + record.timeout_seconds * 1000;
         let rss_limit = match record.memory {
             MemoryLimit::RssPoll { limit_mb } => Some(limit_mb * 1024 * 1024),
@@ -278,7 +499,7 @@ impl Runtime for LocalProcess {
 
         let waited = wait(env, &record, child, live, deadline_ms, rss_limit).await;
         match waited {
-            Waited::Exited(code) => self.finish(env, &record, code, adopted),
+            Waited::Exited(code) => self.finish(env, &record, code, adopted).await,
             Waited::TimedOut => {
                 self.kill_all(env, Some(&record));
                 let mut r = lost(env, "");
@@ -314,23 +535,23 @@ impl Runtime for LocalProcess {
     }
 
     fn adopt(&self, env: &AttemptEnv) -> Option<JobRef> {
-        if let Some(record) = Self::read_job(env) {
-            return Some(job_ref(&record));
+        // Read-only: finds the job by its record or its traces; await resolves the rest.
+        match Self::read_job(env) {
+            Some(r) if r.state == JobState::Running => Some(job_ref(&r)),
+            Some(r) => start_traces(env).map(|t| {
+                job_ref(&JobRecord {
+                    pid: t.pid,
+                    start_ticks: t.ticks,
+                    ..r
+                })
+            }),
+            None => find_marked(env).map(|t| JobRef {
+                marker: env.marker(),
+                pid: t.pid,
+                start_ticks: t.ticks,
+                host_queue: Some(casebatch_proto::host_task_queue(&hostname())),
+            }),
         }
-        // Spawned but crashed before job.json was written: find the group leader by marker.
-        let scan = procfs::scan_marker(&env.marker());
-        let leader = scan.marked.iter().copied().min()?;
-        let record = JobRecord {
-            schema_version: RECORD_SCHEMA_VERSION.into(),
-            marker: env.marker(),
-            pid: leader,
-            start_ticks: procfs::start_ticks(leader)?,
-            started_at_ms: now_ms(),
-            timeout_seconds: env.case.timeout_seconds,
-            memory: MemoryLimit::None,
-        };
-        write_json_atomic(&env.file(attempt_files::JOB), &record).ok()?;
-        Some(job_ref(&record))
     }
 
     fn kill(&self, env: &AttemptEnv) {
@@ -347,7 +568,7 @@ impl Runtime for LocalProcess {
             scans += 1;
             let found = self.kill_all(env, job.as_ref());
             if found.is_empty() {
-                let since = job.as_ref().map(|j| j.start_ticks);
+                let since = job.as_ref().and_then(|j| j.start_ticks);
                 remaining = procfs::scan_marker_since(&env.marker(), since).unreadable;
                 // Only a process that stays unreadable can keep cleanup unconfirmed.
                 for _ in 0..5 {
@@ -440,7 +661,12 @@ async fn wait<L: Liveness>(
                 if let Some(code) = LocalProcess::exit_status(env) {
                     return Waited::Exited(code);
                 }
-                if !procfs::is_same_process(record.pid, record.start_ticks) {
+                let alive = match record.pid.zip(record.start_ticks) {
+                    Some((pid, ticks)) => procfs::is_same_process(pid, ticks),
+                    // Known only by its traces: alive while anything carries its marker.
+                    None => !procfs::scan_marker(&record.marker).marked.is_empty(),
+                };
+                if !alive {
                     // It may have written its status just before exiting.
                     return LocalProcess::exit_status(env).map_or(Waited::Lost, Waited::Exited);
                 }
@@ -448,6 +674,132 @@ async fn wait<L: Liveness>(
             }
         }
     }
+}
+
+/// What a start left behind: enough to know it happened, and its process if named.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Trace {
+    pid: Option<u32>,
+    ticks: Option<u64>,
+}
+
+/// The traces of the attempt's latest start, if it happened: the child this process holds,
+/// the wrapper's `wrapper.pid` (written before the harness runs), the exit status, or a live
+/// process carrying the marker. `None` means the harness of that start never ran (once
+/// [`SPAWN_GRACE`] has passed since the intent; before, a wrapper may still be on its way).
+fn start_traces(env: &AttemptEnv) -> Option<Trace> {
+    if let Some(pid) = CHILDREN
+        .lock()
+        .expect("lock")
+        .get(&env.marker())
+        .and_then(Child::id)
+    {
+        return Some(Trace {
+            pid: Some(pid),
+            ticks: procfs::start_ticks(pid),
+        });
+    }
+    let pid_file = env.file(attempt_files::WRAPPER_PID);
+    match attempt_io::read_text_now(&pid_file, 256) {
+        Ok(Some(text)) => {
+            let mut words = text.split_whitespace();
+            let pid = words.next().and_then(|w| w.parse::<u32>().ok());
+            let ticks = words
+                .next()
+                .and_then(|w| w.parse::<u64>().ok())
+                .or_else(|| pid.and_then(procfs::start_ticks));
+            return Some(Trace { pid, ticks });
+        }
+        Ok(None) => {}
+        // There, but not a readable regular file: the wrapper ran (and something replaced
+        // the file since). It started; its process is unknown.
+        Err(_) => return Some(Trace::default()),
+    }
+    if std::fs::symlink_metadata(env.file(attempt_files::EXIT)).is_ok() {
+        return Some(Trace::default());
+    }
+    find_marked(env)
+}
+
+/// A record rebuilt from a start's traces alone (no usable intent): the memory mechanism and
+/// the original start time are unknown, so the deadline counts from now.
+fn recovered_record(env: &AttemptEnv, t: Trace) -> JobRecord {
+    JobRecord {
+        schema_version: RECORD_SCHEMA_VERSION.into(),
+        marker: env.marker(),
+        state: JobState::Running,
+        pid: t.pid,
+        start_ticks: t.ticks,
+        started_at_ms: now_ms(),
+        timeout_seconds: env.case.timeout_seconds,
+        memory: MemoryLimit::None,
+        starts: 1,
+        owner: None,
+        recovered: true,
+    }
+}
+
+/// The attempt's group leader (or, failing that, any marked process) found by its marker.
+fn find_marked(env: &AttemptEnv) -> Option<Trace> {
+    let scan = procfs::scan_marker(&env.marker());
+    let leader = scan
+        .marked
+        .iter()
+        .copied()
+        .find(|p| procfs::process_group(*p) == Some(*p))
+        .or_else(|| scan.marked.iter().copied().min())?;
+    Some(Trace {
+        pid: Some(leader),
+        ticks: procfs::start_ticks(leader),
+    })
+}
+
+/// Takes the attempt's `job.lock` (flock), waiting for a holder that is still alive.
+async fn lock_attempt(env: &AttemptEnv) -> Result<Flock<std::fs::File>, Failure> {
+    let path = env.file(attempt_files::JOB_LOCK);
+    let mut file = attempt_io::open_log(&path)
+        .map_err(|e| submit_failure(format!("failed to open {}: {e}", path.display())))?;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) => {
+                file = f;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err((_, e)) => {
+                return Err(submit_failure(format!(
+                    "failed to lock {}: {e}",
+                    path.display()
+                )));
+            }
+        }
+    }
+}
+
+/// TEST HOOK, for integration tests of crash recovery; never set in production, where it
+/// does nothing. `CASEBATCH_FAULT_POINT=<point>[:<n>]` in the worker's environment makes the
+/// worker SIGKILL its own process when the `n`-th submit (default 1) reaches `<point>`; the
+/// submits that reach it before wait there, so `n` attempts are caught inside the same window.
+/// Points: `before-spawn` (intent written, nothing spawned) and `after-spawn` (process
+/// spawned, job record not yet completed).
+async fn fault_point(point: &str) {
+    static REACHED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let Ok(spec) = std::env::var(FAULT_POINT_ENV) else {
+        return;
+    };
+    let (name, n) = match spec.split_once(':') {
+        Some((name, n)) => (name, n.parse::<u32>().unwrap_or(1)),
+        None => (spec.as_str(), 1),
+    };
+    if name != point {
+        return;
+    }
+    let reached = REACHED.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+    tracing::warn!("{FAULT_POINT_ENV}: reached {point} ({reached} of {n})");
+    if reached >= n {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+    }
+    std::future::pending::<()>().await;
 }
 
 fn lost(env: &AttemptEnv, why: &str) -> ActorReport {
@@ -464,5 +816,58 @@ fn lost(env: &AttemptEnv, why: &str) -> ActorReport {
         )),
         adopted: false,
         memory_limit_mb: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wrapper_records_its_own_identity_before_the_harness_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("wrapper.pid");
+        let exit_file = dir.path().join("exit_status");
+        let seen = dir.path().join("seen");
+        // The harness checks that the pid file already exists when it runs.
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(WRAPPER)
+            .arg("casebatch-wrapper")
+            .arg(&pid_file)
+            .args([
+                "sh",
+                "-c",
+                r#"test -s "$0" && echo yes > "$1"; sleep 1; exit 3"#,
+            ])
+            .arg(&pid_file)
+            .arg(&seen)
+            .env("CASEBATCH_EXIT_FILE", &exit_file)
+            .env("CASEBATCH_CGROUP_PROCS", "")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !seen.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let text = std::fs::read_to_string(&pid_file).unwrap();
+        let ticks = procfs::start_ticks(pid).unwrap();
+        assert_eq!(text.trim(), format!("{pid} {ticks}"));
+        assert_eq!(std::fs::read_to_string(&seen).unwrap().trim(), "yes");
+        assert_eq!(child.wait().unwrap().code(), Some(3));
+        assert_eq!(std::fs::read_to_string(&exit_file).unwrap().trim(), "3");
+    }
+
+    #[test]
+    fn records_from_before_intents_still_read() {
+        let old = r#"{"schema_version": "casebatch_v1", "marker": "b/0/1", "pid": 42,
+            "start_ticks": 7, "started_at_ms": 1, "timeout_seconds": 60,
+            "memory": {"mechanism": "none"}}"#;
+        let r: JobRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            (r.state, r.pid, r.start_ticks, r.starts, r.owner),
+            (JobState::Running, Some(42), Some(7), 1, None)
+        );
     }
 }
