@@ -204,6 +204,7 @@ fn native_temporal_cancel_ends_the_batch_like_casebatch_cancel() {
     });
     let engine = sb.json(&sb.out().join(".casebatch-engine/engine.json"));
     let address = engine["address"].as_str().expect("engine address");
+    let address = address.trim_start_matches("http://");
     let temporal = std::env::var("CASEBATCH_TEMPORAL_BIN").unwrap_or_else(|_| "temporal".into());
     let o = std::process::Command::new(temporal)
         .args([
