@@ -383,6 +383,12 @@ fn start_server(
         // without an fsync per transaction, which would dominate a batch's cost.
         .args(["--sqlite-pragma", "journal_mode=wal"])
         .args(["--sqlite-pragma", "synchronous=normal"])
+        // A case's `start` is handed to the worker with the workflow task that schedules it,
+        // without a round trip through matching (off by default in the server).
+        .args([
+            "--dynamic-config-value",
+            "system.enableActivityEagerExecution=true",
+        ])
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)

@@ -13,8 +13,12 @@ use temporalio_sdk::runtime::PollerBehavior;
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 
 /// Concurrent activity polls: a round of cases finishing together schedules dozens of
-/// `await` tasks at once, and the default of 5 polls fetches them a few at a time.
+/// `settle` tasks at once, and the default of 5 polls fetches them a few at a time.
 const ACTIVITY_POLLERS: usize = 16;
+/// Activity slots a workflow task may reserve for eager `start`s (where the server allows
+/// eager execution): a task that admits a round of cases hands them all over at once, where
+/// the SDK's default of 3 would send the rest through matching.
+const EAGER_STARTS_PER_TASK: usize = 32;
 
 /// The two workers of one casebatch process: the shared task queue (workflows and every
 /// activity) and this host's queue (where `await` of jobs started on this host runs).
@@ -32,6 +36,7 @@ pub fn build_worker(runtime: &Runtime, client: Client) -> anyhow::Result<Workers
         .sticky_queue_schedule_to_start_timeout(Duration::from_secs(3))
         .graceful_shutdown_period(Duration::from_secs(2))
         .activity_task_poller_behavior(PollerBehavior::SimpleMaximum(ACTIVITY_POLLERS))
+        .max_eager_activity_reservations_per_workflow_task(EAGER_STARTS_PER_TASK)
         .build();
     let host = WorkerOptions::new(host_task_queue(&hostname()))
         .register_activities(CaseActivities::default())
