@@ -63,8 +63,9 @@ impl Pipeline {
 /// Heartbeat timeout of every stage activity (`await` in the legacy pipeline): how quickly a
 /// stage that a crashed worker held is retried elsewhere (`settle`: the job adopted).
 const AWAIT_HEARTBEAT: Duration = Duration::from_secs(5);
-/// How long `await` may wait for a worker on the job's host. Past it the host is presumed
-/// gone with its job, and the case is re-dispatched.
+/// How long a stage routed to the job's host (`settle`, `cleanup`; `await` in the legacy
+/// pipeline) may wait for a worker there. Past it the host is presumed gone with its job, and
+/// the case is re-dispatched.
 const HOST_WAIT: Duration = Duration::from_secs(300);
 
 /// Static facts the pipeline needs about its batch.
@@ -239,9 +240,10 @@ fn stage_options(
 ) -> ActivityOptions {
     ActivityOptions::with_start_to_close_timeout(start_to_close)
         .activity_id(format!("case-{}.{}.{stage}", key.case_index, key.attempt))
+        // A host that never comes back: past this wait nothing there can be reached. The
+        // shared queue has no such limit: any worker, whenever one polls, can run the stage.
+        .maybe_schedule_to_start_timeout(task_queue.as_ref().map(|_| HOST_WAIT))
         .maybe_task_queue(task_queue)
-        // A host that never comes back: past this wait nothing there can be reached.
-        .schedule_to_start_timeout(HOST_WAIT)
         // Stages heartbeat while they work, so a dead worker's stage is retried in seconds.
         .heartbeat_timeout(AWAIT_HEARTBEAT)
         .cancellation_token(token.clone())
