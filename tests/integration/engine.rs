@@ -117,14 +117,7 @@ fn back_to_back_fresh_starts_each_with_a_new_engine_all_succeed() {
     );
     for i in 0..8 {
         let out = sb.path(&format!("out-{i}"));
-        let o = sb.run(&[
-            "batch",
-            "run",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--output-dir",
-            out.to_str().unwrap(),
-        ]);
+        let o = sb.run(&batch_run_args(&manifest, &out));
         kill_engine(&out);
         assert!(
             o.status.success(),
@@ -149,14 +142,7 @@ fn a_dev_server_whose_port_opens_before_it_answers_is_waited_for() {
     );
     let out = sb.out();
     let o = sb.run_env(
-        &[
-            "batch",
-            "run",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--output-dir",
-            out.to_str().unwrap(),
-        ],
+        &batch_run_args(&manifest, &out),
         &[
             ("CASEBATCH_TEMPORAL_BIN", fake.to_str().unwrap()),
             ("REAL_TEMPORAL", &real),
@@ -179,14 +165,7 @@ fn an_engine_that_never_answers_exits_3_naming_its_address_and_log() {
     let out = sb.out();
     let started = std::time::Instant::now();
     let o = sb.run_env(
-        &[
-            "batch",
-            "run",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--output-dir",
-            out.to_str().unwrap(),
-        ],
+        &batch_run_args(&manifest, &out),
         &[
             ("CASEBATCH_TEMPORAL_BIN", fake.to_str().unwrap()),
             ("FAKE_MODE", "silent"),

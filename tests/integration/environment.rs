@@ -39,14 +39,7 @@ tasks:
     );
     let out = sb.out();
     let o = sb.run_env(
-        &[
-            "batch",
-            "run",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--output-dir",
-            out.to_str().unwrap(),
-        ],
+        &batch_run_args(&manifest, &out),
         &[
             // With no address configured, the embedded engine is used and this is ignored.
             ("TEMPORAL_API_KEY", API_KEY),

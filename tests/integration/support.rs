@@ -100,31 +100,12 @@ impl Sandbox {
 
     /// `casebatch batch run --manifest M --output-dir <out>`, to completion.
     pub fn run_batch(&self, manifest: &Path) -> Output {
-        let out = self.out();
-        self.run(&[
-            "batch",
-            "run",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--output-dir",
-            out.to_str().unwrap(),
-        ])
+        self.run(&batch_run_args(manifest, &self.out()))
     }
 
     /// The same in the background.
     pub fn spawn_batch(&self, manifest: &Path, log: &str) -> Child {
-        let out = self.out();
-        self.spawn(
-            &[
-                "batch",
-                "run",
-                "--manifest",
-                manifest.to_str().unwrap(),
-                "--output-dir",
-                out.to_str().unwrap(),
-            ],
-            log,
-        )
+        self.spawn(&batch_run_args(manifest, &self.out()), log)
     }
 
     /// `casebatch batch <verb> --batch-id B --output-dir <out>`.
@@ -264,6 +245,12 @@ pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool)
     }
 }
 
+/// The arguments of `casebatch batch run --manifest M --output-dir OUT`.
+pub fn batch_run_args<'a>(manifest: &'a Path, out: &'a Path) -> [&'a str; 6] {
+    let (manifest, out) = (manifest.to_str().unwrap(), out.to_str().unwrap());
+    ["batch", "run", "--manifest", manifest, "--output-dir", out]
+}
+
 pub fn assert_exit(o: &Output, code: i32) {
     assert_eq!(
         o.status.code(),
@@ -326,13 +313,7 @@ impl Sandbox {
     /// `batch run` in the background with extra environment for the runner (test hooks such
     /// as `CASEBATCH_FAULT_POINT`, worker settings such as `CASEBATCH_MAX_RESULT_BYTES`).
     pub fn spawn_batch_with_env(&self, manifest: &Path, log: &str, envs: &[(&str, &str)]) -> Child {
-        let out = self.out();
-        let (manifest, out) = (manifest.to_str().unwrap(), out.to_str().unwrap());
-        self.spawn_env(
-            &["batch", "run", "--manifest", manifest, "--output-dir", out],
-            log,
-            envs,
-        )
+        self.spawn_env(&batch_run_args(manifest, &self.out()), log, envs)
     }
 
     /// A file of an attempt: `cases/<case_dir>/attempts/<n>/<name>`.

@@ -2,6 +2,30 @@
 
 use crate::support::*;
 
+/// `casebatch batch <verb>` on a bad manifest exits 2 with an error naming the file and the
+/// problem (`needle`); returns that error.
+fn assert_refused(
+    sb: &Sandbox,
+    verb: &str,
+    manifest: &std::path::Path,
+    out: &str,
+    name: &str,
+    needle: &str,
+) -> String {
+    let mut args = vec!["batch", verb, "--manifest", manifest.to_str().unwrap()];
+    if verb != "validate" {
+        args.extend(["--output-dir", out]);
+    }
+    let o = sb.run(&args);
+    assert_exit(&o, 2);
+    let err = stderr(&o);
+    assert!(
+        err.contains(name) && err.contains(needle),
+        "{verb} {name}: {err}"
+    );
+    err
+}
+
 #[test]
 fn malformed_manifests_are_refused_with_exit_2_and_leave_no_bundle() {
     let sb = Sandbox::new();
@@ -32,17 +56,7 @@ fn malformed_manifests_are_refused_with_exit_2_and_leave_no_bundle() {
     for (name, text, needle) in cases {
         let m = sb.write(name, text);
         for verb in ["validate", "plan", "run"] {
-            let mut args = vec!["batch", verb, "--manifest", m.to_str().unwrap()];
-            if verb != "validate" {
-                args.extend(["--output-dir", &out]);
-            }
-            let o = sb.run(&args);
-            assert_exit(&o, 2);
-            let err = stderr(&o);
-            assert!(
-                err.contains(name) && err.contains(needle),
-                "{verb} {name}: {err}"
-            );
+            let err = assert_refused(&sb, verb, &m, &out, name, needle);
             assert!(!err.contains("panicked"), "{err}");
         }
     }
@@ -159,17 +173,7 @@ fn values_that_cannot_run_are_refused_with_exit_2() {
     for (name, text, needle) in cases {
         let m = sb.write(name, &text);
         for verb in ["validate", "run"] {
-            let mut args = vec!["batch", verb, "--manifest", m.to_str().unwrap()];
-            if verb != "validate" {
-                args.extend(["--output-dir", &out]);
-            }
-            let o = sb.run(&args);
-            assert_exit(&o, 2);
-            let err = stderr(&o);
-            assert!(
-                err.contains(name) && err.contains(needle),
-                "{verb} {name}: {err}"
-            );
+            assert_refused(&sb, verb, &m, &out, name, needle);
         }
     }
     assert!(!sb.out().exists(), "a refused manifest writes nothing");
