@@ -12,8 +12,8 @@ use casebatch_bundle::{
 use casebatch_manifest::model::{Plan, RuntimeKind};
 use casebatch_proto::{
     ActorReport, ActorStatus, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation,
-    Failure, FinalizeInput, JobRef, SettleInput, Settled, Stage, StageResult, StartResult,
-    SubmitResult, codes, host_task_queue,
+    Failure, FailureCode, FinalizeInput, JobRef, SettleInput, Settled, Stage, StageResult,
+    StartResult, SubmitResult, host_task_queue,
 };
 use casebatch_workflows::{contracts, decide};
 use temporalio_macros::activities;
@@ -79,7 +79,7 @@ impl CaseActivities {
         let plan = Arc::new(Bundle::at(bundle_dir).read_plan().map_err(|e| {
             classified(&Failure::infra(
                 Stage::Provision,
-                "BUNDLE_UNREADABLE",
+                FailureCode::BundleUnreadable,
                 e.to_string(),
             ))
         })?);
@@ -95,7 +95,7 @@ impl CaseActivities {
         let case = plan.cases.get(key.case_index as usize).ok_or_else(|| {
             classified(&Failure::config(
                 Stage::Provision,
-                "CASE_NOT_IN_PLAN",
+                FailureCode::CaseNotInPlan,
                 format!(
                     "case index {} is not in the plan of {}: the bundle does not match the batch",
                     key.case_index, key.bundle_dir
@@ -120,13 +120,13 @@ impl CaseActivities {
 }
 
 /// A classified failure as a Temporal failure of type `casebatch.<class>`, so activity retry
-/// policies key on the class; the message carries `CODE: message`.
+/// policies key on the class; the whole [`Failure`] travels as the failure's details.
 fn classified(f: &Failure) -> ActivityError {
-    let message = format!("{}: {}", f.code, f.message);
     ActivityError::application(
-        ApplicationFailure::builder(message)
+        ApplicationFailure::builder(f.message.clone())
             .type_name(f.class.temporal_type())
             .non_retryable(!f.retryable)
+            .details(f.clone())
             .build(),
     )
 }
@@ -191,7 +191,7 @@ impl CaseActivities {
             && report
                 .failure
                 .as_ref()
-                .is_none_or(|f| f.code != codes::JOB_LOST);
+                .is_none_or(|f| f.code != FailureCode::JobLost);
         if report.adopted {
             Self::event(env, "adopted", format!("re-attached to job {}", job.marker));
         }
@@ -257,7 +257,7 @@ impl CaseActivities {
                 verdict: None,
                 failure: Some(Failure::infra(
                     Stage::Evaluate,
-                    codes::ACTIVITY_ERROR,
+                    FailureCode::ActivityError,
                     format!("failed to record the evaluation: {e:?}"),
                 )),
             });
@@ -505,7 +505,7 @@ impl CaseActivities {
             failure: (!confirmed).then(|| {
                 Failure::infra(
                     Stage::Cleanup,
-                    codes::CLEANUP_UNCONFIRMED,
+                    FailureCode::CleanupUnconfirmed,
                     receipt.message.clone(),
                 )
             }),

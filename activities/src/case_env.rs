@@ -26,9 +26,6 @@ pub const INHERITED: &[&str] = &[
     "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER",
 ];
 
-/// Failure code of an attempt whose `pass_env` names a variable the worker does not have.
-pub const PASS_ENV_UNSET: &str = "PASS_ENV_UNSET";
-
 /// A case process's complete environment, reading the worker's variables through `lookup`.
 /// `Err` names the `pass_env` variables that `lookup` does not have.
 pub fn build(

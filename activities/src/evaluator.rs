@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use casebatch_bundle::{EvaluationRecord, RECORD_SCHEMA_VERSION, layout::attempt_files};
 use casebatch_manifest::model::{CommandSpec, FakeOutcome};
-use casebatch_proto::{Evaluation, Failure, FailureClass, Stage, Verdict, codes};
+use casebatch_proto::{Evaluation, Failure, FailureClass, FailureCode, Stage, Verdict};
 use serde::Deserialize;
 use tokio::process::Command;
 
@@ -26,7 +26,7 @@ fn eval_failure(message: String) -> Failure {
     Failure::new(
         Stage::Evaluate,
         FailureClass::Harness,
-        codes::EVALUATOR_FAILED,
+        FailureCode::EvaluatorFailed,
         message,
         false,
     )
@@ -62,7 +62,7 @@ pub async fn run(env: &AttemptEnv, command: &CommandSpec) -> EvaluationRecord {
         Err(m) => {
             record.failure = Some(Failure::config(
                 Stage::Evaluate,
-                crate::case_env::PASS_ENV_UNSET,
+                FailureCode::PassEnvUnset,
                 m,
             ));
             return record;
@@ -129,7 +129,7 @@ pub async fn run(env: &AttemptEnv, command: &CommandSpec) -> EvaluationRecord {
             record.failure = Some(Failure::new(
                 Stage::Evaluate,
                 FailureClass::Harness,
-                codes::RESULT_TOO_LARGE,
+                FailureCode::ResultTooLarge,
                 format!("the evaluator's result was not read: {e}"),
                 false,
             ));

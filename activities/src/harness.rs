@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureClass, Stage, codes};
+use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureClass, FailureCode, Stage};
 use serde::Deserialize;
 
 use crate::attempt_io::{self, FileError};
@@ -25,7 +25,7 @@ pub struct HarnessResult {
 #[derive(Debug, Deserialize)]
 pub struct DeclaredFailure {
     pub class: String,
-    pub code: String,
+    pub code: FailureCode,
     #[serde(default)]
     pub message: String,
     #[serde(default)]
@@ -79,7 +79,7 @@ pub fn classify_result(
             } else {
                 d.message.clone()
             };
-            Failure::new(Stage::Await, class, &d.code, message, d.retryable)
+            Failure::new(Stage::Await, class, d.code.clone(), message, d.retryable)
         }),
         _ => None,
     };
@@ -94,7 +94,7 @@ pub fn classify_result(
             exit_code,
             Some(Failure::harness(
                 Stage::Await,
-                codes::RESULT_TOO_LARGE,
+                FailureCode::ResultTooLarge,
                 format!("the harness's result was not read: {e}"),
             )),
         );
@@ -106,7 +106,7 @@ pub fn classify_result(
                 exit_code,
                 Some(Failure::harness(
                     Stage::Await,
-                    codes::HARNESS_BAD_RESULT,
+                    FailureCode::HarnessBadResult,
                     format!("the harness's result is unusable: {e}"),
                 )),
             ),
@@ -127,7 +127,11 @@ pub fn classify_result(
     report(
         ActorStatus::Failed,
         exit_code,
-        Some(Failure::harness(Stage::Await, codes::HARNESS_EXIT, message)),
+        Some(Failure::harness(
+            Stage::Await,
+            FailureCode::HarnessExitNonzero,
+            message,
+        )),
     )
 }
 
@@ -173,12 +177,12 @@ mod tests {
 
         std::fs::write(&path, "not json").unwrap();
         let f = classify_now(0, &path).failure.unwrap();
-        assert_eq!(f.code, codes::HARNESS_BAD_RESULT);
+        assert_eq!(f.code, FailureCode::HarnessBadResult);
 
         // The shape is still checked although nothing but the failure is kept.
         std::fs::write(&path, r#"{"scores": 5}"#).unwrap();
         let f = classify_now(0, &path).failure.unwrap();
-        assert_eq!(f.code, codes::HARNESS_BAD_RESULT);
+        assert_eq!(f.code, FailureCode::HarnessBadResult);
     }
 
     #[test]
@@ -188,8 +192,8 @@ mod tests {
         nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).unwrap();
         let f = classify_now(0, &path).failure.unwrap();
         assert_eq!(
-            (f.class, f.code.as_str()),
-            (FailureClass::Harness, codes::HARNESS_BAD_RESULT)
+            (f.class, f.code),
+            (FailureClass::Harness, FailureCode::HarnessBadResult)
         );
         assert!(f.message.contains("a FIFO"), "{}", f.message);
         std::fs::remove_file(&path).unwrap();
@@ -198,7 +202,7 @@ mod tests {
         let f = classify_now(0, &path).failure.unwrap();
         assert!(f.message.contains("symbolic link"), "{}", f.message);
         let f = classify_now(2, &path).failure.unwrap();
-        assert_eq!(f.code, codes::HARNESS_EXIT);
+        assert_eq!(f.code, FailureCode::HarnessExitNonzero);
         assert!(f.message.contains("symbolic link"), "{}", f.message);
         std::fs::remove_file(&path).unwrap();
 
@@ -207,11 +211,11 @@ mod tests {
             let r = classify_result(exit, &attempt_io::read_json_now(&path, 100));
             let f = r.failure.unwrap();
             assert_eq!(
-                (r.status, f.class, f.code.as_str()),
+                (r.status, f.class, f.code),
                 (
                     ActorStatus::Failed,
                     FailureClass::Harness,
-                    codes::RESULT_TOO_LARGE
+                    FailureCode::ResultTooLarge
                 )
             );
         }

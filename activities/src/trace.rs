@@ -4,10 +4,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use casebatch_bundle::TraceRef;
-use casebatch_proto::{Failure, Stage};
+use casebatch_proto::{Failure, FailureCode, Stage};
 
-/// Failure code of a trace pull; retry-failed re-collects these without re-running anything.
-pub const TRACE_COLLECT_FAILED: &str = "TRACE_COLLECT_FAILED";
 const PULL_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Pulls the trace and writes it to `dest`; a failure is `{collect, infra, retryable}`.
@@ -15,7 +13,7 @@ pub async fn collect(trace: &TraceRef, dest: &Path) -> Result<(), Failure> {
     let fail = |why: String| {
         Failure::infra(
             Stage::Collect,
-            TRACE_COLLECT_FAILED,
+            FailureCode::TraceCollectFailed,
             format!(
                 "failed to collect the trace from {}: {why}; the work is kept, retry-failed collects it again",
                 trace.url

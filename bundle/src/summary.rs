@@ -31,6 +31,17 @@ pub struct BatchSummary {
     pub rows: Vec<SummaryRow>,
 }
 
+impl BatchSummary {
+    /// How many cases are in this state (`"succeeded"`, `"failed"`, ...).
+    pub fn count(&self, state: &str) -> usize {
+        self.counts.get(state).copied().unwrap_or(0)
+    }
+
+    pub fn succeeded(&self) -> usize {
+        self.count("succeeded")
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SummaryRow {
     pub case_id: String,
@@ -90,7 +101,7 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
                 if let (CaseRecordState::Failed, Some(f)) = (r.state, &r.failure) {
                     let key = format!("{}/{}", f.stage.as_str(), f.class.as_str());
                     *by_stage_class.entry(key).or_default() += 1;
-                    *by_code.entry(f.code.clone()).or_default() += 1;
+                    *by_code.entry(f.code.to_string()).or_default() += 1;
                 }
                 let json = serde_json::to_value(r).expect("records serialize");
                 SummaryRow {
@@ -103,7 +114,7 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
                     cleanup_confirmed: Some(r.cleanup_confirmed),
                     failure_stage: r.failure.as_ref().map(|f| f.stage.as_str().into()),
                     failure_class: r.failure.as_ref().map(|f| f.class.as_str().into()),
-                    failure_code: r.failure.as_ref().map(|f| f.code.clone()),
+                    failure_code: r.failure.as_ref().map(|f| f.code.to_string()),
                     fields: plan
                         .summary
                         .fields

@@ -64,23 +64,101 @@ impl FailureClass {
     }
 }
 
-/// Stable failure codes that other components key on.
-pub mod codes {
-    pub const OOM_KILLED: &str = "OOM_KILLED";
-    pub const TIMEOUT: &str = "TIMEOUT";
-    pub const HARNESS_EXIT: &str = "HARNESS_EXIT_NONZERO";
-    pub const HARNESS_BAD_RESULT: &str = "HARNESS_BAD_RESULT";
+/// Declares [`FailureCode`]: every code casebatch itself raises, with its wire name, in one
+/// table.
+macro_rules! failure_codes {
+    ($($(#[doc = $doc:literal])+ $variant:ident => $wire:literal,)+) => {
+        /// Stable failure codes that other components (retry decisions, reports, dashboards)
+        /// key on. Serialized as the wire name (`"OOM_KILLED"`); a code a harness declares
+        /// about itself that is not in the table is kept verbatim as [`FailureCode::Declared`].
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum FailureCode {
+            $($(#[doc = $doc])+ $variant,)+
+            /// A code a harness declared in its result JSON (`failure.code`), not one of ours.
+            Declared(String),
+        }
+
+        impl FailureCode {
+            /// Every code of the table (not `Declared`), for docs and exhaustive tests.
+            pub const ALL: &[FailureCode] = &[$(FailureCode::$variant,)+];
+
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $(FailureCode::$variant => $wire,)+
+                    FailureCode::Declared(code) => code,
+                }
+            }
+
+            /// The code with this wire name; unknown names are a harness's own codes.
+            pub fn parse(wire: &str) -> Self {
+                match wire {
+                    $($wire => FailureCode::$variant,)+
+                    other => FailureCode::Declared(other.to_string()),
+                }
+            }
+        }
+    };
+}
+
+failure_codes! {
+    /// Killed by the memory limit: fatal at the same size (retry-failed doubles it).
+    OomKilled => "OOM_KILLED",
+    /// The case's wall-clock limit (`timeout_seconds`) expired.
+    Timeout => "TIMEOUT",
+    /// The harness exited non-zero without declaring a failure.
+    HarnessExitNonzero => "HARNESS_EXIT_NONZERO",
+    /// The harness exited 0 but its result JSON is unusable.
+    HarnessBadResult => "HARNESS_BAD_RESULT",
     /// A result file (harness or evaluator) past the worker's size limit
     /// (`CASEBATCH_MAX_RESULT_BYTES`, default 16 MiB); class harness, not retryable.
-    pub const RESULT_TOO_LARGE: &str = "RESULT_TOO_LARGE";
-    pub const SPAWN_FAILED: &str = "SPAWN_FAILED";
-    pub const JOB_LOST: &str = "JOB_LOST";
-    pub const EVALUATOR_FAILED: &str = "EVALUATOR_FAILED";
-    pub const VERDICT_FAIL: &str = "VERDICT_FAIL";
-    pub const CLEANUP_UNCONFIRMED: &str = "CLEANUP_UNCONFIRMED";
-    pub const CANCELLED: &str = "CANCELLED";
-    pub const ACTIVITY_ERROR: &str = "ACTIVITY_ERROR";
-    pub const SIMULATED: &str = "SIMULATED_INFRA";
+    ResultTooLarge => "RESULT_TOO_LARGE",
+    /// The harness process could not be started.
+    SpawnFailed => "SPAWN_FAILED",
+    /// The case declares no harness command.
+    NoHarness => "NO_HARNESS",
+    /// A `pass_env:` variable is not set in the worker's environment.
+    PassEnvUnset => "PASS_ENV_UNSET",
+    /// The attempt's directories could not be created.
+    ProvisionIo => "PROVISION_IO",
+    /// The batch's plan could not be read from the bundle.
+    BundleUnreadable => "BUNDLE_UNREADABLE",
+    /// The workflow named a case the bundle's plan does not have.
+    CaseNotInPlan => "CASE_NOT_IN_PLAN",
+    /// The job's process vanished and nothing of it can be adopted.
+    JobLost => "JOB_LOST",
+    /// The evaluator could not run or produced no usable verdict.
+    EvaluatorFailed => "EVALUATOR_FAILED",
+    /// The evaluator's verdict is fail: a legitimate outcome, never retried.
+    VerdictFail => "VERDICT_FAIL",
+    /// The trace could not be pulled; the work is kept, retry-failed collects it again.
+    TraceCollectFailed => "TRACE_COLLECT_FAILED",
+    /// Marked processes of the attempt may still be alive after cleanup.
+    CleanupUnconfirmed => "CLEANUP_UNCONFIRMED",
+    /// The case was cancelled with the batch.
+    Cancelled => "CANCELLED",
+    /// An activity failed without a classified outcome (the platform's fault).
+    ActivityError => "ACTIVITY_ERROR",
+    /// An infra failure the fake runtime simulates.
+    SimulatedInfra => "SIMULATED_INFRA",
+}
+
+impl fmt::Display for FailureCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for FailureCode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for FailureCode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let wire = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        Ok(FailureCode::parse(&wire))
+    }
 }
 
 /// `{stage, class, code, message, retryable}`, classified where the error is born.
@@ -88,22 +166,22 @@ pub mod codes {
 pub struct Failure {
     pub stage: Stage,
     pub class: FailureClass,
-    pub code: String,
+    pub code: FailureCode,
     pub message: String,
     pub retryable: bool,
 }
 
 impl Failure {
     /// A platform failure; retryable unless the caller says otherwise.
-    pub fn infra(stage: Stage, code: &str, message: impl Into<String>) -> Self {
+    pub fn infra(stage: Stage, code: FailureCode, message: impl Into<String>) -> Self {
         Self::new(stage, FailureClass::Infra, code, message, true)
     }
 
-    pub fn config(stage: Stage, code: &str, message: impl Into<String>) -> Self {
+    pub fn config(stage: Stage, code: FailureCode, message: impl Into<String>) -> Self {
         Self::new(stage, FailureClass::Config, code, message, false)
     }
 
-    pub fn harness(stage: Stage, code: &str, message: impl Into<String>) -> Self {
+    pub fn harness(stage: Stage, code: FailureCode, message: impl Into<String>) -> Self {
         Self::new(stage, FailureClass::Harness, code, message, false)
     }
 
@@ -111,7 +189,7 @@ impl Failure {
         Self::new(
             Stage::Evaluate,
             FailureClass::Agent,
-            codes::VERDICT_FAIL,
+            FailureCode::VerdictFail,
             message,
             false,
         )
@@ -123,7 +201,7 @@ impl Failure {
         Self::new(
             Stage::Await,
             FailureClass::Infra,
-            codes::OOM_KILLED,
+            FailureCode::OomKilled,
             format!(
                 "killed by the memory limit ({limit}); retrying at the same size dies the same way: raise resources.memory_mb"
             ),
@@ -134,7 +212,7 @@ impl Failure {
     pub fn new(
         stage: Stage,
         class: FailureClass,
-        code: &str,
+        code: FailureCode,
         message: impl Into<String>,
         retryable: bool,
     ) -> Self {
@@ -143,7 +221,7 @@ impl Failure {
         Self {
             stage,
             class,
-            code: code.to_string(),
+            code,
             message: message.into(),
             retryable,
         }
@@ -196,11 +274,12 @@ mod tests {
 
     #[test]
     fn only_infra_failures_can_be_retryable() {
-        assert!(Failure::infra(Stage::Submit, codes::SPAWN_FAILED, "x").retryable);
-        let harness = Failure::new(Stage::Await, FailureClass::Harness, "X", "m", true);
+        assert!(Failure::infra(Stage::Submit, FailureCode::SpawnFailed, "x").retryable);
+        let declared = FailureCode::parse("X");
+        let harness = Failure::new(Stage::Await, FailureClass::Harness, declared, "m", true);
         assert!(!harness.retryable);
         assert!(!Failure::agent("fail").retryable);
-        assert!(!Failure::config(Stage::Provision, "X", "m").retryable);
+        assert!(!Failure::config(Stage::Provision, FailureCode::NoHarness, "m").retryable);
     }
 
     #[test]
@@ -231,9 +310,31 @@ mod tests {
 
     #[test]
     fn wire_names_are_snake_case() {
-        let f = Failure::infra(Stage::Collect, "TRACE", "m");
+        let f = Failure::infra(Stage::Collect, FailureCode::TraceCollectFailed, "m");
         let v = serde_json::to_value(&f).unwrap();
         assert_eq!(v["stage"], "collect");
         assert_eq!(v["class"], "infra");
+        assert_eq!(v["code"], "TRACE_COLLECT_FAILED");
+    }
+
+    #[test]
+    fn every_code_round_trips_through_its_wire_name() {
+        let mut seen = std::collections::BTreeSet::new();
+        for code in FailureCode::ALL {
+            assert!(seen.insert(code.as_str()), "{code} is listed twice");
+            let json = serde_json::to_string(code).unwrap();
+            assert_eq!(serde_json::from_str::<FailureCode>(&json).unwrap(), *code);
+            assert!(!matches!(
+                FailureCode::parse(code.as_str()),
+                FailureCode::Declared(_)
+            ));
+        }
+    }
+
+    #[test]
+    fn a_harness_code_outside_the_table_is_kept_verbatim() {
+        let code: FailureCode = serde_json::from_str("\"RATE_LIMITED\"").unwrap();
+        assert_eq!(code, FailureCode::Declared("RATE_LIMITED".into()));
+        assert_eq!(serde_json::to_string(&code).unwrap(), "\"RATE_LIMITED\"");
     }
 }

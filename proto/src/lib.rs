@@ -10,8 +10,7 @@ pub mod failure;
 pub mod stage;
 
 pub use batch::*;
-pub use failure::codes;
-pub use failure::{Failure, FailureClass, Stage};
+pub use failure::{Failure, FailureClass, FailureCode, Stage};
 pub use stage::*;
 
 /// Task queue the worker polls and batches are started on.

@@ -2,7 +2,7 @@
 //! case gets another attempt. No SDK types here, so it is unit-tested directly.
 
 use casebatch_proto::{
-    ActorStatus, AttemptSummary, CaseState, FailureClass, OOM_BOOST_CAP_MB, Verdict, codes,
+    ActorStatus, AttemptSummary, CaseState, FailureClass, FailureCode, OOM_BOOST_CAP_MB, Verdict,
 };
 
 /// Crashes that left nothing to adopt are re-dispatched without spending `max_retries`, up
@@ -46,13 +46,41 @@ pub fn attempt_state(s: &AttemptSummary) -> CaseState {
     if s.failure.is_some() || s.collect_failure.is_some() {
         return CaseState::Failed;
     }
-    let actor_ok = s.actor == Some(ActorStatus::Finished);
-    // A finished actor with a pending or failed evaluation is not a verified success.
-    let verified = !s.evaluation_configured || s.verdict == Some(Verdict::Pass);
-    if actor_ok && verified {
+    if is_verified_success(s.actor, s.evaluation_configured, s.verdict) {
         CaseState::Succeeded
     } else {
         CaseState::Failed
+    }
+}
+
+/// The success rule: the actor finished, and its evaluator (when one is configured) said
+/// pass. A finished actor with a pending or failed evaluation is not a verified success.
+pub fn is_verified_success(
+    actor: Option<ActorStatus>,
+    evaluation_configured: bool,
+    verdict: Option<Verdict>,
+) -> bool {
+    let verified = !evaluation_configured || verdict == Some(Verdict::Pass);
+    actor == Some(ActorStatus::Finished) && verified
+}
+
+/// The memory an OOM-killed case gets next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OomBoost {
+    /// Double the size it died at.
+    To(u64),
+    /// Doubling would pass [`OOM_BOOST_CAP_MB`]: only a change of the spec can help.
+    PastCap,
+    /// It ran without a known limit, so there is nothing to double.
+    UnknownSize,
+}
+
+/// Same size, same death: the next size doubles the last one (64 → 128 → 256 ...), capped.
+pub fn oom_boost(limit_mb: Option<u64>) -> OomBoost {
+    match limit_mb.map(|mb| mb * 2) {
+        Some(mb) if mb <= OOM_BOOST_CAP_MB => OomBoost::To(mb),
+        Some(_) => OomBoost::PastCap,
+        None => OomBoost::UnknownSize,
     }
 }
 
@@ -66,17 +94,16 @@ pub fn next(s: &AttemptSummary, cancelled: bool, policy: Policy, spent: Spent) -
     let Some(failure) = &s.failure else {
         return Next::Finish(state);
     };
-    if failure.code == codes::OOM_KILLED && policy.oom_auto_boost {
-        // Same size, same death: only more memory can change the outcome.
-        return match s.memory_limit_mb.map(|mb| mb * 2) {
-            Some(boosted) if boosted <= OOM_BOOST_CAP_MB => Next::Boost(boosted),
-            _ => Next::Finish(state),
+    if failure.code == FailureCode::OomKilled && policy.oom_auto_boost {
+        return match oom_boost(s.memory_limit_mb) {
+            OomBoost::To(mb) => Next::Boost(mb),
+            OomBoost::PastCap | OomBoost::UnknownSize => Next::Finish(state),
         };
     }
     if failure.class != FailureClass::Infra || !failure.retryable {
         return Next::Finish(state);
     }
-    if failure.code == codes::JOB_LOST && spent.redispatches < MAX_REDISPATCHES {
+    if failure.code == FailureCode::JobLost && spent.redispatches < MAX_REDISPATCHES {
         return Next::Redispatch;
     }
     if spent.retries < policy.max_retries {
@@ -119,7 +146,7 @@ mod tests {
         let mut s = summary(ActorStatus::Finished, None);
         s.collect_failure = Some(Failure::infra(
             Stage::Collect,
-            "TRACE_COLLECT_FAILED",
+            FailureCode::TraceCollectFailed,
             "down",
         ));
         assert_eq!(attempt_state(&s), CaseState::Failed);
@@ -170,7 +197,7 @@ mod tests {
 
     #[test]
     fn retryable_infra_is_retried_until_budget_is_spent() {
-        let f = Failure::infra(Stage::Submit, codes::SPAWN_FAILED, "boom");
+        let f = Failure::infra(Stage::Submit, FailureCode::SpawnFailed, "boom");
         let s = summary(ActorStatus::Failed, Some(f));
         assert_eq!(next(&s, false, retries(2), Spent::default()), Next::Retry);
         let spent = Spent {
@@ -190,8 +217,8 @@ mod tests {
     #[test]
     fn harness_config_agent_and_oom_are_never_retried() {
         let failures = [
-            Failure::harness(Stage::Await, codes::HARNESS_EXIT, "exit 3"),
-            Failure::config(Stage::Provision, "MISSING", "no harness"),
+            Failure::harness(Stage::Await, FailureCode::HarnessExitNonzero, "exit 3"),
+            Failure::config(Stage::Provision, FailureCode::NoHarness, "no harness"),
             Failure::agent("verdict fail"),
             Failure::oom(Some(64)),
         ];
@@ -207,7 +234,7 @@ mod tests {
 
     #[test]
     fn lost_jobs_are_redispatched_without_spending_retries() {
-        let f = Failure::infra(Stage::Await, codes::JOB_LOST, "gone");
+        let f = Failure::infra(Stage::Await, FailureCode::JobLost, "gone");
         let s = summary(ActorStatus::Failed, Some(f));
         assert_eq!(
             next(&s, false, retries(0), Spent::default()),
@@ -225,7 +252,7 @@ mod tests {
 
     #[test]
     fn cancel_stops_retries_but_keeps_finished_outcomes() {
-        let f = Failure::infra(Stage::Submit, codes::SPAWN_FAILED, "boom");
+        let f = Failure::infra(Stage::Submit, FailureCode::SpawnFailed, "boom");
         let failed = summary(ActorStatus::Failed, Some(f));
         let none = Spent::default();
         assert_eq!(

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use casebatch_bundle::{CleanupReceipt, RECORD_SCHEMA_VERSION, layout::attempt_files};
 use casebatch_manifest::model::{FakeOutcome, FakeScript};
-use casebatch_proto::{ActorReport, ActorStatus, Failure, JobRef, Stage, codes};
+use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
 
 use super::{AttemptEnv, Liveness, Runtime};
 
@@ -39,7 +39,7 @@ pub fn simulated_report(script: &FakeScript, attempt: u32) -> ActorReport {
     if attempt <= script.infra_failures_first {
         return failed(Failure::infra(
             Stage::Await,
-            codes::SIMULATED,
+            FailureCode::SimulatedInfra,
             format!("simulated infra failure on attempt {attempt}"),
         ));
     }
@@ -54,12 +54,12 @@ pub fn simulated_report(script: &FakeScript, attempt: u32) -> ActorReport {
         },
         FakeOutcome::HarnessError => failed(Failure::harness(
             Stage::Await,
-            codes::HARNESS_EXIT,
+            FailureCode::HarnessExitNonzero,
             "simulated harness crash",
         )),
         FakeOutcome::InfraError => failed(Failure::infra(
             Stage::Await,
-            codes::SIMULATED,
+            FailureCode::SimulatedInfra,
             "simulated infra failure",
         )),
         FakeOutcome::OomKilled => failed(Failure::oom(None)),
@@ -71,7 +71,7 @@ impl Runtime for Fake {
         std::fs::create_dir_all(&env.dir).map_err(|e| {
             Failure::infra(
                 Stage::Provision,
-                "PROVISION_IO",
+                FailureCode::ProvisionIo,
                 format!("{}: {e}", env.dir.display()),
             )
         })
@@ -87,8 +87,9 @@ impl Runtime for Fake {
                 "marker": env.marker(),
                 "started_at_ms": now_ms(),
             });
-            casebatch_bundle::write_json_atomic(&path, &rec)
-                .map_err(|e| Failure::infra(Stage::Submit, codes::SPAWN_FAILED, e.to_string()))?;
+            casebatch_bundle::write_json_atomic(&path, &rec).map_err(|e| {
+                Failure::infra(Stage::Submit, FailureCode::SpawnFailed, e.to_string())
+            })?;
         }
         Ok(JobRef {
             marker: env.marker(),

@@ -41,7 +41,7 @@ use casebatch_bundle::{
     write_json_atomic,
 };
 use casebatch_manifest::model::CommandSpec;
-use casebatch_proto::{ActorReport, ActorStatus, Failure, JobRef, Stage, codes};
+use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
@@ -162,7 +162,7 @@ fn now_ms() -> u64 {
 }
 
 fn submit_failure(msg: String) -> Failure {
-    Failure::infra(Stage::Submit, codes::SPAWN_FAILED, msg)
+    Failure::infra(Stage::Submit, FailureCode::SpawnFailed, msg)
 }
 
 impl LocalProcess {
@@ -216,7 +216,7 @@ impl LocalProcess {
         let harness = env.case.harness.as_ref().ok_or_else(|| {
             Failure::config(
                 Stage::Submit,
-                "NO_HARNESS",
+                FailureCode::NoHarness,
                 format!(
                     "case {} has no harness command: set defaults.harness",
                     env.case.case_id
@@ -224,7 +224,7 @@ impl LocalProcess {
             )
         })?;
         let case_env = crate::case_env::for_attempt(env)
-            .map_err(|m| Failure::config(Stage::Submit, crate::case_env::PASS_ENV_UNSET, m))?;
+            .map_err(|m| Failure::config(Stage::Submit, FailureCode::PassEnvUnset, m))?;
         // Appended: a start never truncates what an earlier one of the attempt wrote.
         let open = |name: &str| {
             attempt_io::open_log(&env.file(name))
@@ -368,15 +368,16 @@ impl Runtime for LocalProcess {
         let fail = |e: std::io::Error| {
             Failure::infra(
                 Stage::Provision,
-                "PROVISION_IO",
+                FailureCode::ProvisionIo,
                 format!("{}: {e}", env.dir.display()),
             )
         };
         for sub in [attempt_files::WORKDIR, attempt_files::OUTPUT] {
             fs::create_dir_all(env.file(sub)).map_err(fail)?;
         }
-        write_json_atomic(&env.file(attempt_files::INPUT), &env.case.input)
-            .map_err(|e| Failure::infra(Stage::Provision, "PROVISION_IO", e.to_string()))?;
+        write_json_atomic(&env.file(attempt_files::INPUT), &env.case.input).map_err(|e| {
+            Failure::infra(Stage::Provision, FailureCode::ProvisionIo, e.to_string())
+        })?;
         Ok(())
     }
 
@@ -505,7 +506,7 @@ impl Runtime for LocalProcess {
                 let mut r = lost(env, "");
                 r.failure = Some(Failure::infra(
                     Stage::Await,
-                    codes::TIMEOUT,
+                    FailureCode::Timeout,
                     format!(
                         "the harness ran past timeout_seconds ({})",
                         record.timeout_seconds
@@ -808,7 +809,7 @@ fn lost(env: &AttemptEnv, why: &str) -> ActorReport {
         exit_code: None,
         failure: Some(Failure::infra(
             Stage::Await,
-            codes::JOB_LOST,
+            FailureCode::JobLost,
             format!(
                 "attempt {} of case {}: {why}",
                 env.key.attempt, env.case.case_id
