@@ -97,6 +97,9 @@ pub struct Counters {
 pub struct TimelineStep {
     /// Workflow time (ms since the epoch), deterministic under replay.
     pub at_ms: u64,
+    /// The case (plan index) the step is about; `None` for batch-level steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub case: Option<u32>,
     pub message: String,
 }
 

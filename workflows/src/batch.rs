@@ -94,6 +94,7 @@ impl BatchWorkflow {
         let (segment, counts) = ctx.state(|s| (s.segment, Counts::of(&s.slots)));
         note(
             ctx,
+            None,
             format!(
                 "segment {segment} started: {} queued, {} done",
                 counts.queued,
@@ -287,24 +288,28 @@ impl BatchWorkflow {
             .workflow_time()
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_millis() as u64);
-        push_step(&mut self.timeline, at_ms, message);
+        push_step(&mut self.timeline, at_ms, None, message);
     }
 }
 
-fn push_step(timeline: &mut Vec<TimelineStep>, at_ms: u64, message: String) {
-    timeline.push(TimelineStep { at_ms, message });
+fn push_step(timeline: &mut Vec<TimelineStep>, at_ms: u64, case: Option<u32>, message: String) {
+    timeline.push(TimelineStep {
+        at_ms,
+        case,
+        message,
+    });
     if timeline.len() > TIMELINE_KEEP {
         let excess = timeline.len() - TIMELINE_KEEP;
         timeline.drain(..excess);
     }
 }
 
-fn note(ctx: &WorkflowContext<BatchWorkflow>, message: String) {
+fn note(ctx: &WorkflowContext<BatchWorkflow>, case: Option<u32>, message: String) {
     let at_ms = ctx
         .workflow_time()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_millis() as u64);
-    ctx.state_mut(|s| push_step(&mut s.timeline, at_ms, message));
+    ctx.state_mut(|s| push_step(&mut s.timeline, at_ms, case, message));
 }
 
 /// The next queued case at or after the cursor (cases are admitted in plan order).
@@ -323,7 +328,7 @@ fn next_queued(ctx: &WorkflowContext<BatchWorkflow>, cursor: &mut usize) -> Opti
 
 fn record_case(ctx: &WorkflowContext<BatchWorkflow>, done: CaseDone) {
     for n in &done.notes {
-        note(ctx, n.clone());
+        note(ctx, Some(done.case_index), n.clone());
     }
     ctx.state_mut(|s| {
         let slot = &mut s.slots[done.case_index as usize];
@@ -345,6 +350,7 @@ async fn finish(
     let counts = ctx.state(|s| Counts::of(&s.slots));
     note(
         ctx,
+        None,
         format!(
             "run ended ({end:?}): {} succeeded, {} failed, {} cancelled, {} queued",
             counts.succeeded, counts.failed, counts.cancelled, counts.queued

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use casebatch_proto::{
     ActorStatus, AttemptKey, AttemptSummary, CaseState, CleanupInput, Failure, FailureClass,
-    SettleInput, Settled, Stage, StartResult, codes,
+    FailureCode, SettleInput, Settled, Stage, StartResult,
 };
 use temporalio_common::RetryPolicy;
 use temporalio_common::protos::temporal::api::failure::v1::{
@@ -95,6 +95,7 @@ pub(crate) struct CaseDone {
     pub retries: u32,
     pub cleanup_unconfirmed: u32,
     pub oom_boosts: u32,
+    /// Timeline messages about this case (the case is named by the step, not the text).
     pub notes: Vec<String>,
 }
 
@@ -107,24 +108,55 @@ fn local(timeout: Duration, token: &WorkflowCancellationToken) -> LocalActivityO
 }
 
 /// An activity that failed instead of returning an outcome. A casebatch failure type
-/// (`casebatch.<class>`) keeps its class; anything else is the platform's fault.
+/// (`casebatch.<class>`) carries its classified [`Failure`] as details; anything else is the
+/// platform's fault.
 fn activity_failure(stage: Stage, err: &ActivityExecutionError) -> Failure {
-    if let Some((class, non_retryable, message)) = err.failure().and_then(casebatch_failure) {
-        let (code, message) = message
-            .split_once(": ")
-            .unwrap_or((codes::ACTIVITY_ERROR, message));
-        return Failure::new(stage, class, code, message, !non_retryable);
+    match err.failure().and_then(casebatch_failure) {
+        Some(raised) => raised.into_failure(stage),
+        None => Failure::infra(stage, FailureCode::ActivityError, err.to_string()),
     }
-    Failure::infra(stage, codes::ACTIVITY_ERROR, err.to_string())
+}
+
+/// A casebatch-typed application failure as the workflow received it.
+struct Raised<'a> {
+    class: FailureClass,
+    non_retryable: bool,
+    message: &'a str,
+    details: Option<Failure>,
+}
+
+impl Raised<'_> {
+    fn into_failure(self, stage: Stage) -> Failure {
+        // The activity classified it where it was born, stage included.
+        if let Some(f) = self.details {
+            return f;
+        }
+        // Histories recorded before failures carried details spell the code into the message.
+        let (code, message) = match self.message.split_once(": ") {
+            Some((code, message)) => (FailureCode::parse(code), message),
+            None => (FailureCode::ActivityError, self.message),
+        };
+        Failure::new(stage, self.class, code, message, !self.non_retryable)
+    }
 }
 
 /// The first casebatch-typed application failure in a failure chain (local activities raise
 /// it at the top; full activities wrap it in an activity failure).
-fn casebatch_failure(f: &ProtoFailure) -> Option<(FailureClass, bool, &str)> {
+fn casebatch_failure(f: &ProtoFailure) -> Option<Raised<'_>> {
     match &f.failure_info {
         Some(FailureInfo::ApplicationFailureInfo(info)) => {
-            FailureClass::from_temporal_type(&info.r#type)
-                .map(|class| (class, info.non_retryable, f.message.as_str()))
+            let class = FailureClass::from_temporal_type(&info.r#type)?;
+            let details = info
+                .details
+                .as_ref()
+                .and_then(|d| d.payloads.first())
+                .and_then(|p| serde_json::from_slice::<Failure>(&p.data).ok());
+            Some(Raised {
+                class,
+                non_retryable: info.non_retryable,
+                message: f.message.as_str(),
+                details,
+            })
         }
         _ => f.cause.as_deref().and_then(casebatch_failure),
     }
@@ -187,18 +219,15 @@ pub(crate) async fn run_case(
             Next::Boost(mb) => {
                 done.oom_boosts += 1;
                 let from = summary.memory_limit_mb.unwrap_or_default();
-                done.notes.push(format!(
-                    "case {}: OOM auto-boost {from} → {mb} MB (in-batch retry)",
-                    p.case_index
-                ));
+                done.notes
+                    .push(format!("OOM auto-boost {from} → {mb} MB (in-batch retry)"));
                 memory_boost_mb = Some(mb);
             }
             Next::Redispatch => {
                 spent.redispatches += 1;
                 done.redispatched += 1;
                 done.notes.push(format!(
-                    "case {}: job lost with nothing to adopt; re-dispatched as attempt {}",
-                    p.case_index,
+                    "job lost with nothing to adopt; re-dispatched as attempt {}",
                     done.attempts + 1
                 ));
             }
@@ -207,8 +236,7 @@ pub(crate) async fn run_case(
                 done.retries += 1;
                 let failure = summary.failure.as_ref().map(ToString::to_string);
                 done.notes.push(format!(
-                    "case {}: retry {} after {}",
-                    p.case_index,
+                    "retry {} after {}",
                     spent.retries,
                     failure.unwrap_or_default()
                 ));
@@ -371,7 +399,7 @@ fn mark_job_lost(s: &mut AttemptSummary, err: &ActivityExecutionError) {
     s.actor = Some(ActorStatus::Failed);
     s.failure = Some(Failure::infra(
         Stage::Await,
-        codes::JOB_LOST,
+        FailureCode::JobLost,
         format!("no worker could await the job: {err}"),
     ));
 }
