@@ -169,3 +169,47 @@ pub struct Event {
     pub attempt: Option<u32>,
     pub message: String,
 }
+
+/// `manifest.json`: the manifest as the batch saw it, so a retry or an audit does not depend
+/// on what the file reads today.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ManifestRecord {
+    pub schema_version: String,
+    /// Absolute path the manifest was read from.
+    pub path: String,
+    pub sha256: String,
+    pub format: casebatch_manifest::ManifestFormat,
+    /// The text itself (empty when the file could not be read again).
+    pub content: String,
+}
+
+/// `run_config.json`: where the batch runs. Never a secret: only where the engine is, not how
+/// to authenticate to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    pub schema_version: String,
+    pub batch_id: String,
+    pub casebatch_version: String,
+    pub engine: EngineRecord,
+    pub settings: casebatch_manifest::BatchSettings,
+    pub retry_backoff_ms: u64,
+}
+
+/// The engine a batch was started on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineRecord {
+    pub mode: EngineMode,
+    pub address: String,
+    pub namespace: String,
+    pub task_queue: String,
+    pub workflow_id: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineMode {
+    /// The local dev server under the output root.
+    Embedded,
+    /// A Temporal cluster.
+    Cluster,
+}

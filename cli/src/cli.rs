@@ -1,8 +1,12 @@
-//! The command-line surface (clap). Raw flags only; commands resolve them into settings.
+//! The command-line surface (clap), and the conversion of flags into the library's inputs.
 
 use std::path::PathBuf;
 
+use casebatch_control::{BatchLocation, EngineChoice, ManifestInput};
+use casebatch_manifest::{CommandSpec, Defaults, LoadOptions, RuntimeKind};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::exit::{CliError, CliResult};
 
 /// Durable batch runner for evaluation cases, on Temporal.
 ///
@@ -283,4 +287,54 @@ pub struct WorkerArgs {
     pub output_dir: PathBuf,
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+// Flags → the library's typed inputs.
+
+impl ManifestArgs {
+    pub fn input(&self) -> CliResult<ManifestInput> {
+        let runtime = match self.runtime.as_deref() {
+            None => None,
+            Some("local-process") => Some(RuntimeKind::LocalProcess),
+            Some("fake") => Some(RuntimeKind::Fake),
+            Some(other) => {
+                return Err(CliError::usage(format!(
+                    "failed to read --runtime: {other:?} is not a runtime; use local-process or fake"
+                )));
+            }
+        };
+        let options = LoadOptions {
+            batch_id: self.batch_id.clone(),
+            overrides: Defaults {
+                concurrency: self.parallelism,
+                max_retries: self.max_retries,
+                runtime,
+                harness: self.harness.clone().map(CommandSpec::Shell),
+                evaluator: self.evaluator.clone().map(CommandSpec::Shell),
+                ..Defaults::default()
+            },
+            defaults_file: self.defaults.clone(),
+            max_cases: self.max_cases,
+        };
+        Ok(ManifestInput {
+            path: self.manifest.clone(),
+            options,
+        })
+    }
+}
+
+impl EngineArgs {
+    pub fn choice(&self) -> EngineChoice {
+        EngineChoice {
+            address: self.address.clone(),
+            namespace: self.namespace.clone(),
+            profile: self.profile.clone(),
+        }
+    }
+}
+
+impl BatchRef {
+    pub fn location(&self) -> CliResult<BatchLocation> {
+        Ok(BatchLocation::new(&self.output_dir, &self.batch_id)?)
+    }
 }

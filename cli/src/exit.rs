@@ -1,6 +1,9 @@
-//! The documented, stable exit codes, and the error type that carries one.
+//! The documented, stable exit codes, and the mapping of every error to one.
 
 use std::fmt;
+
+use casebatch_control::{ControlError, Verdict};
+use casebatch_worker::EngineError;
 
 /// Exit codes (see the README): the only place they are defined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,10 +14,23 @@ pub enum Exit {
     Incomplete = 1,
     /// Usage or validation error; nothing was started or changed.
     Usage = 2,
-    /// The engine could not be reached or started.
+    /// The engine could not be reached or started, or refused a call.
     Engine = 3,
     /// The batch finished with failed or mixed outcomes (all outputs still written).
     Failures = 4,
+    /// The output directory could not be written. What the engine holds is intact: fix the
+    /// disk and resume.
+    Output = 5,
+}
+
+impl From<Verdict> for Exit {
+    fn from(v: Verdict) -> Self {
+        match v {
+            Verdict::AllSucceeded => Exit::Success,
+            Verdict::Incomplete => Exit::Incomplete,
+            Verdict::Failures => Exit::Failures,
+        }
+    }
 }
 
 /// An error that knows its exit code. Messages read "failed to ..." and say what to do.
@@ -25,15 +41,10 @@ pub struct CliError {
 }
 
 impl CliError {
+    /// A flag the CLI itself could not read.
     pub fn usage(message: impl fmt::Display) -> Self {
         Self {
             exit: Exit::Usage,
-            message: message.to_string(),
-        }
-    }
-    pub fn engine(message: impl fmt::Display) -> Self {
-        Self {
-            exit: Exit::Engine,
             message: message.to_string(),
         }
     }
@@ -45,19 +56,64 @@ impl fmt::Display for CliError {
     }
 }
 
-impl From<casebatch_bundle::BundleError> for CliError {
-    fn from(e: casebatch_bundle::BundleError) -> Self {
-        CliError::usage(e)
+/// One exit code per kind of failure, decided by variant, never by message.
+fn exit_of(e: &ControlError) -> Exit {
+    match e {
+        ControlError::Manifest(_)
+        | ControlError::BadArgument { .. }
+        | ControlError::NoBundle { .. }
+        | ControlError::UnknownCase { .. }
+        | ControlError::PlanConflict { .. }
+        | ControlError::BatchExists { .. }
+        | ControlError::NotRunning { .. }
+        | ControlError::StillRunning { .. }
+        | ControlError::BundleUnreadable(_) => Exit::Usage,
+        // A plaintext connection to a remote address is a usage error, not an outage.
+        ControlError::Engine(EngineError::Insecure { .. }) => Exit::Usage,
+        ControlError::Engine(_) | ControlError::EngineCall { .. } => Exit::Engine,
+        ControlError::Write(_) => Exit::Output,
     }
 }
 
-impl From<casebatch_worker::EngineError> for CliError {
-    fn from(e: casebatch_worker::EngineError) -> Self {
-        match e {
-            casebatch_worker::EngineError::Insecure { .. } => CliError::usage(e),
-            other => CliError::engine(other),
+impl From<ControlError> for CliError {
+    fn from(e: ControlError) -> Self {
+        Self {
+            exit: exit_of(&e),
+            message: e.to_string(),
         }
     }
 }
 
 pub type CliResult<T = Exit> = Result<T, CliError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_failure_is_not_a_usage_error() {
+        let write = ControlError::Write(casebatch_bundle::BundleError::Write {
+            path: "/x/batch_plan.json".into(),
+            source: std::io::Error::from(std::io::ErrorKind::StorageFull),
+        });
+        assert_eq!(CliError::from(write).exit, Exit::Output);
+        let unreadable = ControlError::BundleUnreadable(casebatch_bundle::BundleError::Read {
+            path: "/x/batch_plan.json".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        });
+        assert_eq!(CliError::from(unreadable).exit, Exit::Usage);
+    }
+
+    #[test]
+    fn engine_failures_exit_3_but_an_insecure_address_is_usage() {
+        let call = ControlError::EngineCall {
+            action: "start workflow".into(),
+            message: "unavailable".into(),
+        };
+        assert_eq!(CliError::from(call).exit, Exit::Engine);
+        let insecure = ControlError::Engine(EngineError::Insecure {
+            address: "10.0.0.1:7233".into(),
+        });
+        assert_eq!(CliError::from(insecure).exit, Exit::Usage);
+    }
+}

@@ -4,9 +4,12 @@
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
-use casebatch_bundle::{BatchSummary, Bundle};
+use casebatch_bundle::{Bundle, Lineage};
+use casebatch_control::{DriveEvent, Ending, Observer, ReportView, RunReport, StatusView};
 use casebatch_manifest::{Plan, RuntimeKind};
-use casebatch_proto::{BatchOutcome, BatchStatus, Counts};
+use casebatch_proto::{BatchEnd, BatchOutcome, BatchStatus, Counters, Counts, OOM_BOOST_CAP_MB};
+
+use crate::exit::Exit;
 
 /// `[simulation] ` when any case runs on the fake runtime.
 pub fn sim_tag(plan: &Plan) -> &'static str {
@@ -17,33 +20,71 @@ pub fn sim_tag(plan: &Plan) -> &'static str {
     }
 }
 
+/// Draws a running batch on stderr.
 pub struct Progress {
     tty: bool,
     tag: &'static str,
+    batch_id: String,
     total: u32,
     last: Option<Counts>,
     last_print: Instant,
     drawn: bool,
 }
 
-impl Progress {
-    pub fn new(plan: &Plan) -> Self {
+impl Default for Progress {
+    fn default() -> Self {
         Self {
             tty: std::io::stderr().is_terminal(),
-            tag: sim_tag(plan),
-            total: plan.cases.len() as u32,
+            tag: "",
+            batch_id: String::new(),
+            total: 0,
             last: None,
             last_print: Instant::now(),
             drawn: false,
         }
     }
+}
 
-    pub fn line(&mut self, msg: &str) {
+impl Observer for Progress {
+    fn on(&mut self, event: DriveEvent<'_>) {
+        match event {
+            DriveEvent::Batch(plan) => {
+                self.tag = sim_tag(plan);
+                self.batch_id = plan.batch_id.clone();
+                self.total = plan.cases.len() as u32;
+            }
+            DriveEvent::Reattached => {
+                self.line(&format!("re-attaching to running batch {}", self.batch_id));
+            }
+            DriveEvent::Requeued(n) => {
+                self.line(&format!("{n} finished case(s) get a new attempt"))
+            }
+            DriveEvent::Started {
+                workflow_id,
+                cases,
+                concurrency,
+            } => self.line(&format!(
+                "batch {}: {cases} case(s), concurrency {concurrency}, workflow {workflow_id}",
+                self.batch_id
+            )),
+            DriveEvent::Status(s) => self.update(s),
+            DriveEvent::EngineUnreachable(e) => {
+                self.line(&format!(
+                    "engine unreachable ({e}); waiting for it to come back"
+                ));
+            }
+            DriveEvent::EngineBack => self.line("engine reachable again"),
+        }
+    }
+}
+
+impl Progress {
+    fn line(&mut self, msg: &str) {
         self.clear();
         eprintln!("{}{msg}", self.tag);
     }
 
-    pub fn update(&mut self, s: &BatchStatus) {
+    fn update(&mut self, s: &BatchStatus) {
         let c = &s.counts;
         if self.tty {
             let width = 30usize;
@@ -89,21 +130,50 @@ impl Progress {
         }
     }
 
+    /// Ends the bar's line before anything else is printed.
     pub fn finish(&mut self) {
         self.clear();
     }
 }
 
-pub fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
+pub fn warnings(plan: &Plan) {
+    for w in &plan.warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
+pub fn json(value: &serde_json::Value) {
+    say!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("serializes")
+    );
+}
+
+/// Prints how a run ended; returns the exit code it deserves.
+pub fn run_report(report: &RunReport) -> Exit {
+    let plan = &report.plan;
+    match &report.ending {
+        Ending::Ran(outcome) => self::outcome(&report.bundle, plan, outcome),
+        Ending::AlreadyComplete(summary) => say!(
+            "batch {} is already complete: {}/{} succeeded; nothing re-run",
+            plan.batch_id,
+            summary.succeeded(),
+            summary.total
+        ),
+    }
+    report.verdict().into()
+}
+
+fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
     let c = &o.status.counts;
     let tag = sim_tag(plan);
     say!(
         "{tag}batch {} {}: {} succeeded, {} failed, {} cancelled, {} queued (of {})",
         plan.batch_id,
         match o.end {
-            casebatch_proto::BatchEnd::Completed => "completed",
-            casebatch_proto::BatchEnd::Drained => "drained",
-            casebatch_proto::BatchEnd::Cancelled => "cancelled",
+            BatchEnd::Completed => "completed",
+            BatchEnd::Drained => "drained",
+            BatchEnd::Cancelled => "cancelled",
         },
         c.succeeded,
         c.failed,
@@ -129,21 +199,22 @@ pub fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
     say!("  bundle: {}", bundle.root().display());
 }
 
-fn counters_line(k: &casebatch_proto::Counters) -> String {
+fn counters_line(k: &Counters) -> String {
     format!(
         "  adopted {} · re-dispatched {} · retries {} · OOM boosts {} · cleanup unconfirmed {}",
         k.adopted, k.redispatched, k.retries, k.oom_boosts, k.cleanup_unconfirmed
     )
 }
 
-pub fn status(plan: &Plan, s: &BatchStatus, live: bool) {
+pub fn status(view: &StatusView) {
+    let (plan, s) = (&view.plan, &view.status);
     let c = &s.counts;
     say!(
         "{}batch {}: {:?}{} · segment {} · concurrency {}",
         sim_tag(plan),
         s.batch_id,
         s.phase,
-        if live { "" } else { " (not running)" },
+        if view.live { "" } else { " (not running)" },
         s.segment,
         s.concurrency
     );
@@ -160,19 +231,36 @@ pub fn status(plan: &Plan, s: &BatchStatus, live: bool) {
         let ids: Vec<&str> = s
             .in_flight
             .iter()
-            .filter_map(|i| plan.cases.get(*i as usize).map(|c| c.case_id.as_str()))
+            .filter_map(|i| case_id(plan, *i))
             .collect();
         say!("  in flight: {}", ids.join(", "));
     }
     for step in s.timeline.iter().rev().take(10).rev() {
-        say!("  · {}", with_case_id(plan, &step.message));
+        match step.case.and_then(|i| case_id(plan, i)) {
+            Some(id) => say!("  · case {id}: {}", step.message),
+            None => say!("  · {}", step.message),
+        }
+    }
+    if let Some(end) = view.end {
+        let how = match end {
+            BatchEnd::Completed => "completed",
+            BatchEnd::Drained => "drained (resume continues it)",
+            BatchEnd::Cancelled => "cancelled",
+        };
+        say!("  last run ended: {how}");
     }
 }
 
-pub fn report(plan: &Plan, s: &BatchSummary, redispatched: usize) {
+/// History names cases by plan index to stay compact; people read ids.
+fn case_id(plan: &Plan, index: u32) -> Option<&str> {
+    plan.cases.get(index as usize).map(|c| c.case_id.as_str())
+}
+
+pub fn report(view: &ReportView) {
+    let s = &view.summary;
     say!(
         "{}report of batch {} ({} cases, {} attempts)",
-        sim_tag(plan),
+        sim_tag(&view.plan),
         s.batch_id,
         s.total,
         s.attempts_total
@@ -182,7 +270,7 @@ pub fn report(plan: &Plan, s: &BatchSummary, redispatched: usize) {
     say!(
         "  recovery: {} attempt(s) adopted after a crash, {} re-dispatched",
         s.adopted_attempts,
-        redispatched
+        view.redispatched
     );
     say!(
         "  cleanup unconfirmed: {} · trace collection failed: {}",
@@ -218,14 +306,31 @@ pub fn report(plan: &Plan, s: &BatchSummary, redispatched: usize) {
     }
 }
 
-/// History names cases by index to stay compact; people read ids.
-fn with_case_id(plan: &Plan, message: &str) -> String {
-    let named = message.strip_prefix("case ").and_then(|rest| {
-        let (index, tail) = rest.split_once(':')?;
-        let case = plan.cases.get(index.parse::<usize>().ok()?)?;
-        Some(format!("case {}:{tail}", case.case_id))
-    });
-    named.unwrap_or_else(|| message.to_string())
+/// What `retry-failed` is about to do, before the new batch runs.
+pub fn retry_plan(new_id: &str, lineage: &Lineage) {
+    say!(
+        "batch {new_id} retries {}: re-running {} failed case(s), carrying {} result(s){}",
+        lineage.retry_of,
+        lineage.rerun.len(),
+        lineage.carried.len(),
+        if lineage.memory_boost_mb.is_empty() {
+            String::new()
+        } else {
+            format!(", {} with memory doubled", lineage.memory_boost_mb.len())
+        }
+    );
+    if !lineage.recollected.is_empty() {
+        say!(
+            "  {} collect-failed case(s) re-collected without re-run ({} recovered)",
+            lineage.recollected.len(),
+            lineage.recovered.len()
+        );
+    }
+    for id in &lineage.past_cap {
+        say!(
+            "  {id}: OOM-killed at the {OOM_BOOST_CAP_MB} MB cap; not re-run. Change the case's resources.memory_mb (or what it does)"
+        );
+    }
 }
 
 fn truncate(s: &str, n: usize) -> String {

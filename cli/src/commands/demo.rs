@@ -1,16 +1,17 @@
 //! `casebatch demo` (fixture + embedded engine + the three tasks + the report, in one
 //! command), `casebatch demo serve` (the fixture alone), and the demo's harness commands.
 
+use std::path::Path;
 use std::time::Duration;
 
+use casebatch_control::{BatchLocation, DriveOptions, EngineChoice, ManifestInput, RunRequest};
 use casebatch_demo::fixture::read_receipts;
 use casebatch_demo::{Fixture, FixtureOptions, MANIFEST_BATCH_ID};
+use casebatch_manifest::{Defaults, LoadOptions};
 
-use super::{run, status};
-use crate::cli::{
-    BatchRef, DemoArgs, DemoCommand, EngineArgs, HarnessCommand, ManifestArgs, RunArgs,
-};
+use crate::cli::{DemoArgs, DemoCommand, HarnessCommand};
 use crate::exit::{CliError, CliResult, Exit};
+use crate::render::{self, Progress};
 
 fn delay(seconds: f64) -> CliResult<Duration> {
     Duration::try_from_secs_f64(seconds).map_err(|_| {
@@ -20,15 +21,13 @@ fn delay(seconds: f64) -> CliResult<Duration> {
     })
 }
 
-async fn start_fixture(
-    directory: &std::path::Path,
-    response_delay: f64,
-    port: u16,
-) -> CliResult<Fixture> {
+async fn start_fixture(directory: &Path, response_delay: f64, port: u16) -> CliResult<Fixture> {
     let exe = std::env::current_exe()
         .map_err(|e| CliError::usage(format!("failed to find the casebatch executable: {e}")))?;
+    let directory = std::path::absolute(directory)
+        .map_err(|e| CliError::usage(format!("failed to resolve {}: {e}", directory.display())))?;
     Fixture::start(FixtureOptions {
-        directory: super::absolute(directory)?,
+        directory,
         response_delay: delay(response_delay)?,
         port,
         casebatch_exe: exe,
@@ -53,40 +52,27 @@ pub async fn run(args: DemoArgs) -> CliResult {
         fixture.addr,
         fixture.manifest.display()
     );
-    let exit = run::run(RunArgs {
-        manifest: ManifestArgs {
-            manifest: fixture.manifest.clone(),
-            batch_id: None,
-            parallelism: args.parallelism,
-            max_retries: None,
-            runtime: None,
-            harness: None,
-            evaluator: None,
-            defaults: None,
-            max_cases: None,
+    let request = RunRequest {
+        manifest: ManifestInput {
+            path: fixture.manifest.clone(),
+            options: LoadOptions {
+                overrides: Defaults {
+                    concurrency: args.parallelism,
+                    ..Defaults::default()
+                },
+                ..LoadOptions::default()
+            },
         },
         output_dir: output_dir.clone(),
-        dry_run: false,
-        no_worker: false,
-        history_budget: None,
-        engine: EngineArgs {
-            address: None,
-            namespace: None,
-            profile: None,
-        },
-    })
-    .await?;
-    status::report(&BatchRef {
-        batch_id: MANIFEST_BATCH_ID.into(),
-        output_dir,
-        json: false,
-        engine: EngineArgs {
-            address: None,
-            namespace: None,
-            profile: None,
-        },
-    })
-    .await?;
+        engine: EngineChoice::default(),
+        drive: DriveOptions::default(),
+    };
+    let mut progress = Progress::default();
+    let report = casebatch_control::run(request, &mut progress).await;
+    progress.finish();
+    let exit = render::run_report(&report?);
+    let location = BatchLocation::new(&output_dir, MANIFEST_BATCH_ID)?;
+    render::report(&casebatch_control::report(&location)?);
     let clicks = fixture
         .receipts()
         .iter()
@@ -99,14 +85,14 @@ pub async fn run(args: DemoArgs) -> CliResult {
     Ok(exit)
 }
 
-async fn serve(directory: &std::path::Path, response_delay: f64, port: u16) -> CliResult {
+async fn serve(directory: &Path, response_delay: f64, port: u16) -> CliResult {
     let fixture = start_fixture(directory, response_delay, port).await?;
     say!("fixture: http://{}", fixture.addr);
     say!("manifest: {}", fixture.manifest.display());
     say!("receipts: {}", fixture.events.display());
     say!("ready: true");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| CliError::engine(format!("failed to watch SIGTERM: {e}")))?;
+        .map_err(|e| CliError::usage(format!("failed to watch SIGTERM: {e}")))?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}

@@ -1,0 +1,297 @@
+//! Starting a batch's workflow (or re-attaching to the running one) and following it to its
+//! end, through engine outages, with an in-process worker unless told otherwise.
+
+use std::time::{Duration, Instant};
+
+use casebatch_bundle::{Bundle, CaseRecordState, CaseResult, Lineage, read_json};
+use casebatch_manifest::Plan;
+use casebatch_proto::{
+    BatchInput, BatchOutcome, BatchStatus, Carried, CaseSlot, CaseState, TASK_QUEUE, workflow_id,
+};
+use casebatch_worker::{Engine, build_worker, run_worker_until};
+use casebatch_workflows::BatchWorkflow;
+use temporalio_client::{
+    Client, WorkflowDescribeOptions, WorkflowExecutionStatus, WorkflowGetResultOptions,
+    WorkflowHandle, WorkflowQueryOptions, WorkflowStartOptions,
+    errors::{WorkflowGetResultError, WorkflowInteractionError},
+};
+
+use crate::error::{ControlError, Result};
+use crate::prepare::RETRY_BACKOFF_MS;
+use crate::requeue::Requeue;
+
+/// How long a runner waits for an unreachable engine before giving up.
+const ENGINE_OUTAGE: Duration = Duration::from_secs(600);
+/// How often a running batch's status is asked for.
+const STATUS_EVERY: Duration = Duration::from_millis(500);
+
+pub(crate) type Handle = WorkflowHandle<Client, BatchWorkflow>;
+
+/// What a runner sees while it follows a batch; the CLI draws it.
+#[derive(Debug)]
+pub enum DriveEvent<'a> {
+    /// The batch being followed; always the first event.
+    Batch(&'a Plan),
+    /// The batch was running already: this runner follows it.
+    Reattached,
+    /// This many finished cases get a new attempt.
+    Requeued(usize),
+    /// A new run of the batch's workflow started.
+    Started {
+        workflow_id: &'a str,
+        cases: usize,
+        concurrency: u32,
+    },
+    Status(&'a BatchStatus),
+    EngineUnreachable(&'a str),
+    EngineBack,
+}
+
+/// Receives [`DriveEvent`]s.
+pub trait Observer {
+    fn on(&mut self, event: DriveEvent<'_>);
+}
+
+/// An observer that ignores everything.
+impl Observer for () {
+    fn on(&mut self, _: DriveEvent<'_>) {}
+}
+
+/// How to follow a batch.
+#[derive(Debug, Clone, Default)]
+pub struct DriveOptions {
+    /// Host a worker in this process (the default); `false` leaves the work to replicas.
+    pub without_worker: bool,
+    /// Events per run before continue-as-new (tests use small values).
+    pub history_budget: Option<u32>,
+    /// Finished cases that get a new attempt.
+    pub requeue: Requeue,
+}
+
+/// How a run of `execute` ended.
+#[derive(Debug)]
+pub enum Finished {
+    /// The workflow ran to this outcome.
+    Ran(BatchOutcome),
+    /// Every case was already terminal: nothing was started.
+    AlreadyComplete,
+}
+
+/// Follows the batch to its end, hosting a worker unless told otherwise, then stops an
+/// embedded engine this process started.
+pub(crate) async fn execute(
+    mut engine: Engine,
+    bundle: &Bundle,
+    plan: &Plan,
+    opts: DriveOptions,
+    observer: &mut dyn Observer,
+) -> Result<Finished> {
+    let client = engine.client.clone();
+    let without_worker = opts.without_worker;
+    let followed = drive(&client, bundle, plan, opts, observer);
+    let finished = if without_worker {
+        followed.await
+    } else {
+        let runtime = temporalio_sdk::Runtime::from_current_tokio(Default::default())
+            .map_err(|e| ControlError::engine_call("start the worker runtime", e))?;
+        let mut worker = build_worker(&runtime, client.clone())
+            .map_err(|e| ControlError::engine_call("build the worker", e))?;
+        run_worker_until(&mut worker, followed)
+            .await
+            .map_err(|e| ControlError::engine_call("run the worker", e))?
+    };
+    if let Some(server) = engine.embedded.as_mut() {
+        server.stop();
+    }
+    finished
+}
+
+/// Starts the workflow (or re-attaches to the running one) and waits for its outcome.
+async fn drive(
+    client: &Client,
+    bundle: &Bundle,
+    plan: &Plan,
+    opts: DriveOptions,
+    observer: &mut dyn Observer,
+) -> Result<Finished> {
+    observer.on(DriveEvent::Batch(plan));
+    let wid = workflow_id(&plan.batch_id);
+    let handle: Handle = client.get_workflow_handle(wid.clone());
+    if is_running(&handle).await? {
+        if opts.requeue != Requeue::None {
+            return Err(ControlError::StillRunning {
+                batch_id: plan.batch_id.clone(),
+                action: "rerun cases of",
+            });
+        }
+        observer.on(DriveEvent::Reattached);
+    } else {
+        let mut carried = carried_state(&handle, bundle, plan).await?;
+        if let Some(c) = carried.as_mut() {
+            let n = opts.requeue.apply(plan, &mut c.slots);
+            if n > 0 {
+                observer.on(DriveEvent::Requeued(n));
+            }
+            if c.slots.iter().all(|s| s.state.is_terminal()) {
+                return Ok(Finished::AlreadyComplete);
+            }
+        }
+        let input = batch_input(bundle, plan, carried, opts.history_budget);
+        let start = WorkflowStartOptions::new(TASK_QUEUE, wid.clone()).build();
+        client
+            .start_workflow(BatchWorkflow::run, input, start)
+            .await
+            .map_err(|e| ControlError::engine_call(format!("start workflow {wid}"), e))?;
+        observer.on(DriveEvent::Started {
+            workflow_id: &wid,
+            cases: plan.cases.len(),
+            concurrency: plan.settings.concurrency,
+        });
+    }
+    follow(&handle, observer).await.map(Finished::Ran)
+}
+
+/// Waits for the workflow's result, reporting status as it goes. The engine may restart under
+/// us (the embedded server is supervised): transient RPC errors mean "wait and ask again", for
+/// up to [`ENGINE_OUTAGE`].
+async fn follow(handle: &Handle, observer: &mut dyn Observer) -> Result<BatchOutcome> {
+    let mut result = Box::pin(handle.get_result(WorkflowGetResultOptions::default()));
+    let mut outage_since: Option<Instant> = None;
+    let mut tick = tokio::time::interval(STATUS_EVERY);
+    loop {
+        tokio::select! {
+            r = &mut result => match r {
+                Ok(outcome) => return Ok(outcome),
+                Err(e @ (WorkflowGetResultError::Rpc(_) | WorkflowGetResultError::Other(_)))
+                    if outage_since.is_none_or(|t| t.elapsed() < ENGINE_OUTAGE) =>
+                {
+                    if outage_since.is_none() {
+                        observer.on(DriveEvent::EngineUnreachable(&e.to_string()));
+                        outage_since = Some(Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    result = Box::pin(handle.get_result(WorkflowGetResultOptions::default()));
+                }
+                Err(e) => {
+                    let wid = handle.info().workflow_id.clone();
+                    return Err(ControlError::engine_call(format!("complete batch workflow {wid}"), e));
+                }
+            },
+            _ = tick.tick() => {
+                if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), query_status(handle)).await {
+                    if outage_since.take().is_some() {
+                        observer.on(DriveEvent::EngineBack);
+                    }
+                    observer.on(DriveEvent::Status(&s));
+                }
+            }
+        }
+    }
+}
+
+fn batch_input(
+    bundle: &Bundle,
+    plan: &Plan,
+    carried: Option<Carried>,
+    history_budget: Option<u32>,
+) -> BatchInput {
+    BatchInput {
+        batch_id: plan.batch_id.clone(),
+        bundle_dir: bundle.root().display().to_string(),
+        fingerprint: plan.fingerprint.clone(),
+        case_count: plan.cases.len() as u32,
+        concurrency: plan.settings.concurrency,
+        max_retries: plan.settings.max_retries,
+        retry_backoff_ms: RETRY_BACKOFF_MS,
+        max_timeout_seconds: plan
+            .cases
+            .iter()
+            .map(|c| c.timeout_seconds)
+            .max()
+            .unwrap_or(600),
+        carried,
+        history_budget,
+        oom_auto_boost: plan.settings.oom_auto_boost,
+        memory_boosts: memory_boosts(bundle, plan),
+    }
+}
+
+pub(crate) async fn is_running(handle: &Handle) -> Result<bool> {
+    match handle.describe(WorkflowDescribeOptions::default()).await {
+        Ok(d) => Ok(d.status() == WorkflowExecutionStatus::Running),
+        Err(WorkflowInteractionError::NotFound(_)) => Ok(false),
+        Err(e) => Err(ControlError::engine_call(
+            format!("look up workflow {}", handle.info().workflow_id),
+            e,
+        )),
+    }
+}
+
+pub(crate) async fn query_status(handle: &Handle) -> Result<BatchStatus> {
+    handle
+        .query(BatchWorkflow::status, (), WorkflowQueryOptions::default())
+        .await
+        .map_err(|e| ControlError::engine_call("query the batch's status", e))
+}
+
+/// Per-case memory granted by `retry-failed` (from lineage.json), by case index.
+fn memory_boosts(bundle: &Bundle, plan: &Plan) -> std::collections::BTreeMap<u32, u64> {
+    let Ok(lineage) = read_json::<Lineage>(&bundle.lineage()) else {
+        return Default::default();
+    };
+    plan.cases
+        .iter()
+        .filter_map(|c| {
+            let mb = lineage.memory_boost_mb.get(&c.case_id)?;
+            Some((c.index, *mb))
+        })
+        .collect()
+}
+
+/// State to start a new run from: the last run's result, or (if that run was terminated
+/// or failed and left no result) the per-case records in the bundle.
+async fn carried_state(handle: &Handle, bundle: &Bundle, plan: &Plan) -> Result<Option<Carried>> {
+    match handle.describe(WorkflowDescribeOptions::default()).await {
+        Err(WorkflowInteractionError::NotFound(_)) => return Ok(carried_from_bundle(bundle, plan)),
+        Err(e) => return Err(ControlError::engine_call("look up the batch", e)),
+        Ok(_) => {}
+    }
+    match handle.get_result(WorkflowGetResultOptions::default()).await {
+        Ok(prev) => Ok(Some(Carried {
+            slots: prev.slots,
+            counters: prev.status.counters,
+            timeline: prev.status.timeline,
+            paused: false,
+            segment: prev.status.segment,
+        })),
+        Err(_) => Ok(carried_from_bundle(bundle, plan)),
+    }
+}
+
+fn carried_from_bundle(bundle: &Bundle, plan: &Plan) -> Option<Carried> {
+    let mut any = false;
+    let slots = plan
+        .cases
+        .iter()
+        .map(|c| {
+            let Ok(r) = read_json::<CaseResult>(&bundle.case_result(&c.case_dir)) else {
+                return CaseSlot::default();
+            };
+            any = true;
+            let state = match r.state {
+                CaseRecordState::Succeeded => CaseState::Succeeded,
+                CaseRecordState::Failed => CaseState::Failed,
+                CaseRecordState::Cancelled => CaseState::Cancelled,
+                _ => CaseState::Queued,
+            };
+            CaseSlot {
+                state,
+                attempts: r.attempts,
+            }
+        })
+        .collect();
+    any.then(|| Carried {
+        slots,
+        ..Carried::default()
+    })
+}

@@ -1,0 +1,98 @@
+//! What can go wrong in a batch operation, one variant per meaning, so the CLI can map each
+//! to its exit code (usage, engine, local I/O) without reading messages.
+
+use std::path::PathBuf;
+
+use casebatch_bundle::BundleError;
+use casebatch_manifest::ManifestError;
+use casebatch_worker::EngineError;
+
+pub type Result<T, E = ControlError> = std::result::Result<T, E>;
+
+/// Messages read "failed to ..." and say what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The manifest is invalid; every problem is listed. Nothing was written.
+    #[error("{0}")]
+    Manifest(#[from] ManifestError),
+    /// An argument names something unusable (a batch id that would leave the output root).
+    #[error("failed to use {what} {value:?}: {hint}")]
+    BadArgument {
+        what: &'static str,
+        value: String,
+        hint: &'static str,
+    },
+    #[error(
+        "failed to find batch {batch_id}: no bundle at {} (check --batch-id and --output-dir)",
+        path.display()
+    )]
+    NoBundle { batch_id: String, path: PathBuf },
+    #[error("failed to find case {case_id:?} in {within}: use one of its task ids")]
+    UnknownCase { case_id: String, within: String },
+    /// A batch id only ever runs one task list.
+    #[error(
+        "failed to start batch {batch_id}: {} already holds a different task list (plan fingerprint {existing} vs {planned}). A new task list belongs in a new batch: pass another --batch-id",
+        path.display()
+    )]
+    PlanConflict {
+        batch_id: String,
+        path: PathBuf,
+        existing: String,
+        planned: String,
+    },
+    #[error("failed to create batch {batch_id}: {} already exists; pick another --new-batch-id", path.display())]
+    BatchExists { batch_id: String, path: PathBuf },
+    #[error(
+        "failed to {action} batch {batch_id}: it is not running (see `casebatch batch status`)"
+    )]
+    NotRunning {
+        batch_id: String,
+        action: &'static str,
+    },
+    #[error(
+        "failed to {action} batch {batch_id}: it is still running; wait for it to finish or drain it"
+    )]
+    StillRunning {
+        batch_id: String,
+        action: &'static str,
+    },
+    /// The bundle's records cannot be read: nothing was started.
+    #[error(transparent)]
+    BundleUnreadable(BundleError),
+    /// Writing the bundle (or another output file) failed; what the engine holds is intact.
+    #[error(transparent)]
+    Write(BundleError),
+    /// The engine could not be reached, started or trusted.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The engine answered a call with an error.
+    #[error("failed to {action}: {message}")]
+    EngineCall { action: String, message: String },
+}
+
+impl From<BundleError> for ControlError {
+    fn from(e: BundleError) -> Self {
+        match e {
+            BundleError::Write { .. } => ControlError::Write(e),
+            BundleError::Read { .. } | BundleError::Parse { .. } => {
+                ControlError::BundleUnreadable(e)
+            }
+        }
+    }
+}
+
+impl ControlError {
+    pub(crate) fn engine_call(action: impl Into<String>, e: impl std::fmt::Display) -> Self {
+        ControlError::EngineCall {
+            action: action.into(),
+            message: e.to_string(),
+        }
+    }
+
+    pub(crate) fn write(path: &std::path::Path, source: std::io::Error) -> Self {
+        ControlError::Write(BundleError::Write {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+}

@@ -1,0 +1,134 @@
+//! Looking at a batch: live status (from the workflow when it runs, else from its last result
+//! or the bundle), the report (from the bundle alone), and the raw history.
+
+use std::path::Path;
+use std::time::Duration;
+
+use casebatch_bundle::{BatchSummary, Bundle, summary, write_batch_files, write_bytes_atomic};
+use casebatch_manifest::Plan;
+use casebatch_proto::{BatchEnd, BatchStatus, Counts, FailureCode, Phase, workflow_id};
+use casebatch_workflows::BatchWorkflow;
+use temporalio_client::{
+    WorkflowExecutionInfo, WorkflowFetchHistoryOptions, WorkflowGetResultOptions, WorkflowHandle,
+};
+
+use crate::drive::{self, Handle};
+use crate::error::{ControlError, Result};
+use crate::location::{BatchLocation, EngineChoice};
+
+/// How long a status query may take before the bundle's view is shown instead.
+const QUERY_WAIT: Duration = Duration::from_secs(5);
+
+/// A batch's status and where it came from.
+#[derive(Debug)]
+pub struct StatusView {
+    pub plan: Plan,
+    pub status: BatchStatus,
+    /// The workflow is running (the status may still come from the bundle when no worker
+    /// answers the query).
+    pub live: bool,
+    /// How the last run ended, when it ended with a result.
+    pub end: Option<BatchEnd>,
+}
+
+pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<StatusView> {
+    let (bundle, plan) = location.open()?;
+    let engine = engine.connect(&location.output_root).await?;
+    let handle: Handle = engine
+        .client
+        .get_workflow_handle(workflow_id(&plan.batch_id));
+    let running = drive::is_running(&handle).await.unwrap_or(false);
+    let (status, end) = if running {
+        match tokio::time::timeout(QUERY_WAIT, drive::query_status(&handle)).await {
+            Ok(Ok(s)) => (s, None),
+            // Running but no worker answers (its runner died): show the bundle's view.
+            _ => (from_bundle(&bundle, &plan, Phase::Running)?, None),
+        }
+    } else {
+        match handle.get_result(WorkflowGetResultOptions::default()).await {
+            Ok(o) => (o.status, Some(o.end)),
+            Err(_) => (from_bundle(&bundle, &plan, Phase::Finished)?, None),
+        }
+    };
+    Ok(StatusView {
+        plan,
+        status,
+        live: running,
+        end,
+    })
+}
+
+/// Status as the bundle's per-case records show it.
+fn from_bundle(bundle: &Bundle, plan: &Plan, phase: Phase) -> Result<BatchStatus> {
+    let s = summary::assemble(bundle, plan)?.summary;
+    let get = |k: &str| s.count(k) as u32;
+    Ok(BatchStatus {
+        batch_id: plan.batch_id.clone(),
+        phase,
+        counts: Counts {
+            queued: get("queued") + get("retrying") + get("running"),
+            running: 0,
+            succeeded: get("succeeded"),
+            failed: get("failed"),
+            cancelled: get("cancelled"),
+        },
+        concurrency: plan.settings.concurrency,
+        ..BatchStatus::default()
+    })
+}
+
+/// The batch's report, rebuilt from its per-case records (the batch files are rewritten).
+#[derive(Debug)]
+pub struct ReportView {
+    pub plan: Plan,
+    pub summary: BatchSummary,
+    /// Attempts whose job was lost with nothing to adopt, so the case was run again.
+    pub redispatched: usize,
+}
+
+/// Needs no engine: the bundle is the source of truth.
+pub fn report(location: &BatchLocation) -> Result<ReportView> {
+    let (bundle, plan) = location.open()?;
+    let summary = write_batch_files(&bundle, &plan)?;
+    let redispatched = summary::assemble(&bundle, &plan)?
+        .attempts
+        .iter()
+        .filter(|a| {
+            a.summary
+                .failure
+                .as_ref()
+                .is_some_and(|f| f.code == FailureCode::JobLost)
+        })
+        .count();
+    Ok(ReportView {
+        plan,
+        summary,
+        redispatched,
+    })
+}
+
+/// Writes a run's history as JSON (the latest run unless `run_id` names one); returns the
+/// workflow id.
+pub async fn history(
+    location: &BatchLocation,
+    engine: &EngineChoice,
+    run_id: Option<String>,
+    out: &Path,
+) -> Result<String> {
+    let (_bundle, plan) = location.open()?;
+    let engine = engine.connect(&location.output_root).await?;
+    let wid = workflow_id(&plan.batch_id);
+    let info = WorkflowExecutionInfo::builder()
+        .namespace(engine.namespace.clone())
+        .workflow_id(wid.clone())
+        .maybe_run_id(run_id)
+        .build();
+    let handle: WorkflowHandle<_, BatchWorkflow> = WorkflowHandle::new(engine.client.clone(), info);
+    let json = handle
+        .fetch_history(WorkflowFetchHistoryOptions::default())
+        .to_json()
+        .await
+        .map_err(|e| ControlError::engine_call("fetch the history", e))?;
+    write_bytes_atomic(out, &json)?;
+    Ok(wid)
+}

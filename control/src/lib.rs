@@ -1,0 +1,37 @@
+//! The batch operations as a library: validate and plan, run (a batch or one case), resume
+//! and rerun, retry-failed, status, report, history, signals, and a standalone worker.
+//!
+//! Every operation takes typed inputs and returns a typed outcome or a [`ControlError`]; it
+//! prints nothing. Progress while a batch runs reaches the caller as [`DriveEvent`]s through
+//! an [`Observer`]. The CLI parses flags, calls one operation, renders what comes back and
+//! maps errors to exit codes; policy (what a success is, what gets re-run) lives here and in
+//! `casebatch_workflows::decide`, never in the CLI.
+
+mod drive;
+mod error;
+mod inspect;
+mod location;
+mod prepare;
+mod replica;
+mod requeue;
+mod retry_failed;
+mod run;
+mod signal;
+
+pub use drive::{DriveEvent, DriveOptions, Observer};
+pub use error::{ControlError, Result};
+pub use inspect::{ReportView, StatusView, history, report, status};
+pub use location::{BatchLocation, EngineChoice};
+pub use replica::Replica;
+pub use requeue::Requeue;
+pub use retry_failed::{PreparedRetry, RetryRequest};
+pub use run::{
+    Ending, ManifestInput, Planned, ResumeRequest, RunReport, RunRequest, Verdict, plan, resume,
+    run, run_case,
+};
+pub use signal::{Signal, signal};
+
+/// `retry-failed`, in two steps so the caller can show the plan before it runs.
+pub mod retry {
+    pub use crate::retry_failed::prepare;
+}

@@ -1,0 +1,172 @@
+//! Running batches: validate, plan, run, a single case, resume and rerun.
+
+use std::path::{Path, PathBuf};
+
+use casebatch_bundle::{BatchSummary, Bundle, write_batch_files};
+use casebatch_manifest::{LoadOptions, Plan, load_plan};
+use casebatch_proto::{BatchEnd, BatchOutcome};
+
+use crate::drive::{self, DriveOptions, Finished, Observer};
+use crate::error::{ControlError, Result};
+use crate::location::{BatchLocation, EngineChoice, absolute};
+use crate::prepare;
+
+/// A manifest and how to read it.
+#[derive(Debug, Clone)]
+pub struct ManifestInput {
+    pub path: PathBuf,
+    pub options: LoadOptions,
+}
+
+impl ManifestInput {
+    /// Loads and validates; every problem is reported at once. Nothing is written.
+    pub fn load(&self) -> Result<Plan> {
+        Ok(load_plan(&self.path, &self.options)?)
+    }
+}
+
+/// A batch (or one case of it) to run from a manifest.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    pub manifest: ManifestInput,
+    pub output_dir: PathBuf,
+    pub engine: EngineChoice,
+    pub drive: DriveOptions,
+}
+
+/// A batch that already exists in its bundle, to continue.
+#[derive(Debug, Clone)]
+pub struct ResumeRequest {
+    pub location: BatchLocation,
+    pub engine: EngineChoice,
+    /// `drive.requeue` names the finished cases that get a new attempt.
+    pub drive: DriveOptions,
+}
+
+/// A planned batch: its bundle holds the plan; nothing ran.
+#[derive(Debug)]
+pub struct Planned {
+    pub bundle: Bundle,
+    pub plan: Plan,
+}
+
+/// A batch followed to the end of a run.
+#[derive(Debug)]
+pub struct RunReport {
+    pub bundle: Bundle,
+    pub plan: Plan,
+    pub ending: Ending,
+}
+
+#[derive(Debug)]
+pub enum Ending {
+    /// The workflow ran to this outcome.
+    Ran(BatchOutcome),
+    /// Every case was already finished: nothing was started. The batch files were rebuilt.
+    AlreadyComplete(BatchSummary),
+}
+
+/// What a run adds up to, for people and exit codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every case succeeded (verified by its evaluator where one is configured).
+    AllSucceeded,
+    /// Drained or paused with queued work remaining: deliberately incomplete.
+    Incomplete,
+    /// Failed, cancelled or mixed outcomes (all outputs still written).
+    Failures,
+}
+
+impl RunReport {
+    pub fn verdict(&self) -> Verdict {
+        match &self.ending {
+            Ending::Ran(o) => {
+                let c = &o.status.counts;
+                match o.end {
+                    BatchEnd::Drained if c.queued > 0 => Verdict::Incomplete,
+                    BatchEnd::Cancelled => Verdict::Failures,
+                    _ if c.succeeded == c.total() => Verdict::AllSucceeded,
+                    _ => Verdict::Failures,
+                }
+            }
+            Ending::AlreadyComplete(s) if s.succeeded() == s.total => Verdict::AllSucceeded,
+            Ending::AlreadyComplete(_) => Verdict::Failures,
+        }
+    }
+}
+
+/// Writes the plan into the bundle; nothing is executed.
+pub fn plan(manifest: &ManifestInput, output_dir: &Path) -> Result<Planned> {
+    let plan = manifest.load()?;
+    let bundle = Bundle::new(&absolute(output_dir)?, &plan.batch_id);
+    prepare::write_plan(&bundle, &plan, &manifest.path)?;
+    Ok(Planned { bundle, plan })
+}
+
+/// Plans the batch and runs it to the end of a run.
+pub async fn run(req: RunRequest, observer: &mut dyn Observer) -> Result<RunReport> {
+    let plan = req.manifest.load()?;
+    start(req, plan, observer).await
+}
+
+/// One case on its own: a one-case batch (`<batch>--<case_dir>`), so it is resumed and its
+/// job adopted the same way as any batch.
+pub async fn run_case(
+    req: RunRequest,
+    case_id: &str,
+    observer: &mut dyn Observer,
+) -> Result<RunReport> {
+    let mut plan = req.manifest.load()?;
+    let Some(mut case) = plan.cases.iter().find(|c| c.case_id == case_id).cloned() else {
+        return Err(ControlError::UnknownCase {
+            case_id: case_id.to_string(),
+            within: req.manifest.path.display().to_string(),
+        });
+    };
+    case.index = 0;
+    plan.batch_id = format!("{}--{}", plan.batch_id, case.case_dir);
+    plan.cases = vec![case];
+    plan.fingerprint = format!("{}:{case_id}", plan.fingerprint);
+    start(req, plan, observer).await
+}
+
+async fn start(req: RunRequest, plan: Plan, observer: &mut dyn Observer) -> Result<RunReport> {
+    let root = absolute(&req.output_dir)?;
+    let bundle = Bundle::new(&root, &plan.batch_id);
+    // The plan is on disk before the engine is touched: a refused plan starts nothing.
+    prepare::write_plan(&bundle, &plan, &req.manifest.path)?;
+    let engine = req.engine.connect(&root).await?;
+    prepare::write_run_config(&bundle, &plan, &engine)?;
+    follow(engine, bundle, plan, req.drive, observer).await
+}
+
+/// Continues a batch from its bundle's saved plan (never a re-read manifest).
+pub async fn resume(req: ResumeRequest, observer: &mut dyn Observer) -> Result<RunReport> {
+    let (bundle, plan) = req.location.open()?;
+    if let Some(unknown) = req.drive.requeue.unknown_case(&plan) {
+        return Err(ControlError::UnknownCase {
+            case_id: unknown.to_string(),
+            within: format!("batch {}", plan.batch_id),
+        });
+    }
+    let engine = req.engine.connect(&req.location.output_root).await?;
+    follow(engine, bundle, plan, req.drive, observer).await
+}
+
+pub(crate) async fn follow(
+    engine: casebatch_worker::Engine,
+    bundle: Bundle,
+    plan: Plan,
+    opts: DriveOptions,
+    observer: &mut dyn Observer,
+) -> Result<RunReport> {
+    let ending = match drive::execute(engine, &bundle, &plan, opts, observer).await? {
+        Finished::Ran(outcome) => Ending::Ran(outcome),
+        Finished::AlreadyComplete => Ending::AlreadyComplete(write_batch_files(&bundle, &plan)?),
+    };
+    Ok(RunReport {
+        bundle,
+        plan,
+        ending,
+    })
+}

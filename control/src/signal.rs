@@ -1,0 +1,54 @@
+//! Drain, pause, unpause and cancel: signals to a running batch's workflow. The same signals
+//! can be sent with `temporal workflow signal --workflow-id casebatch-<id> --name drain`.
+
+use casebatch_proto::workflow_id;
+use casebatch_workflows::BatchWorkflow;
+use temporalio_client::WorkflowSignalOptions;
+
+use crate::drive::{self, Handle};
+use crate::error::{ControlError, Result};
+use crate::location::{BatchLocation, EngineChoice};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Admit nothing new; admitted cases finish, queued ones wait for resume.
+    Drain,
+    /// No new admissions until unpause.
+    Pause,
+    Unpause,
+    /// In-flight cases are cancelled and cleaned up.
+    Cancel,
+}
+
+impl Signal {
+    fn verb(self) -> &'static str {
+        match self {
+            Signal::Drain => "drain",
+            Signal::Pause => "pause",
+            Signal::Unpause => "unpause",
+            Signal::Cancel => "cancel",
+        }
+    }
+}
+
+/// Sends the signal to the batch's running workflow; refused when it is not running.
+pub async fn signal(location: &BatchLocation, engine: &EngineChoice, signal: Signal) -> Result<()> {
+    let (_bundle, plan) = location.open()?;
+    let engine = engine.connect(&location.output_root).await?;
+    let wid = workflow_id(&plan.batch_id);
+    let handle: Handle = engine.client.get_workflow_handle(wid.clone());
+    if !drive::is_running(&handle).await.unwrap_or(false) {
+        return Err(ControlError::NotRunning {
+            batch_id: plan.batch_id,
+            action: signal.verb(),
+        });
+    }
+    let opts = WorkflowSignalOptions::default;
+    let sent = match signal {
+        Signal::Drain => handle.signal(BatchWorkflow::drain, (), opts()).await,
+        Signal::Pause => handle.signal(BatchWorkflow::pause, (), opts()).await,
+        Signal::Unpause => handle.signal(BatchWorkflow::unpause, (), opts()).await,
+        Signal::Cancel => handle.signal(BatchWorkflow::cancel, (), opts()).await,
+    };
+    sent.map_err(|e| ControlError::engine_call(format!("signal {wid}"), e))
+}
