@@ -81,7 +81,7 @@ const SLOW: &str = r#"
 defaults:
   pass_env: [SANDBOX]
   runtime: local-process
-  harness: 'echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/ran.log"; sleep {secs}; echo "{}" > "$CASEBATCH_RESULT"'
+  harness: 'echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/ran.log"; {work}; echo "{}" > "$CASEBATCH_RESULT"'
 tasks:
   - task_id: a
   - task_id: b
@@ -90,7 +90,17 @@ tasks:
 "#;
 
 fn slow_manifest(sb: &Sandbox, batch: &str, concurrency: u32, secs: u32) -> String {
-    let body = SLOW.replace("{secs}", &secs.to_string());
+    manifest_doing(sb, batch, concurrency, &format!("sleep {secs}"))
+}
+
+/// Cases that wait for the test to create `$SANDBOX/go`: the test decides when they end.
+fn gated_manifest(sb: &Sandbox, batch: &str) -> String {
+    let wait = r#"while [ ! -e "$SANDBOX/go" ]; do sleep 0.05; done"#;
+    manifest_doing(sb, batch, 1, wait)
+}
+
+fn manifest_doing(sb: &Sandbox, batch: &str, concurrency: u32, work: &str) -> String {
+    let body = SLOW.replace("{work}", work);
     let text = format!("batch_id: {batch}\n{body}").replace(
         "defaults:\n",
         &format!("defaults:\n  concurrency: {concurrency}\n"),
@@ -100,16 +110,25 @@ fn slow_manifest(sb: &Sandbox, batch: &str, concurrency: u32, secs: u32) -> Stri
         .to_string()
 }
 
+/// Waits until the batch's live status reports this phase.
+fn wait_phase(sb: &Sandbox, batch: &str, phase: &str) {
+    wait_until(Duration::from_secs(60), phase, || {
+        sb.status(batch)["status"]["phase"] == phase
+    });
+}
+
 #[test]
 fn drain_leaves_queued_work_and_resume_finishes_it_without_repeats() {
     let sb = Sandbox::engine();
-    let manifest = slow_manifest(&sb, "drainme", 1, 2);
+    let manifest = gated_manifest(&sb, "drainme");
     let mut runner = sb.spawn_batch(std::path::Path::new(&manifest), "run.log");
     wait_until(Duration::from_secs(60), "first case starts", || {
         sb.lines("ran.log") >= 1
     });
     let o = sb.op("drain", "drainme");
     assert_exit(&o, 0);
+    wait_phase(&sb, "drainme", "draining");
+    sb.write("go", "");
     assert_eq!(
         wait_child(&mut runner, Duration::from_secs(120)),
         1,
@@ -136,16 +155,24 @@ fn drain_leaves_queued_work_and_resume_finishes_it_without_repeats() {
 #[test]
 fn pause_stops_admissions_until_unpause() {
     let sb = Sandbox::engine();
-    let manifest = slow_manifest(&sb, "pauseme", 1, 1);
+    let manifest = gated_manifest(&sb, "pauseme");
     let mut runner = sb.spawn_batch(std::path::Path::new(&manifest), "run.log");
     wait_until(Duration::from_secs(60), "first case starts", || {
         sb.lines("ran.log") >= 1
     });
     assert_exit(&sb.op("pause", "pauseme"), 0);
-    // Well past the first case's end: a paused batch admits nothing.
-    std::thread::sleep(Duration::from_secs(4));
+    wait_phase(&sb, "pauseme", "paused");
+    // The first case ends while paused. The workflow admits in the same step that records a
+    // completion, so once it counts the success, a running batch would already show case b.
+    sb.write("go", "");
+    wait_until(
+        Duration::from_secs(60),
+        "the first case is recorded",
+        || sb.status("pauseme")["status"]["counts"]["succeeded"] == 1,
+    );
     let status = sb.status("pauseme");
     assert_eq!(status["status"]["phase"], "paused", "{status:#}");
+    assert_eq!(status["status"]["counts"]["running"], 0, "{status:#}");
     assert_eq!(sb.lines("ran.log"), 1, "nothing admitted while paused");
     assert!(
         runner.try_wait().unwrap().is_none(),

@@ -203,22 +203,25 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-fn wait_output(mut child: Child, timeout: Duration) -> Output {
-    let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let o = child.wait_with_output().unwrap();
+/// Waits for the child while threads drain its pipes (a chatty child never blocks on a full
+/// pipe); kills it after `timeout`.
+fn wait_output(child: Child, timeout: Duration) -> Output {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(o) => o.expect("casebatch's output is readable"),
+        Err(_) => {
+            casebatch_activities::procfs::kill_pid(pid);
+            let o = rx.recv().unwrap().unwrap();
             panic!(
                 "casebatch did not finish within {timeout:?}\nstdout:\n{}\nstderr:\n{}",
                 String::from_utf8_lossy(&o.stdout),
                 String::from_utf8_lossy(&o.stderr)
             );
         }
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -159,12 +159,13 @@ fn a_config_failure_raised_by_an_activity_is_typed_and_never_retried() {
         "run.log",
     );
     let plan_path = sb.bundle("two").join("batch_plan.json");
+    // run_config.json is written once the engine answers, after the plan's last write.
+    let run_config = sb.bundle("two").join("run_config.json");
     wait_until(
         std::time::Duration::from_secs(60),
-        "the batch starts",
-        || sb.out().join(".casebatch-engine/engine.json").exists() && plan_path.exists(),
+        "the runner reaches the engine",
+        || run_config.exists(),
     );
-    std::thread::sleep(std::time::Duration::from_millis(500));
     // The bundle no longer matches the batch: case b's activity raises casebatch.config.
     let mut plan = sb.json(&plan_path);
     plan["cases"].as_array_mut().unwrap().truncate(1);

@@ -1,0 +1,74 @@
+//! What people read, pinned: `batch report`, `batch status` and manifest refusals. Paths are
+//! filtered so only meaning is compared; nothing printed here carries a time.
+
+use crate::support::*;
+
+/// The sandbox's path (unique per test) reads as `[SANDBOX]`.
+fn filtered(sb: &Sandbox, text: &[u8]) -> String {
+    let text = String::from_utf8_lossy(text);
+    let sandbox = sb.dir.path().display().to_string();
+    let canonical = std::fs::canonicalize(sb.dir.path())
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| sandbox.clone());
+    text.replace(&canonical, "[SANDBOX]")
+        .replace(&sandbox, "[SANDBOX]")
+}
+
+const MIXED: &str = r#"batch_id: snap
+defaults:
+  runtime: fake
+  concurrency: 1
+  max_retries: 1
+tasks:
+  - task_id: passes
+  - task_id: flaky-then-passes
+    fake: {infra_failures_first: 1}
+  - task_id: agent-says-fail
+    fake: {outcome: fail}
+  - task_id: harness-crashes
+    fake: {outcome: harness_error}
+  - task_id: out-of-memory
+    fake: {outcome: oom_killed}
+"#;
+
+#[test]
+fn report_and_status_of_a_finished_mixed_batch() {
+    let sb = Sandbox::engine();
+    let manifest = sb.write("snap.yaml", MIXED);
+    assert_exit(&sb.run_batch(&manifest), 4);
+
+    let report = sb.op("report", "snap");
+    assert_exit(&report, 0);
+    insta::assert_snapshot!("report", filtered(&sb, &report.stdout));
+
+    let status = sb.op("status", "snap");
+    assert_exit(&status, 0);
+    insta::assert_snapshot!("status", filtered(&sb, &status.stdout));
+}
+
+#[test]
+fn manifest_refusals_name_file_line_field_and_fix() {
+    let sb = Sandbox::new();
+    let manifest = sb.write(
+        "bad.yaml",
+        r#"batch_id: bad
+defaults:
+  concurency: 4
+  runtime: docker
+tasks:
+  - task_id: a
+    timeout_seconds: -5
+  - task_id: a
+  - inputs: {q: 1}
+"#,
+    );
+    let o = sb.run(&[
+        "batch",
+        "validate",
+        "--manifest",
+        manifest.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 2);
+    assert!(o.stdout.is_empty(), "a refusal prints nothing on stdout");
+    insta::assert_snapshot!("refusals", filtered(&sb, &o.stderr));
+}
