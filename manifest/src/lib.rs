@@ -39,6 +39,8 @@ mod source;
 mod validate;
 mod walk;
 mod yaml;
+mod yaml_scalar;
+mod yaml_syntax;
 
 use std::path::{Path, PathBuf};
 

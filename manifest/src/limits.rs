@@ -38,8 +38,14 @@ pub const MAX_BATCH_ID_LEN: usize = 128;
 /// from the file's metadata before reading, and enforced while reading.
 pub const MAX_MANIFEST_BYTES: u64 = 64 * 1024 * 1024;
 /// Deepest nesting of mappings and lists in a manifest document. A real manifest needs about
-/// six levels; deeper input is refused before it is parsed (parsing it costs quadratic time).
+/// six levels; deeper input is refused before it costs time or stack: YAML parsing stops at the
+/// first level too many, JSON brackets are counted before serde_json reads them.
 pub const MAX_NESTING_DEPTH: usize = 64;
+
+/// Aliases (`*name`) may copy at most this many nodes for every parser event read so far (the
+/// ratio serde_yaml allowed): far more than any reuse of defaults needs, and it refuses
+/// "billion laughs" documents, a few lines of nested aliases that would expand into gigabytes.
+pub const MAX_ALIAS_EXPANSION: usize = 100;
 
 /// Prefix of the harness contract's variables: `env`/`pass_env` may not set these.
 pub const RESERVED_ENV_PREFIX: &str = "CASEBATCH_";

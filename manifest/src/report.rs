@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::error::Problem;
-use crate::locate;
 
 /// One step of a field path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,10 +77,6 @@ pub(crate) enum Locator {
 }
 
 impl Locator {
-    pub(crate) fn for_yaml(text: &str) -> Self {
-        Locator::Index(locate::index_yaml(text))
-    }
-
     /// Exact line of `path`, or of its nearest located ancestor.
     pub(crate) fn line(&self, path: &FieldPath) -> Option<usize> {
         match self {
@@ -204,7 +199,8 @@ mod tests {
 
     #[test]
     fn locator_falls_back_to_the_nearest_ancestor() {
-        let loc = Locator::for_yaml("tasks:\n  - task_id: a\n    query: q\n");
+        let text = "tasks:\n  - task_id: a\n    query: q\n";
+        let loc = Locator::Index(crate::yaml_syntax::parse(text).unwrap().lines);
         let missing = FieldPath::root().key("tasks").index(0).key("url");
         assert_eq!(loc.line(&missing), Some(2));
     }

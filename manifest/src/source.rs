@@ -1,7 +1,10 @@
 //! Turning a file's bytes into a JSON value: text decoding, format sniffing, YAML/JSON syntax.
 //!
 //! Every later stage works on `serde_json::Value`, whichever syntax the file used, so type
-//! checks and messages are the same for YAML and JSON.
+//! checks and messages are the same for YAML and JSON. Each syntax comes with a map from field
+//! paths to lines: YAML's is recorded by the parser itself (`yaml_syntax`), JSON's by a scan
+//! of the text (`locate`), since serde_json keeps no positions. Nesting deeper than
+//! [`MAX_NESTING_DEPTH`] is refused in every syntax before it costs time or stack.
 
 use std::io::Read;
 use std::path::Path;
@@ -9,9 +12,11 @@ use std::path::Path;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::error::Problem;
 use crate::limits::{MAX_MANIFEST_BYTES, MAX_NESTING_DEPTH};
 use crate::locate;
 use crate::report::{FieldPath, Locator, Report};
+use crate::yaml_syntax;
 
 /// The surface syntax of a file (the manifest *shape* is decided later, from its content).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,24 +146,8 @@ pub(crate) fn read_bounded(path: &Path, what: &str, kind: Kind, r: &mut Report) 
 }
 
 /// Bytes as UTF-8 text (a leading byte-order mark dropped), or a problem naming the line of
-/// the first invalid byte. Text nested deeper than [`MAX_NESTING_DEPTH`] is refused here,
-/// before any parser sees it.
+/// the first invalid byte.
 pub(crate) fn decode<'a>(bytes: &'a [u8], r: &mut Report) -> Option<&'a str> {
-    let text = decode_utf8(bytes, r)?;
-    if let Some(line) = locate::too_deep(text, MAX_NESTING_DEPTH) {
-        r.at_line(
-            Some(line),
-            SYNTAX_FIELD,
-            format!("mappings and lists are nested more than {MAX_NESTING_DEPTH} levels deep here"),
-            "flatten the structure (a manifest needs a handful of levels); deep data belongs \
-             in a file the harness reads, named in `inputs`",
-        );
-        return None;
-    }
-    Some(text)
-}
-
-fn decode_utf8<'a>(bytes: &'a [u8], r: &mut Report) -> Option<&'a str> {
     match std::str::from_utf8(bytes) {
         Ok(text) => Some(text.strip_prefix('\u{feff}').unwrap_or(text)),
         Err(e) => {
@@ -178,8 +167,22 @@ fn decode_utf8<'a>(bytes: &'a [u8], r: &mut Report) -> Option<&'a str> {
     }
 }
 
+/// The refusal of mappings and lists nested past [`MAX_NESTING_DEPTH`], at `line`.
+pub(crate) fn too_deep_problem(line: usize) -> Problem {
+    Problem {
+        line: Some(line),
+        field: SYNTAX_FIELD.into(),
+        message: format!(
+            "mappings and lists are nested more than {MAX_NESTING_DEPTH} levels deep here"
+        ),
+        fix: "flatten the structure (a manifest needs a handful of levels); deep data belongs \
+              in a file the harness reads, named in `inputs`"
+            .into(),
+    }
+}
+
 /// Parse one YAML or JSON document. Returns the value and a locator for its fields; syntax
-/// errors (with serde's line and column) go to the report.
+/// errors (with the parser's line and column) go to the report.
 pub(crate) fn parse_document(
     text: &str,
     syntax: Syntax,
@@ -193,6 +196,11 @@ pub(crate) fn parse_document(
 
 /// One JSON value; duplicate keys are reported (serde_json would keep only the last).
 pub(crate) fn parse_json(text: &str, r: &mut Report) -> Option<(Value, Locator)> {
+    // serde_json's own depth limit is deeper, and its message names no fix.
+    if let Some(line) = locate::json_too_deep(text, MAX_NESTING_DEPTH) {
+        r.problems.push(too_deep_problem(line));
+        return None;
+    }
     let value: Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) => {
@@ -206,7 +214,28 @@ pub(crate) fn parse_json(text: &str, r: &mut Report) -> Option<(Value, Locator)>
         }
     };
     let index = locate::index_json(text);
-    for (path, first, again) in &index.duplicates {
+    report_duplicates(&index.duplicates, r);
+    Some((value, Locator::Index(index.lines)))
+}
+
+/// One YAML document, with the lines its parser saw. Duplicate keys refuse it.
+fn parse_yaml(text: &str, r: &mut Report) -> Option<(Value, Locator)> {
+    match yaml_syntax::parse(text) {
+        Err(problem) => {
+            r.problems.push(problem);
+            None
+        }
+        Ok(parsed) if !parsed.duplicates.is_empty() => {
+            report_duplicates(&parsed.duplicates, r);
+            None
+        }
+        Ok(parsed) => Some((parsed.value, Locator::Index(parsed.lines))),
+    }
+}
+
+/// (path, first line, duplicate line) of keys set twice, as problems at the second.
+fn report_duplicates(duplicates: &[(FieldPath, usize, usize)], r: &mut Report) {
+    for (path, first, again) in duplicates {
         r.at_line(
             Some(*again),
             path.to_string(),
@@ -214,89 +243,6 @@ pub(crate) fn parse_json(text: &str, r: &mut Report) -> Option<(Value, Locator)>
             "keep only one of the two",
         );
     }
-    Some((value, Locator::Index(index.lines)))
-}
-
-fn parse_yaml(text: &str, r: &mut Report) -> Option<(Value, Locator)> {
-    let syntax_problem = |r: &mut Report, e: serde_yaml::Error| {
-        r.at_line(
-            e.location().map(|l| l.line()),
-            SYNTAX_FIELD,
-            format!("malformed YAML: {e}"),
-            "fix the YAML syntax at the position shown (indentation, quoting, `key: value`)",
-        );
-    };
-    let mut yaml: serde_yaml::Value = match serde_yaml::from_str(text) {
-        Ok(v) => v,
-        Err(e) => {
-            syntax_problem(r, e);
-            return None;
-        }
-    };
-    // `<<: *anchor` merge keys are common in hand-written YAML; resolve them like YAML 1.1.
-    if let Err(e) = yaml.apply_merge() {
-        syntax_problem(r, e);
-        return None;
-    }
-    match yaml_to_json(yaml) {
-        Ok(v) => Some((v, Locator::for_yaml(text))),
-        Err(message) => {
-            r.at(
-                &FieldPath::root(),
-                message,
-                "use plain strings as mapping keys",
-            );
-            None
-        }
-    }
-}
-
-/// YAML values into JSON ones. Scalar keys become their text; NaN/infinity become strings so
-/// a later type check reports them instead of silently reading `null`.
-fn yaml_to_json(value: serde_yaml::Value) -> Result<Value, String> {
-    use serde_yaml::Value as Y;
-    Ok(match value {
-        Y::Null => Value::Null,
-        Y::Bool(b) => Value::Bool(b),
-        Y::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                Value::from(i)
-            } else if let Some(u) = n.as_u64() {
-                Value::from(u)
-            } else {
-                let f = n.as_f64().unwrap_or(f64::NAN);
-                serde_json::Number::from_f64(f)
-                    .map_or_else(|| Value::String(n.to_string()), Value::Number)
-            }
-        }
-        Y::String(s) => Value::String(s),
-        Y::Sequence(items) => Value::Array(
-            items
-                .into_iter()
-                .map(yaml_to_json)
-                .collect::<Result<_, _>>()?,
-        ),
-        Y::Mapping(map) => {
-            let mut out = serde_json::Map::new();
-            for (k, v) in map {
-                let key =
-                    match k {
-                        Y::String(s) => s,
-                        Y::Bool(b) => b.to_string(),
-                        Y::Number(n) => n.to_string(),
-                        Y::Null => "null".to_string(),
-                        _ => return Err(
-                            "a mapping key is a list or mapping, which manifests do not support"
-                                .into(),
-                        ),
-                    };
-                out.insert(key, yaml_to_json(v)?);
-            }
-            Value::Object(out)
-        }
-        // Custom tags carry no meaning for manifests: keep the tagged value.
-        Y::Tagged(tagged) => yaml_to_json(tagged.value)?,
-    })
 }
 
 #[cfg(test)]

@@ -229,24 +229,10 @@ pub(crate) fn nearest<'a>(key: &str, allowed: &[&'a str]) -> Option<&'a str> {
     let budget = (key.chars().count() / 3).max(2);
     allowed
         .iter()
-        .map(|a| (edit_distance(&key.to_ascii_lowercase(), a), *a))
+        .map(|a| (strsim::levenshtein(&key.to_ascii_lowercase(), a), *a))
         .filter(|(d, _)| *d <= budget)
         .min_by_key(|(d, _)| *d)
         .map(|(_, a)| a)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }
 
 pub(crate) fn defaults(value: &Value, path: &FieldPath, r: &mut Report) -> Option<Defaults> {
