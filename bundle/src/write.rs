@@ -6,6 +6,7 @@
 
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use serde::Serialize;
@@ -20,47 +21,35 @@ pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> Resul
 }
 
 /// Writes `bytes` to a fresh temp file beside `path`, then renames it over `path`. The temp
-/// file is created exclusively (`O_CREAT|O_EXCL`, which never follows a symlink), so a file
-/// planted at its name by an attempt's processes is replaced, not written through; the rename
-/// replaces whatever entry `path` was (a symlink or FIFO included) without opening it.
+/// file is created exclusively under a random name (`tempfile`: `O_CREAT|O_EXCL`, which never
+/// follows a symlink, retried under a new name if taken), so a file planted at its name by an
+/// attempt's processes is never written through; the rename replaces whatever entry `path`
+/// was (a symlink or FIFO included) without opening it. A failed write removes the temp file.
 pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<(), BundleError> {
     let werr = |source| BundleError::Write {
         path: path.display().to_string(),
         source,
     };
-    if let Some(parent) = path.parent() {
-        fs::create_dir_all(parent).map_err(werr)?;
-    }
-    // Unique per host, process and call: replicas in containers share low pids.
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    fs::create_dir_all(parent).map_err(werr)?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = path.with_file_name(format!(
-        ".{name}.{}.{}.{seq}.tmp",
-        host.trim(),
-        std::process::id()
-    ));
-    let create = || {
-        fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-    };
-    let mut f = match create() {
-        // Left by an earlier process with the same pid, or planted: replace the entry.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            fs::remove_file(&tmp).map_err(werr)?;
-            create()
-        }
-        other => other,
-    }
-    .map_err(werr)?;
-    f.write_all(bytes).map_err(werr)?;
-    fs::rename(&tmp, path).map_err(werr)
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        // tempfile's default is 0600; bundle files keep the mode a plain create gives them
+        // (0666 less the umask), as readers of a bundle expect.
+        .permissions(fs::Permissions::from_mode(0o666))
+        .tempfile_in(parent)
+        .map_err(werr)?;
+    tmp.write_all(bytes).map_err(werr)?;
+    tmp.persist(path).map_err(|e| werr(e.error))?;
+    Ok(())
 }
 
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, BundleError> {
@@ -89,4 +78,38 @@ pub fn append_jsonl<T: Serialize>(path: &Path, value: &T) -> Result<(), BundleEr
         .open(path)
         .map_err(werr)?;
     f.write_all(&line).map_err(werr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn bytes_land_intact_and_nothing_else_is_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub").join("trace.bin");
+        let bytes: Vec<u8> = (0..=255u8).collect();
+        write_bytes_atomic(&path, &bytes).unwrap();
+        write_bytes_atomic(&path, &bytes).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), bytes);
+        assert_eq!(fs::read_dir(path.parent().unwrap()).unwrap().count(), 1);
+        // Not tempfile's 0600: what a plain create gives (0666 less the umask).
+        let mode = fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o600, 0o600);
+    }
+
+    #[test]
+    fn a_planted_symlink_is_replaced_not_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        fs::write(&outside, b"keep").unwrap();
+        let path = dir.path().join("result.json");
+        std::os::unix::fs::symlink(&outside, &path).unwrap();
+        write_json_atomic(&path, &serde_json::json!({"ok": true})).unwrap();
+        assert!(fs::symlink_metadata(&path).unwrap().file_type().is_file());
+        assert_eq!(fs::read(&outside).unwrap(), b"keep");
+        let back: serde_json::Value = read_json(&path).unwrap();
+        assert_eq!(back, serde_json::json!({"ok": true}));
+    }
 }

@@ -1,12 +1,58 @@
 //! The web actor and its evaluator, as harness commands (see the README's harness contract).
 
 use std::path::PathBuf;
+use std::sync::LazyLock;
+use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::DemoError;
 use crate::fixture::Receipt;
-use casebatch_http::request;
+
+/// One client per harness process. The fixture is on loopback: no proxy, a short connect
+/// limit; the engine's stage timeouts bound the rest.
+static CLIENT: LazyLock<Result<reqwest::Client, String>> = LazyLock::new(|| {
+    // reqwest is built without a bundled crypto provider (see the workspace Cargo.toml): use
+    // ring, unless something in this process installed a default already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .no_proxy()
+        .build()
+        .map_err(|e| format!("build the HTTP client: {}", error_chain(&e)))
+});
+
+/// Sends one request; returns the status and the body as sent. Owns no policy: the caller
+/// decides what a status means.
+async fn request(method: &str, url: &str, body: &str) -> Result<(u16, Vec<u8>), DemoError> {
+    let client = CLIENT.as_ref().map_err(|e| DemoError::Other(e.clone()))?;
+    let method = reqwest::Method::from_bytes(method.as_bytes())
+        .map_err(|e| DemoError::Other(format!("use HTTP method {method:?}: {e}")))?;
+    let fail = |e: reqwest::Error| {
+        DemoError::Other(format!("{method} {url}: {}", error_chain(&e.without_url())))
+    };
+    let res = client
+        .request(method.clone(), url)
+        .body(body.to_string())
+        .send()
+        .await
+        .map_err(fail)?;
+    let status = res.status().as_u16();
+    let bytes = res.bytes().await.map_err(fail)?;
+    Ok((status, bytes.to_vec()))
+}
+
+/// An error and its causes, `outer: inner: ...` (reqwest's own message names only the outer).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
 
 /// The task fields the harness reads from `CASEBATCH_INPUT`.
 #[derive(Debug, Deserialize)]
@@ -68,7 +114,8 @@ pub async fn run_actor() -> Result<(), DemoError> {
         } else {
             ""
         };
-        let (status, text) = request(method, url, body).await?;
+        let (status, bytes) = request(method, url, body).await?;
+        let text = String::from_utf8_lossy(&bytes);
         if status != 200 {
             return Err(DemoError::Other(format!(
                 "{method} {url}: HTTP {status}: {text}"
@@ -104,7 +151,7 @@ pub async fn run_evaluator() -> Result<(), DemoError> {
     if status != 200 {
         return Err(DemoError::Other(format!("GET {url}: HTTP {status}")));
     }
-    let receipts: Vec<Receipt> = serde_json::from_str(&body)
+    let receipts: Vec<Receipt> = serde_json::from_slice(&body)
         .map_err(|e| DemoError::Other(format!("parse the receipts from {url}: {e}")))?;
     let clicked = receipts.iter().any(|r| r.action == "click");
     let noted = receipts.iter().any(|r| r.action == "note");

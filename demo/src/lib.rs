@@ -23,8 +23,6 @@ pub enum DemoError {
     },
     #[error("failed to {0}")]
     Other(String),
-    #[error(transparent)]
-    Http(#[from] casebatch_http::HttpError),
 }
 
 impl DemoError {
