@@ -11,10 +11,11 @@ use std::path::{Component, Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::error::FILE_FIELD;
 use crate::model::{ManifestFormat, RunSpec};
 use crate::plan::{CaseDecl, Loaded};
 use crate::report::{FieldPath, Report};
-use crate::source::{self, FILE_FIELD, Syntax};
+use crate::source::{self, Syntax};
 use crate::validate;
 use crate::walk::{self, Obj};
 

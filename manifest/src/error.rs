@@ -58,6 +58,26 @@ impl ManifestError {
     }
 }
 
+/// Pseudo-field for problems with the file as a whole.
+pub(crate) const FILE_FIELD: &str = "(file)";
+/// Pseudo-field for syntax errors.
+pub(crate) const SYNTAX_FIELD: &str = "(syntax)";
+
+/// The refusal of mappings and lists nested past [`crate::limits::MAX_NESTING_DEPTH`], at `line`.
+pub(crate) fn too_deep_problem(line: usize) -> Problem {
+    Problem {
+        line: Some(line),
+        field: SYNTAX_FIELD.into(),
+        message: format!(
+            "mappings and lists are nested more than {} levels deep here",
+            crate::limits::MAX_NESTING_DEPTH
+        ),
+        fix: "flatten the structure (a manifest needs a handful of levels); deep data belongs \
+              in a file the harness reads, named in `inputs`"
+            .into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

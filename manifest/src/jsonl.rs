@@ -10,11 +10,11 @@
 
 use serde_json::Value;
 
+use crate::error::{FILE_FIELD, SYNTAX_FIELD, too_deep_problem};
 use crate::limits::MAX_NESTING_DEPTH;
 use crate::model::{ManifestFormat, SummarySpec};
 use crate::plan::{CaseDecl, Loaded};
 use crate::report::{FieldPath, Locator, Report};
-use crate::source::{self, FILE_FIELD, SYNTAX_FIELD};
 use crate::walk::{self, Leaf, Obj, TASK_FIELDS};
 use crate::{locate, validate};
 
@@ -76,7 +76,7 @@ pub(crate) fn load(text: &str, r: &mut Report) -> Option<Loaded> {
 /// One line as a case; `None` when it cannot become one (problems are in `r`).
 fn record(line: &str, lineno: usize, r: &mut Report) -> Option<CaseDecl> {
     if locate::json_too_deep(line, MAX_NESTING_DEPTH).is_some() {
-        r.problems.push(source::too_deep_problem(lineno));
+        r.problems.push(too_deep_problem(lineno));
         return None;
     }
     let value: Value = match serde_json::from_str(line) {

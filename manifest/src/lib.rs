@@ -49,8 +49,9 @@ pub use error::{ManifestError, Problem};
 pub use model::*;
 pub use schema::{batch_schema, batch_v1_schema, runspec_schema};
 
+use error::FILE_FIELD;
 use report::{FieldPath, Report};
-use source::{FILE_FIELD, Syntax};
+use source::Syntax;
 
 /// How to load a manifest: what command-line flags said.
 #[derive(Debug, Clone, Default)]

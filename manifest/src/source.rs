@@ -12,7 +12,7 @@ use std::path::Path;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::error::Problem;
+use crate::error::{FILE_FIELD, SYNTAX_FIELD, too_deep_problem};
 use crate::limits::{MAX_MANIFEST_BYTES, MAX_NESTING_DEPTH};
 use crate::locate;
 use crate::report::{FieldPath, Locator, Report};
@@ -25,11 +25,6 @@ pub(crate) enum Syntax {
     Json,
     Jsonl,
 }
-
-/// Pseudo-field for problems with the file as a whole.
-pub(crate) const FILE_FIELD: &str = "(file)";
-/// Pseudo-field for syntax errors.
-pub(crate) const SYNTAX_FIELD: &str = "(syntax)";
 
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -164,20 +159,6 @@ pub(crate) fn decode<'a>(bytes: &'a [u8], r: &mut Report) -> Option<&'a str> {
             );
             None
         }
-    }
-}
-
-/// The refusal of mappings and lists nested past [`MAX_NESTING_DEPTH`], at `line`.
-pub(crate) fn too_deep_problem(line: usize) -> Problem {
-    Problem {
-        line: Some(line),
-        field: SYNTAX_FIELD.into(),
-        message: format!(
-            "mappings and lists are nested more than {MAX_NESTING_DEPTH} levels deep here"
-        ),
-        fix: "flatten the structure (a manifest needs a handful of levels); deep data belongs \
-              in a file the harness reads, named in `inputs`"
-            .into(),
     }
 }
 

@@ -15,10 +15,9 @@ use std::collections::HashMap;
 use saphyr_parser::{Event, Parser, ScalarStyle, ScanError, Span};
 use serde_json::{Map, Value};
 
-use crate::error::Problem;
+use crate::error::{Problem, SYNTAX_FIELD, too_deep_problem};
 use crate::limits::{MAX_ALIAS_EXPANSION, MAX_NESTING_DEPTH};
 use crate::report::FieldPath;
-use crate::source::{SYNTAX_FIELD, too_deep_problem};
 use crate::yaml_scalar;
 
 /// A parsed YAML document.
