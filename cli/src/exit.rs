@@ -21,6 +21,9 @@ pub enum Exit {
     /// The output directory could not be written. What the engine holds is intact: fix the
     /// disk and resume.
     Output = 5,
+    /// The batch's workflow was terminated from outside casebatch (finished cases are kept;
+    /// resume continues the rest).
+    Terminated = 6,
 }
 
 impl From<Verdict> for Exit {
@@ -67,7 +70,10 @@ fn exit_of(e: &ControlError) -> Exit {
         | ControlError::BatchExists { .. }
         | ControlError::NotRunning { .. }
         | ControlError::StillRunning { .. }
+        | ControlError::NotOurBatch { .. }
+        | ControlError::EngineMismatch { .. }
         | ControlError::BundleUnreadable(_) => Exit::Usage,
+        ControlError::Terminated { .. } => Exit::Terminated,
         // A plaintext connection to a remote address is a usage error, not an outage.
         ControlError::Engine(EngineError::Insecure { .. }) => Exit::Usage,
         ControlError::Engine(_) | ControlError::EngineCall { .. } => Exit::Engine,

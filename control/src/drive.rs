@@ -10,11 +10,18 @@ use casebatch_proto::{
 };
 use casebatch_worker::{Engine, build_worker, run_worker_until};
 use casebatch_workflows::BatchWorkflow;
+use futures::StreamExt;
+use temporalio_client::tonic;
 use temporalio_client::{
-    Client, WorkflowDescribeOptions, WorkflowExecutionStatus, WorkflowGetResultOptions,
-    WorkflowHandle, WorkflowQueryOptions, WorkflowStartOptions,
+    Client, WorkflowDescribeOptions, WorkflowExecutionStatus, WorkflowFetchHistoryOptions,
+    WorkflowGetResultOptions, WorkflowHandle, WorkflowIdConflictPolicy, WorkflowQueryOptions,
+    WorkflowStartOptions,
     errors::{WorkflowGetResultError, WorkflowInteractionError},
 };
+use temporalio_common::protos::temporal::api::enums::v1::{TaskQueueKind, TaskQueueType};
+use temporalio_common::protos::temporal::api::history::v1::history_event::Attributes;
+use temporalio_common::protos::temporal::api::taskqueue::v1::TaskQueue;
+use temporalio_common::protos::temporal::api::workflowservice::v1::DescribeTaskQueueRequest;
 
 use crate::error::{ControlError, Result};
 use crate::prepare::RETRY_BACKOFF_MS;
@@ -43,6 +50,10 @@ pub enum DriveEvent<'a> {
         concurrency: u32,
     },
     Status(&'a BatchStatus),
+    /// No worker polls the batch's task queue: nothing will run until one does.
+    NoWorker {
+        task_queue: &'a str,
+    },
     EngineUnreachable(&'a str),
     EngineBack,
 }
@@ -117,7 +128,8 @@ async fn drive(
     observer.on(DriveEvent::Batch(plan));
     let wid = workflow_id(&plan.batch_id);
     let handle: Handle = client.get_workflow_handle(wid.clone());
-    if is_running(&handle).await? {
+    let presence = presence(&handle, bundle, plan).await?;
+    if presence == Presence::Running {
         if opts.requeue != Requeue::None {
             return Err(ControlError::StillRunning {
                 batch_id: plan.batch_id.clone(),
@@ -126,7 +138,11 @@ async fn drive(
         }
         observer.on(DriveEvent::Reattached);
     } else {
-        let mut carried = carried_state(&handle, bundle, plan).await?;
+        let mut carried = match presence {
+            Presence::Closed => carried_from_result(&handle).await,
+            _ => None,
+        }
+        .or_else(|| carried_from_bundle(bundle, plan));
         if let Some(c) = carried.as_mut() {
             let n = opts.requeue.apply(plan, &mut c.slots);
             if n > 0 {
@@ -137,7 +153,10 @@ async fn drive(
             }
         }
         let input = batch_input(bundle, plan, carried, opts.history_budget);
-        let start = WorkflowStartOptions::new(TASK_QUEUE, wid.clone()).build();
+        // Never attach silently: a run that appeared since the check is refused.
+        let start = WorkflowStartOptions::new(TASK_QUEUE, wid.clone())
+            .id_conflict_policy(WorkflowIdConflictPolicy::Fail)
+            .build();
         client
             .start_workflow(BatchWorkflow::run, input, start)
             .await
@@ -157,6 +176,7 @@ async fn drive(
 async fn follow(handle: &Handle, observer: &mut dyn Observer) -> Result<BatchOutcome> {
     let mut result = Box::pin(handle.get_result(WorkflowGetResultOptions::default()));
     let mut outage_since: Option<Instant> = None;
+    let mut warned_no_worker = false;
     let mut tick = tokio::time::interval(STATUS_EVERY);
     loop {
         tokio::select! {
@@ -172,21 +192,54 @@ async fn follow(handle: &Handle, observer: &mut dyn Observer) -> Result<BatchOut
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     result = Box::pin(handle.get_result(WorkflowGetResultOptions::default()));
                 }
+                Err(WorkflowGetResultError::Terminated { .. }) => {
+                    return Err(ControlError::Terminated { workflow_id: handle.info().workflow_id.clone() });
+                }
                 Err(e) => {
                     let wid = handle.info().workflow_id.clone();
                     return Err(ControlError::engine_call(format!("complete batch workflow {wid}"), e));
                 }
             },
             _ = tick.tick() => {
-                if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), query_status(handle)).await {
-                    if outage_since.take().is_some() {
-                        observer.on(DriveEvent::EngineBack);
+                match tokio::time::timeout(Duration::from_secs(2), query_status(handle)).await {
+                    Ok(Ok(s)) => {
+                        if outage_since.take().is_some() {
+                            observer.on(DriveEvent::EngineBack);
+                        }
+                        observer.on(DriveEvent::Status(&s));
                     }
-                    observer.on(DriveEvent::Status(&s));
+                    // Unanswered queries: maybe no worker polls the batch's queue at all.
+                    _ if !warned_no_worker && no_poller(handle).await => {
+                        warned_no_worker = true;
+                        observer.on(DriveEvent::NoWorker { task_queue: TASK_QUEUE });
+                    }
+                    _ => {}
                 }
             }
         }
     }
+}
+
+/// True when the engine says no worker polls the batch's workflow task queue (a run with
+/// `--no-worker` and no replicas would otherwise wait in silence). Unknown counts as false.
+async fn no_poller(handle: &Handle) -> bool {
+    let request = DescribeTaskQueueRequest {
+        namespace: handle.info().namespace.clone(),
+        task_queue: Some(TaskQueue {
+            name: TASK_QUEUE.into(),
+            kind: TaskQueueKind::Normal as i32,
+            ..Default::default()
+        }),
+        task_queue_type: TaskQueueType::Workflow as i32,
+        ..Default::default()
+    };
+    let described = handle
+        .client()
+        .connection()
+        .workflow_service()
+        .describe_task_queue(tonic::Request::new(request))
+        .await;
+    described.is_ok_and(|r| r.into_inner().pollers.is_empty())
 }
 
 fn batch_input(
@@ -216,15 +269,88 @@ fn batch_input(
     }
 }
 
-pub(crate) async fn is_running(handle: &Handle) -> Result<bool> {
-    match handle.describe(WorkflowDescribeOptions::default()).await {
-        Ok(d) => Ok(d.status() == WorkflowExecutionStatus::Running),
-        Err(WorkflowInteractionError::NotFound(_)) => Ok(false),
-        Err(e) => Err(ControlError::engine_call(
-            format!("look up workflow {}", handle.info().workflow_id),
-            e,
-        )),
+/// Whether the batch's workflow exists, and whether it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Presence {
+    Absent,
+    Running,
+    Closed,
+}
+
+/// Finds the batch's workflow and proves it is this batch: many users share a namespace, and
+/// the same batch id in another output root (or with another task list) is someone else's
+/// batch. Nothing is attached to, signalled or carried over unless this holds.
+pub(crate) async fn presence(handle: &Handle, bundle: &Bundle, plan: &Plan) -> Result<Presence> {
+    let wid = &handle.info().workflow_id;
+    let presence = match handle.describe(WorkflowDescribeOptions::default()).await {
+        Ok(d) if d.status() == WorkflowExecutionStatus::Running => Presence::Running,
+        Ok(_) => Presence::Closed,
+        Err(WorkflowInteractionError::NotFound(_)) => return Ok(Presence::Absent),
+        Err(e) => {
+            return Err(ControlError::engine_call(
+                format!("look up workflow {wid}"),
+                e,
+            ));
+        }
+    };
+    let ours = Owner {
+        fingerprint: plan.fingerprint.clone(),
+        bundle_dir: bundle.root().display().to_string(),
+    };
+    match owner(handle).await? {
+        Some(theirs) if theirs == ours => Ok(presence),
+        theirs => Err(ControlError::NotOurBatch {
+            workflow_id: wid.clone(),
+            theirs: theirs.map_or_else(
+                || "a workflow casebatch did not start".into(),
+                |o| o.to_string(),
+            ),
+            ours: ours.to_string(),
+        }),
     }
+}
+
+/// [`presence`] of the batch's workflow, looked up by its id.
+pub(crate) async fn claim(client: &Client, bundle: &Bundle, plan: &Plan) -> Result<Presence> {
+    let handle: Handle = client.get_workflow_handle(workflow_id(&plan.batch_id));
+    presence(&handle, bundle, plan).await
+}
+
+/// Who a batch workflow runs for: the plan and the bundle its current run was started with.
+#[derive(Debug, PartialEq, Eq)]
+struct Owner {
+    fingerprint: String,
+    bundle_dir: String,
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let short = &self.fingerprint[..self.fingerprint.len().min(12)];
+        write!(f, "bundle {} (plan {short})", self.bundle_dir)
+    }
+}
+
+/// The owner recorded in the current run's input (its first history event); `None` when the
+/// workflow is not a casebatch batch.
+async fn owner(handle: &Handle) -> Result<Option<Owner>> {
+    let mut events = handle.fetch_history(WorkflowFetchHistoryOptions::default());
+    let first = match events.next().await {
+        Some(Ok(event)) => event,
+        Some(Err(e)) => return Err(ControlError::engine_call("read the batch's history", e)),
+        None => return Ok(None),
+    };
+    let Some(Attributes::WorkflowExecutionStartedEventAttributes(started)) = first.attributes
+    else {
+        return Ok(None);
+    };
+    let input = started
+        .input
+        .and_then(|i| i.payloads.into_iter().next())
+        .and_then(|p| serde_json::from_slice::<BatchInput>(&p.data).ok());
+    Ok(input.map(|i| Owner {
+        fingerprint: i.fingerprint,
+        bundle_dir: i.bundle_dir,
+    }))
 }
 
 pub(crate) async fn query_status(handle: &Handle) -> Result<BatchStatus> {
@@ -248,24 +374,20 @@ fn memory_boosts(bundle: &Bundle, plan: &Plan) -> std::collections::BTreeMap<u32
         .collect()
 }
 
-/// State to start a new run from: the last run's result, or (if that run was terminated
-/// or failed and left no result) the per-case records in the bundle.
-async fn carried_state(handle: &Handle, bundle: &Bundle, plan: &Plan) -> Result<Option<Carried>> {
-    match handle.describe(WorkflowDescribeOptions::default()).await {
-        Err(WorkflowInteractionError::NotFound(_)) => return Ok(carried_from_bundle(bundle, plan)),
-        Err(e) => return Err(ControlError::engine_call("look up the batch", e)),
-        Ok(_) => {}
-    }
-    match handle.get_result(WorkflowGetResultOptions::default()).await {
-        Ok(prev) => Ok(Some(Carried {
-            slots: prev.slots,
-            counters: prev.status.counters,
-            timeline: prev.status.timeline,
-            paused: false,
-            segment: prev.status.segment,
-        })),
-        Err(_) => Ok(carried_from_bundle(bundle, plan)),
-    }
+/// State to start a new run from: the last run's result. A run that was terminated or
+/// failed left none; then the bundle's per-case records say where the batch stands.
+async fn carried_from_result(handle: &Handle) -> Option<Carried> {
+    let prev = handle
+        .get_result(WorkflowGetResultOptions::default())
+        .await
+        .ok()?;
+    Some(Carried {
+        slots: prev.slots,
+        counters: prev.status.counters,
+        timeline: prev.status.timeline,
+        paused: false,
+        segment: prev.status.segment,
+    })
 }
 
 fn carried_from_bundle(bundle: &Bundle, plan: &Plan) -> Option<Carried> {

@@ -56,6 +56,30 @@ pub enum ControlError {
         batch_id: String,
         action: &'static str,
     },
+    /// The workflow under this batch's id belongs to another batch (another output root or
+    /// task list): a shared namespace is never acted on by guess.
+    #[error(
+        "failed to use workflow {workflow_id}: it runs {theirs}, not this batch's {ours}. Batch ids are shared by everyone on the namespace: pick another --batch-id (e.g. prefixed with your team or user)"
+    )]
+    NotOurBatch {
+        workflow_id: String,
+        theirs: String,
+        ours: String,
+    },
+    /// Flags (or `TEMPORAL_ADDRESS`) name another engine than the one the batch runs on.
+    #[error(
+        "failed to use {asked} for batch {batch_id}: it runs on {recorded} (see its run_config.json). Drop the engine flags to use that engine"
+    )]
+    EngineMismatch {
+        batch_id: String,
+        recorded: String,
+        asked: String,
+    },
+    /// Someone terminated the batch's workflow; its finished cases are in the bundle.
+    #[error(
+        "batch workflow {workflow_id} was terminated (not by casebatch); finished cases are kept in the bundle and `casebatch batch resume` continues the rest"
+    )]
+    Terminated { workflow_id: String },
     /// The bundle's records cannot be read: nothing was started.
     #[error(transparent)]
     BundleUnreadable(BundleError),

@@ -12,7 +12,7 @@ use temporalio_client::{
     WorkflowExecutionInfo, WorkflowFetchHistoryOptions, WorkflowGetResultOptions, WorkflowHandle,
 };
 
-use crate::drive::{self, Handle};
+use crate::drive::{self, Handle, Presence};
 use crate::error::{ControlError, Result};
 use crate::location::{BatchLocation, EngineChoice};
 
@@ -33,11 +33,14 @@ pub struct StatusView {
 
 pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<StatusView> {
     let (bundle, plan) = location.open()?;
-    let engine = engine.connect(&location.output_root).await?;
+    let engine = engine
+        .for_batch(&bundle)?
+        .connect(&location.output_root)
+        .await?;
     let handle: Handle = engine
         .client
         .get_workflow_handle(workflow_id(&plan.batch_id));
-    let running = drive::is_running(&handle).await.unwrap_or(false);
+    let running = drive::presence(&handle, &bundle, &plan).await? == Presence::Running;
     let (status, end) = if running {
         match tokio::time::timeout(QUERY_WAIT, drive::query_status(&handle)).await {
             Ok(Ok(s)) => (s, None),
@@ -115,9 +118,14 @@ pub async fn history(
     run_id: Option<String>,
     out: &Path,
 ) -> Result<String> {
-    let (_bundle, plan) = location.open()?;
-    let engine = engine.connect(&location.output_root).await?;
+    let (bundle, plan) = location.open()?;
+    let engine = engine
+        .for_batch(&bundle)?
+        .connect(&location.output_root)
+        .await?;
     let wid = workflow_id(&plan.batch_id);
+    let latest: Handle = engine.client.get_workflow_handle(wid.clone());
+    drive::presence(&latest, &bundle, &plan).await?;
     let info = WorkflowExecutionInfo::builder()
         .namespace(engine.namespace.clone())
         .workflow_id(wid.clone())

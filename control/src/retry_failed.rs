@@ -60,11 +60,11 @@ enum Choice {
 pub async fn prepare(req: RetryRequest) -> Result<PreparedRetry> {
     let (source, plan) = req.source.open()?;
     let root = &req.source.output_root;
-    let engine = req.engine.connect(root).await?;
+    let engine = req.engine.for_batch(&source)?.connect(root).await?;
     let handle: drive::Handle = engine
         .client
         .get_workflow_handle(workflow_id(&plan.batch_id));
-    if drive::is_running(&handle).await.unwrap_or(false) {
+    if drive::presence(&handle, &source, &plan).await? == drive::Presence::Running {
         return Err(ControlError::StillRunning {
             batch_id: plan.batch_id.clone(),
             action: "retry",
@@ -135,7 +135,7 @@ pub async fn prepare(req: RetryRequest) -> Result<PreparedRetry> {
         &new_plan,
         std::path::Path::new(&plan.provenance.manifest_path),
     )?;
-    prepare::write_run_config(&target, &new_plan, &engine)?;
+    prepare::write_run_config(&target, &new_plan, &engine, &req.engine)?;
     // The manifest as the source batch saw it, not as the file may read today.
     if let Ok(text) = std::fs::read(source.manifest()) {
         write_bytes_atomic(&target.manifest(), &text)?;

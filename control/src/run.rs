@@ -133,10 +133,13 @@ pub async fn run_case(
 async fn start(req: RunRequest, plan: Plan, observer: &mut dyn Observer) -> Result<RunReport> {
     let root = absolute(&req.output_dir)?;
     let bundle = Bundle::new(&root, &plan.batch_id);
-    // The plan is on disk before the engine is touched: a refused plan starts nothing.
+    prepare::check_same_task_list(&bundle, &plan)?;
+    let choice = req.engine.for_batch(&bundle)?;
+    let engine = choice.connect(&root).await?;
+    // Someone else's batch under this id is refused before anything is written.
+    drive::claim(&engine.client, &bundle, &plan).await?;
     prepare::write_plan(&bundle, &plan, &req.manifest.path)?;
-    let engine = req.engine.connect(&root).await?;
-    prepare::write_run_config(&bundle, &plan, &engine)?;
+    prepare::write_run_config(&bundle, &plan, &engine, &choice)?;
     follow(engine, bundle, plan, req.drive, observer).await
 }
 
@@ -149,7 +152,11 @@ pub async fn resume(req: ResumeRequest, observer: &mut dyn Observer) -> Result<R
             within: format!("batch {}", plan.batch_id),
         });
     }
-    let engine = req.engine.connect(&req.location.output_root).await?;
+    let engine = req
+        .engine
+        .for_batch(&bundle)?
+        .connect(&req.location.output_root)
+        .await?;
     follow(engine, bundle, plan, req.drive, observer).await
 }
 

@@ -33,11 +33,14 @@ impl Signal {
 
 /// Sends the signal to the batch's running workflow; refused when it is not running.
 pub async fn signal(location: &BatchLocation, engine: &EngineChoice, signal: Signal) -> Result<()> {
-    let (_bundle, plan) = location.open()?;
-    let engine = engine.connect(&location.output_root).await?;
+    let (bundle, plan) = location.open()?;
+    let engine = engine
+        .for_batch(&bundle)?
+        .connect(&location.output_root)
+        .await?;
     let wid = workflow_id(&plan.batch_id);
     let handle: Handle = engine.client.get_workflow_handle(wid.clone());
-    if !drive::is_running(&handle).await.unwrap_or(false) {
+    if drive::presence(&handle, &bundle, &plan).await? != drive::Presence::Running {
         return Err(ControlError::NotRunning {
             batch_id: plan.batch_id,
             action: signal.verb(),
