@@ -201,6 +201,10 @@ pub struct EngineRecord {
     pub mode: EngineMode,
     pub address: String,
     pub namespace: String,
+    /// The Temporal profile the batch was started with (its name only: credentials stay in
+    /// the profile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
     pub task_queue: String,
     pub workflow_id: String,
 }

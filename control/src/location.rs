@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use casebatch_bundle::Bundle;
+use casebatch_bundle::{Bundle, EngineMode, RunConfig, read_json};
 use casebatch_manifest::Plan;
 use casebatch_worker::{Engine, EngineTarget};
 
@@ -64,6 +64,63 @@ impl EngineChoice {
         );
         Ok(Engine::connect(&target).await?)
     }
+}
+
+impl EngineChoice {
+    /// The engine an existing batch runs on. Every command on a batch uses the engine its
+    /// `run_config.json` records, so a batch never splits across two servers: no flags mean
+    /// the recorded engine; flags naming another one are refused.
+    pub(crate) fn for_batch(&self, bundle: &Bundle) -> Result<EngineChoice> {
+        let Ok(config) = read_json::<RunConfig>(&bundle.run_config()) else {
+            // Planned but never started: any engine may run it.
+            return Ok(self.clone());
+        };
+        let recorded = config.engine;
+        let asked = self.address.clone().or_else(|| {
+            std::env::var("TEMPORAL_ADDRESS")
+                .ok()
+                .filter(|a| !a.is_empty())
+        });
+        let mismatch = |asked: String| ControlError::EngineMismatch {
+            batch_id: config.batch_id.clone(),
+            recorded: match recorded.mode {
+                EngineMode::Embedded => "the embedded dev server under its output directory".into(),
+                EngineMode::Cluster => {
+                    format!("{} (namespace {})", recorded.address, recorded.namespace)
+                }
+            },
+            asked,
+        };
+        match recorded.mode {
+            EngineMode::Embedded => match asked.or(self.profile.clone()) {
+                Some(other) => Err(mismatch(other)),
+                None => Ok(self.clone()),
+            },
+            EngineMode::Cluster => {
+                if let Some(asked) = asked
+                    && host_port(&asked) != host_port(&recorded.address)
+                {
+                    return Err(mismatch(asked));
+                }
+                if let Some(ns) = &self.namespace
+                    && *ns != recorded.namespace
+                {
+                    return Err(mismatch(format!("namespace {ns}")));
+                }
+                Ok(EngineChoice {
+                    address: Some(recorded.address.clone()),
+                    namespace: Some(recorded.namespace.clone()),
+                    profile: self.profile.clone().or(recorded.profile.clone()),
+                })
+            }
+        }
+    }
+}
+
+/// `host:port` of an address written with or without a scheme.
+fn host_port(address: &str) -> &str {
+    let rest = address.split_once("://").map_or(address, |(_, rest)| rest);
+    rest.trim_end_matches('/')
 }
 
 pub(crate) fn absolute(path: &Path) -> Result<PathBuf> {

@@ -12,6 +12,7 @@ use casebatch_proto::{TASK_QUEUE, workflow_id};
 use casebatch_worker::Engine;
 
 use crate::error::{ControlError, Result};
+use crate::location::EngineChoice;
 
 /// Linear backoff step between attempts of a case.
 pub(crate) const RETRY_BACKOFF_MS: u64 = 1_000;
@@ -50,7 +51,12 @@ pub(crate) fn write_plan(bundle: &Bundle, plan: &Plan, manifest_path: &Path) -> 
 }
 
 /// Records which engine runs the batch.
-pub(crate) fn write_run_config(bundle: &Bundle, plan: &Plan, engine: &Engine) -> Result<()> {
+pub(crate) fn write_run_config(
+    bundle: &Bundle,
+    plan: &Plan,
+    engine: &Engine,
+    choice: &EngineChoice,
+) -> Result<()> {
     let config = RunConfig {
         schema_version: RECORD_SCHEMA_VERSION.into(),
         batch_id: plan.batch_id.clone(),
@@ -63,6 +69,7 @@ pub(crate) fn write_run_config(bundle: &Bundle, plan: &Plan, engine: &Engine) ->
             },
             address: engine.address.clone(),
             namespace: engine.namespace.clone(),
+            profile: choice.profile.clone(),
             task_queue: TASK_QUEUE.into(),
             workflow_id: workflow_id(&plan.batch_id),
         },
