@@ -74,6 +74,9 @@ impl Observer for Progress {
                 ));
             }
             DriveEvent::EngineBack => self.line("engine reachable again"),
+            DriveEvent::NoWorker { task_queue } => self.line(&format!(
+                "no worker polls task queue {task_queue}: nothing runs until one does (start `casebatch worker` with the same engine flags, or run without --no-worker); still waiting"
+            )),
         }
     }
 }
