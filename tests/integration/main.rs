@@ -14,6 +14,7 @@ mod recovery;
 mod replicas;
 mod result_files;
 mod retry;
+mod shared_cluster;
 mod snapshots;
 mod submit_window;
 mod taxonomy;

@@ -66,52 +66,24 @@ tasks:
 #[test]
 fn with_an_address_casebatch_uses_that_cluster_and_starts_no_engine_of_its_own() {
     let sb = Sandbox::engine();
-    let port = free_port();
-    let bin = std::env::var("CASEBATCH_TEMPORAL_BIN").unwrap_or_else(|_| "temporal".into());
-    let mut server = std::process::Command::new(bin)
-        .args([
-            "server",
-            "start-dev",
-            "--headless",
-            "--ip",
-            "127.0.0.1",
-            "--log-level",
-            "error",
-        ])
-        .args(["--port", &port.to_string()])
-        .arg("--db-filename")
-        .arg(sb.path("cluster.db"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start a Temporal dev server as the 'cluster'");
-    wait_until(Duration::from_secs(60), "the cluster listens", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    let cluster = Cluster::start(&sb);
     let manifest = sb.write(
         "remote.yaml",
         "batch_id: remote\ndefaults: {runtime: fake}\ntasks: [{task_id: a}, {task_id: b}]\n",
     );
     let out = sb.out();
-    let address = format!("127.0.0.1:{port}");
     let run = |args: &[&str]| {
         let mut all = args.to_vec();
-        all.extend(["--output-dir", out.to_str().unwrap(), "--address", &address]);
-        // The namespace may need a moment after the port opens.
-        let mut o = sb.run(&all);
-        for _ in 0..20 {
-            if o.status.code() != Some(3) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(250));
-            o = sb.run(&all);
-        }
-        o
+        all.extend([
+            "--output-dir",
+            out.to_str().unwrap(),
+            "--address",
+            &cluster.address,
+        ]);
+        sb.run(&all)
     };
     let o = run(&["batch", "run", "--manifest", manifest.to_str().unwrap()]);
     let status = run(&["batch", "status", "--batch-id", "remote", "--json"]);
-    let _ = server.kill();
-    let _ = server.wait();
     assert_exit(&o, 0);
     assert_exit(&status, 0);
     assert!(
@@ -124,17 +96,14 @@ fn with_an_address_casebatch_uses_that_cluster_and_starts_no_engine_of_its_own()
         config["engine"]["address"]
             .as_str()
             .unwrap()
-            .contains(&port.to_string())
+            .contains(&cluster.address)
     );
     let s: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(s["status"]["counts"]["succeeded"], 2, "{s:#}");
 
     // Plaintext to a non-loopback address is refused before anything is written.
     let o = sb.run(&[
-        "batch",
-        "status",
-        "--batch-id",
-        "remote",
+        "worker",
         "--output-dir",
         out.to_str().unwrap(),
         "--address",

@@ -394,3 +394,63 @@ pub fn peak_rss_kib(pid: u32) -> Option<u64> {
         .parse()
         .ok()
 }
+
+/// A standalone Temporal dev server standing in for a shared cluster (stopped on drop).
+pub struct Cluster {
+    server: Child,
+    pub address: String,
+}
+
+impl Cluster {
+    /// Starts it and waits until its default namespace answers.
+    pub fn start(sb: &Sandbox) -> Self {
+        let port = free_port();
+        let server = Command::new(temporal_bin())
+            .args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
+            .args(["--log-level", "error", "--port", &port.to_string()])
+            .arg("--db-filename")
+            .arg(sb.path(&format!("cluster-{port}.db")))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a Temporal dev server as the 'cluster'");
+        let cluster = Self {
+            server,
+            address: format!("127.0.0.1:{port}"),
+        };
+        wait_until(Duration::from_secs(60), "the cluster answers", || {
+            cluster
+                .temporal(&[
+                    "operator",
+                    "namespace",
+                    "describe",
+                    "--namespace",
+                    "default",
+                ])
+                .status
+                .success()
+        });
+        cluster
+    }
+
+    /// Runs the `temporal` CLI against this server.
+    pub fn temporal(&self, args: &[&str]) -> Output {
+        Command::new(temporal_bin())
+            .args(args)
+            .args(["--address", &self.address])
+            .stdin(Stdio::null())
+            .output()
+            .expect("temporal CLI runs")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+pub fn temporal_bin() -> String {
+    std::env::var("CASEBATCH_TEMPORAL_BIN").unwrap_or_else(|_| "temporal".into())
+}
