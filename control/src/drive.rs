@@ -3,10 +3,13 @@
 
 use std::time::{Duration, Instant};
 
+use casebatch_activities::runtime::local_process::hostname;
 use casebatch_bundle::{Bundle, CaseRecordState, CaseResult, Lineage, read_json};
 use casebatch_manifest::Plan;
+use casebatch_proto::visibility::{memo, outcome, search_attr};
 use casebatch_proto::{
-    BatchInput, BatchOutcome, BatchStatus, Carried, CaseSlot, CaseState, TASK_QUEUE, workflow_id,
+    BatchInput, BatchOutcome, BatchStatus, Carried, CaseSlot, CaseState, Counts, TASK_QUEUE,
+    workflow_id,
 };
 use casebatch_worker::{Engine, build_worker, run_worker_until};
 use casebatch_workflows::BatchWorkflow;
@@ -14,7 +17,12 @@ use temporalio_client::{
     Client, WorkflowDescribeOptions, WorkflowExecutionStatus, WorkflowGetResultOptions,
     WorkflowHandle, WorkflowQueryOptions, WorkflowStartOptions,
     errors::{WorkflowGetResultError, WorkflowInteractionError},
+    tonic,
 };
+use temporalio_common::MemoValues;
+use temporalio_common::protos::temporal::api::enums::v1::IndexedValueType;
+use temporalio_common::protos::temporal::api::operatorservice::v1::ListSearchAttributesRequest;
+use temporalio_common::search_attributes::{SearchAttributeKey, SearchAttributes};
 
 use crate::error::{ControlError, Result};
 use crate::prepare::RETRY_BACKOFF_MS;
@@ -136,8 +144,9 @@ async fn drive(
                 return Ok(Finished::AlreadyComplete);
             }
         }
-        let input = batch_input(bundle, plan, carried, opts.history_budget);
-        let start = WorkflowStartOptions::new(TASK_QUEUE, wid.clone()).build();
+        let visible = search_attributes_registered(client).await;
+        let input = batch_input(bundle, plan, carried, opts.history_budget, visible);
+        let start = start_options(&wid, bundle, plan, &input);
         client
             .start_workflow(BatchWorkflow::run, input, start)
             .await
@@ -194,6 +203,7 @@ fn batch_input(
     plan: &Plan,
     carried: Option<Carried>,
     history_budget: Option<u32>,
+    search_attributes: bool,
 ) -> BatchInput {
     BatchInput {
         batch_id: plan.batch_id.clone(),
@@ -213,7 +223,66 @@ fn batch_input(
         history_budget,
         oom_auto_boost: plan.settings.oom_auto_boost,
         memory_boosts: memory_boosts(bundle, plan),
+        search_attributes,
     }
+}
+
+/// Start options: the memo (who started what, from where) and, where the namespace has them,
+/// the search attributes' first values; the workflow keeps outcome and counts up to date.
+fn start_options(
+    wid: &str,
+    bundle: &Bundle,
+    plan: &Plan,
+    input: &BatchInput,
+) -> WorkflowStartOptions {
+    let mut memo = MemoValues::new();
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "unknown".into());
+    memo.insert(memo::MANIFEST, plan.provenance.manifest_path.clone())
+        .insert(memo::OWNER, format!("{user}@{}", hostname()))
+        .insert(memo::CASES, plan.cases.len())
+        .insert(memo::FINGERPRINT, plan.fingerprint.clone())
+        .insert(memo::BUNDLE_DIR, bundle.root().display().to_string());
+    let attributes = input.search_attributes.then(|| {
+        let counts = input
+            .carried
+            .as_ref()
+            .map(|c| Counts::of(&c.slots))
+            .unwrap_or_default();
+        SearchAttributes::new([
+            SearchAttributeKey::keyword(search_attr::BATCH_ID).value_set(plan.batch_id.clone()),
+            SearchAttributeKey::keyword(search_attr::OUTCOME).value_set(outcome::RUNNING.into()),
+            SearchAttributeKey::int(search_attr::SUCCEEDED).value_set(i64::from(counts.succeeded)),
+            SearchAttributeKey::int(search_attr::FAILED).value_set(i64::from(counts.failed)),
+        ])
+    });
+    WorkflowStartOptions::new(TASK_QUEUE, wid)
+        .memo(memo)
+        .maybe_search_attributes(attributes)
+        .build()
+}
+
+/// Whether the namespace has every `Casebatch*` search attribute registered with its type.
+/// In doubt (no permission to ask, no answer) the batch runs without them: upserting an
+/// attribute the namespace does not know fails the workflow task, and the batch with it.
+async fn search_attributes_registered(client: &Client) -> bool {
+    let request = ListSearchAttributesRequest {
+        namespace: client.options().namespace.clone(),
+    };
+    let mut operator = client.connection().operator_service();
+    let asked = operator.list_search_attributes(tonic::Request::new(request));
+    let Ok(Ok(answer)) = tokio::time::timeout(Duration::from_secs(10), asked).await else {
+        return false;
+    };
+    let custom = answer.into_inner().custom_attributes;
+    search_attr::ALL.iter().all(|(name, kind)| {
+        let wanted = match *kind {
+            "Int" => IndexedValueType::Int,
+            _ => IndexedValueType::Keyword,
+        };
+        custom.get(*name) == Some(&(wanted as i32))
+    })
 }
 
 pub(crate) async fn is_running(handle: &Handle) -> Result<bool> {
