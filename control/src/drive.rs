@@ -236,11 +236,8 @@ fn start_options(
     input: &BatchInput,
 ) -> WorkflowStartOptions {
     let mut memo = MemoValues::new();
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "unknown".into());
     memo.insert(memo::MANIFEST, plan.provenance.manifest_path.clone())
-        .insert(memo::OWNER, format!("{user}@{}", hostname()))
+        .insert(memo::OWNER, owner())
         .insert(memo::CASES, plan.cases.len())
         .insert(memo::FINGERPRINT, plan.fingerprint.clone())
         .insert(memo::BUNDLE_DIR, bundle.root().display().to_string());
@@ -261,6 +258,26 @@ fn start_options(
         .memo(memo)
         .maybe_search_attributes(attributes)
         .build()
+}
+
+/// `user@host` of this process: `USER`, else `LOGNAME`, else the passwd name of its uid.
+pub(crate) fn owner() -> String {
+    use std::os::unix::fs::MetadataExt;
+    let from_passwd = || {
+        let uid = std::fs::metadata("/proc/self").ok()?.uid().to_string();
+        let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+        passwd.lines().find_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            (f.nth(1)? == uid).then(|| name.to_string())
+        })
+    };
+    let user = ["USER", "LOGNAME"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
+        .or_else(from_passwd)
+        .unwrap_or_else(|| "unknown".into());
+    format!("{user}@{}", hostname())
 }
 
 /// Whether the namespace has every `Casebatch*` search attribute registered with its type.

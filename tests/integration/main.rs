@@ -18,3 +18,4 @@ mod snapshots;
 mod submit_window;
 mod taxonomy;
 mod validation;
+mod visibility;
