@@ -44,7 +44,9 @@ async fn recorded_histories_replay_deterministically() {
     // crashed runs, and its runs that upsert search attributes (scripts/record-histories.sh).
     assert!(names.len() >= 7, "histories missing: {names:?}");
     assert!(
-        names.iter().any(|n| n.starts_with("activities-searchattr-")),
+        names
+            .iter()
+            .any(|n| n.starts_with("activities-searchattr-")),
         "no history with search-attribute upserts: {names:?}"
     );
     let replayer = replayer();
