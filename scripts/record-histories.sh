@@ -4,7 +4,9 @@
 # Existing files are kept (histories recorded by older code must keep replaying: batches
 # started then may still be running); FORCE=1 re-records this pipeline's files. Files without
 # the `activities-` prefix were recorded by the old local-activity pipeline and can no longer
-# be recorded: never delete them.
+# be recorded: never delete them. Steps 1-7 run on a namespace without the Casebatch* search
+# attributes (so no upserts, like batches started before they existed); step 8 registers them
+# and records `activities-searchattr-*`, whose runs upsert them.
 # A replay failure means the workflow code became nondeterministic for running batches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -119,3 +121,33 @@ done
 wait "$RUNNER"
 grep -q "18 succeeded" "$WORK/crash-11.log" || { cat "$WORK/crash-11.log"; exit 1; }
 show crashed "" crashed-runner
+
+# 8. Search attributes: everything above ran on a namespace without the Casebatch* attributes
+# (no upserts: the histories of batches started before they existed). Now register them, so
+# the runner enables upserts (BatchInput.search_attributes and the search-attributes patch).
+for attr in CasebatchBatchId=Keyword CasebatchOutcome=Keyword CasebatchSucceeded=Int CasebatchFailed=Int; do
+  temporal operator search-attribute create --address "$ADDR" --name "${attr%=*}" --type "${attr#*=}" > /dev/null
+done
+for _ in $(seq 1 100); do
+  [ "$(temporal operator search-attribute list --address "$ADDR" | grep -c Casebatch)" -eq 4 ] && break; sleep 0.1
+done
+sed 's/batch_id: mixed/batch_id: sa-mixed/' "$WORK/mixed.yaml" > "$WORK/sa-mixed.yaml"
+cb batch run --manifest "$WORK/sa-mixed.yaml" --output-dir "$WORK/out" > /dev/null || true
+show sa-mixed "" searchattr-retries
+
+sed 's/batch_id: slow/batch_id: sa-slow/' "$WORK/slow.yaml" > "$WORK/sa-slow.yaml"
+cb batch run --manifest "$WORK/sa-slow.yaml" --output-dir "$WORK/out" > /dev/null & RUNNER=$!
+sleep 0.5; cb batch pause --batch-id sa-slow --output-dir "$WORK/out" > /dev/null
+for _ in $(seq 1 100); do [ "$(done_cases sa-slow)" -ge 1 ] && break; sleep 0.1; done
+sleep 0.5; cb batch drain --batch-id sa-slow --output-dir "$WORK/out" > /dev/null
+wait $RUNNER || true
+cb batch resume --batch-id sa-slow --output-dir "$WORK/out" > /dev/null
+show sa-slow "$(first_run casebatch-sa-slow)" searchattr-paused-drained
+show sa-slow "" searchattr-resumed
+
+sed 's/batch_id: segments/batch_id: sa-segments/' "$WORK/can.yaml" > "$WORK/sa-can.yaml"
+cb batch run --manifest "$WORK/sa-can.yaml" --output-dir "$WORK/out" --history-budget 150 > /dev/null
+show sa-segments "$(first_run casebatch-sa-segments)" searchattr-continued-as-new
+for f in searchattr-retries searchattr-paused-drained searchattr-resumed searchattr-continued-as-new; do
+  grep -q CasebatchOutcome "$OUT/activities-$f.json" || { echo "no upsert in $f"; exit 1; }
+done

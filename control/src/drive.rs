@@ -3,25 +3,33 @@
 
 use std::time::{Duration, Instant};
 
+use casebatch_activities::runtime::local_process::hostname;
 use casebatch_bundle::{Bundle, CaseRecordState, CaseResult, Lineage, read_json};
 use casebatch_manifest::Plan;
+use casebatch_proto::visibility::{memo, outcome, search_attr};
 use casebatch_proto::{
-    BatchInput, BatchOutcome, BatchStatus, Carried, CaseSlot, CaseState, TASK_QUEUE, workflow_id,
+    BatchInput, BatchOutcome, BatchStatus, Carried, CaseSlot, CaseState, Counts, TASK_QUEUE,
+    workflow_id,
 };
 use casebatch_worker::{Engine, build_worker, run_worker_until};
 use casebatch_workflows::BatchWorkflow;
 use futures::StreamExt;
-use temporalio_client::tonic;
 use temporalio_client::{
     Client, WorkflowDescribeOptions, WorkflowExecutionStatus, WorkflowFetchHistoryOptions,
     WorkflowGetResultOptions, WorkflowHandle, WorkflowIdConflictPolicy, WorkflowQueryOptions,
     WorkflowStartOptions,
     errors::{WorkflowGetResultError, WorkflowInteractionError},
+    tonic,
 };
-use temporalio_common::protos::temporal::api::enums::v1::{TaskQueueKind, TaskQueueType};
+use temporalio_common::MemoValues;
+use temporalio_common::protos::temporal::api::enums::v1::{
+    IndexedValueType, TaskQueueKind, TaskQueueType,
+};
 use temporalio_common::protos::temporal::api::history::v1::history_event::Attributes;
+use temporalio_common::protos::temporal::api::operatorservice::v1::ListSearchAttributesRequest;
 use temporalio_common::protos::temporal::api::taskqueue::v1::TaskQueue;
 use temporalio_common::protos::temporal::api::workflowservice::v1::DescribeTaskQueueRequest;
+use temporalio_common::search_attributes::{SearchAttributeKey, SearchAttributes};
 
 use crate::error::{ControlError, Result};
 use crate::prepare::RETRY_BACKOFF_MS;
@@ -50,6 +58,8 @@ pub enum DriveEvent<'a> {
         concurrency: u32,
     },
     Status(&'a BatchStatus),
+    /// The namespace lacks the `Casebatch*` search attributes: the batch runs without them.
+    Unsearchable,
     /// No worker polls the batch's task queue: nothing will run until one does.
     NoWorker {
         task_queue: &'a str,
@@ -152,11 +162,12 @@ async fn drive(
                 return Ok(Finished::AlreadyComplete);
             }
         }
-        let input = batch_input(bundle, plan, carried, opts.history_budget);
-        // Never attach silently: a run that appeared since the check is refused.
-        let start = WorkflowStartOptions::new(TASK_QUEUE, wid.clone())
-            .id_conflict_policy(WorkflowIdConflictPolicy::Fail)
-            .build();
+        let visible = search_attributes_registered(client).await;
+        if !visible {
+            observer.on(DriveEvent::Unsearchable);
+        }
+        let input = batch_input(bundle, plan, carried, opts.history_budget, visible);
+        let start = start_options(&wid, bundle, plan, &input);
         client
             .start_workflow(BatchWorkflow::run, input, start)
             .await
@@ -247,6 +258,7 @@ fn batch_input(
     plan: &Plan,
     carried: Option<Carried>,
     history_budget: Option<u32>,
+    search_attributes: bool,
 ) -> BatchInput {
     BatchInput {
         batch_id: plan.batch_id.clone(),
@@ -266,7 +278,85 @@ fn batch_input(
         history_budget,
         oom_auto_boost: plan.settings.oom_auto_boost,
         memory_boosts: memory_boosts(bundle, plan),
+        search_attributes,
     }
+}
+
+/// Start options: the memo (who started what, from where) and, where the namespace has them,
+/// the search attributes' first values; the workflow keeps outcome and counts up to date.
+fn start_options(
+    wid: &str,
+    bundle: &Bundle,
+    plan: &Plan,
+    input: &BatchInput,
+) -> WorkflowStartOptions {
+    let mut memo = MemoValues::new();
+    memo.insert(memo::MANIFEST, plan.provenance.manifest_path.clone())
+        .insert(memo::OWNER, user_at_host())
+        .insert(memo::CASES, plan.cases.len())
+        .insert(memo::FINGERPRINT, plan.fingerprint.clone())
+        .insert(memo::BUNDLE_DIR, bundle.root().display().to_string());
+    let attributes = input.search_attributes.then(|| {
+        let counts = input
+            .carried
+            .as_ref()
+            .map(|c| Counts::of(&c.slots))
+            .unwrap_or_default();
+        SearchAttributes::new([
+            SearchAttributeKey::keyword(search_attr::BATCH_ID).value_set(plan.batch_id.clone()),
+            SearchAttributeKey::keyword(search_attr::OUTCOME).value_set(outcome::RUNNING.into()),
+            SearchAttributeKey::int(search_attr::SUCCEEDED).value_set(i64::from(counts.succeeded)),
+            SearchAttributeKey::int(search_attr::FAILED).value_set(i64::from(counts.failed)),
+        ])
+    });
+    // Never attach silently: a run that appeared since the ownership check is refused.
+    WorkflowStartOptions::new(TASK_QUEUE, wid)
+        .id_conflict_policy(WorkflowIdConflictPolicy::Fail)
+        .memo(memo)
+        .maybe_search_attributes(attributes)
+        .build()
+}
+
+/// `user@host` of this process: `USER`, else `LOGNAME`, else the passwd name of its uid.
+pub(crate) fn user_at_host() -> String {
+    use std::os::unix::fs::MetadataExt;
+    let from_passwd = || {
+        let uid = std::fs::metadata("/proc/self").ok()?.uid().to_string();
+        let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+        passwd.lines().find_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            (f.nth(1)? == uid).then(|| name.to_string())
+        })
+    };
+    let user = ["USER", "LOGNAME"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
+        .or_else(from_passwd)
+        .unwrap_or_else(|| "unknown".into());
+    format!("{user}@{}", hostname())
+}
+
+/// Whether the namespace has every `Casebatch*` search attribute registered with its type.
+/// In doubt (no permission to ask, no answer) the batch runs without them: upserting an
+/// attribute the namespace does not know fails the workflow task, and the batch with it.
+async fn search_attributes_registered(client: &Client) -> bool {
+    let request = ListSearchAttributesRequest {
+        namespace: client.options().namespace.clone(),
+    };
+    let mut operator = client.connection().operator_service();
+    let asked = operator.list_search_attributes(tonic::Request::new(request));
+    let Ok(Ok(answer)) = tokio::time::timeout(Duration::from_secs(10), asked).await else {
+        return false;
+    };
+    let custom = answer.into_inner().custom_attributes;
+    search_attr::ALL.iter().all(|(name, kind)| {
+        let wanted = match *kind {
+            "Int" => IndexedValueType::Int,
+            _ => IndexedValueType::Keyword,
+        };
+        custom.get(*name) == Some(&(wanted as i32))
+    })
 }
 
 /// Whether the batch's workflow exists, and whether it runs.

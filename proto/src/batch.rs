@@ -31,6 +31,11 @@ pub struct BatchInput {
     /// `retry-failed` for cases that were OOM-killed). The plan is never changed.
     #[serde(default)]
     pub memory_boosts: std::collections::BTreeMap<u32, u64>,
+    /// Upsert the `Casebatch*` search attributes as the batch progresses. Set by the starter
+    /// only when the namespace has them registered: an upsert of an unknown attribute fails
+    /// the workflow task and would wedge the batch. Runs recorded without it never upsert.
+    #[serde(default)]
+    pub search_attributes: bool,
 }
 
 /// Memory escalation stops here: past it the fix is a spec change, not more headroom.

@@ -8,6 +8,7 @@
 pub mod batch;
 pub mod failure;
 pub mod stage;
+pub mod visibility;
 
 pub use batch::*;
 pub use failure::{Failure, FailureClass, FailureCode, Stage};

@@ -19,3 +19,4 @@ mod snapshots;
 mod submit_window;
 mod taxonomy;
 mod validation;
+mod visibility;

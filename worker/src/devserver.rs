@@ -357,6 +357,14 @@ impl StateLock {
 /// connections, and records it in `engine.json`. Called with the state lock held (the
 /// starter and every restart share this). The lock file is opened close-on-exec, so the
 /// server never inherits the lock.
+/// `--search-attribute Name=Type` for every `Casebatch*` search attribute.
+fn search_attribute_args() -> Vec<String> {
+    casebatch_proto::visibility::search_attr::ALL
+        .iter()
+        .flat_map(|(name, kind)| ["--search-attribute".to_string(), format!("{name}={kind}")])
+        .collect()
+}
+
 fn start_server(
     bin: &str,
     port: u16,
@@ -389,6 +397,8 @@ fn start_server(
             "--dynamic-config-value",
             "system.enableActivityEagerExecution=true",
         ])
+        // Batches are found by these (`temporal workflow list --query "CasebatchBatchId='x'"`).
+        .args(search_attribute_args())
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)

@@ -23,6 +23,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use casebatch_proto::{
     BatchEnd, BatchInput, BatchOutcome, BatchStatus, Carried, CaseSlot, CaseState, Counters,
     Counts, FinalizeInput, Phase, TimelineStep,
+    visibility::{outcome, outcome_of},
 };
 use futures::future::LocalBoxFuture;
 use temporalio_common::RetryPolicy;
@@ -34,6 +35,7 @@ use temporalio_sdk::{
 
 use crate::case::{CaseDone, CaseParams, Pipeline, run_case};
 use crate::contracts::Finalize;
+use crate::visibility;
 
 /// The timeline keeps its newest steps only, so history stays compact.
 const TIMELINE_KEEP: usize = 200;
@@ -91,6 +93,12 @@ impl BatchWorkflow {
     pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<BatchOutcome> {
         // First, before any command: a run keeps the pipeline its history began with.
         let pipeline = Pipeline::of_run(ctx);
+        let requested = ctx.state(|s| s.input.search_attributes);
+        let visible = visibility::of_run(ctx, requested);
+        // Finished cases not yet in the search attributes: published once the activation
+        // that recorded them has nothing more to do, so a burst of completions costs one
+        // upsert, not one each.
+        let mut unpublished = false;
         let (segment, counts) = ctx.state(|s| (s.segment, Counts::of(&s.slots)));
         note(
             ctx,
@@ -148,18 +156,25 @@ impl BatchWorkflow {
             if inflight.is_empty() {
                 let queued = ctx.state(|s| s.slots.iter().any(|c| !c.state.is_terminal()));
                 if cancelling {
-                    return finish(ctx, BatchEnd::Cancelled).await;
+                    return finish(ctx, BatchEnd::Cancelled, visible).await;
                 }
                 if !queued {
-                    return finish(ctx, BatchEnd::Completed).await;
+                    return finish(ctx, BatchEnd::Completed, visible).await;
                 }
                 if draining {
-                    return finish(ctx, BatchEnd::Drained).await;
+                    return finish(ctx, BatchEnd::Drained, visible).await;
                 }
                 if history_full {
+                    // The next run inherits the search attributes: bring them up to date.
+                    if std::mem::take(&mut unpublished) {
+                        publish_running(ctx);
+                    }
                     return continue_as_new(ctx);
                 }
                 // Paused with nothing in flight: sleep until a control signal arrives.
+                if std::mem::take(&mut unpublished) {
+                    publish_running(ctx);
+                }
                 let _ = ctx
                     .wait_condition(move |s: &Self| s.control_gen != gen_seen)
                     .await;
@@ -184,7 +199,14 @@ impl BatchWorkflow {
                 }
                 match control.as_mut().map(|c| Pin::new(c).poll(cx)) {
                     Some(Poll::Ready(_)) => Poll::Ready(None),
-                    _ => Poll::Pending,
+                    _ => {
+                        // Nothing more can happen in this activation: its completions are
+                        // all recorded, so publish them now, in one upsert.
+                        if std::mem::take(&mut unpublished) {
+                            publish_running(ctx);
+                        }
+                        Poll::Pending
+                    }
                 }
             })
             .await;
@@ -195,6 +217,7 @@ impl BatchWorkflow {
                     // Remove in place: keeps the admission order of the rest.
                     drop(inflight.remove(i));
                     record_case(ctx, done);
+                    unpublished = visible;
                 }
                 None => {
                     if ctx.cancellation_token().is_cancelled() {
@@ -343,11 +366,21 @@ fn record_case(ctx: &WorkflowContext<BatchWorkflow>, done: CaseDone) {
     });
 }
 
+/// Upserts `running` with the current counts.
+fn publish_running(ctx: &WorkflowContext<BatchWorkflow>) {
+    let counts = ctx.state(|s| Counts::of(&s.slots));
+    visibility::publish(ctx, outcome::RUNNING, &counts);
+}
+
 async fn finish(
     ctx: &WorkflowContext<BatchWorkflow>,
     end: BatchEnd,
+    visible: bool,
 ) -> WorkflowResult<BatchOutcome> {
     let counts = ctx.state(|s| Counts::of(&s.slots));
+    if visible {
+        visibility::publish(ctx, outcome_of(end, &counts), &counts);
+    }
     note(
         ctx,
         None,

@@ -10,5 +10,6 @@ pub mod batch;
 mod case;
 pub mod contracts;
 pub mod decide;
+mod visibility;
 
 pub use batch::BatchWorkflow;

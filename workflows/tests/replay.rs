@@ -40,9 +40,15 @@ fn recorded() -> Vec<String> {
 #[tokio::test]
 async fn recorded_histories_replay_deterministically() {
     let names = recorded();
-    // The local-activity pipeline's seven, and the regular-activity pipeline's set with the
-    // crashed runs (scripts/record-histories.sh).
+    // The local-activity pipeline's seven, the regular-activity pipeline's set with the
+    // crashed runs, and its runs that upsert search attributes (scripts/record-histories.sh).
     assert!(names.len() >= 7, "histories missing: {names:?}");
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with("activities-searchattr-")),
+        "no history with search-attribute upserts: {names:?}"
+    );
     let replayer = replayer();
     for name in &names {
         replayer

@@ -257,8 +257,13 @@ pub(crate) async fn run_case(
     }
 }
 
-/// Options of a regular stage activity: its id names the case, attempt and stage (readable in
-/// the Temporal UI), retries follow the taxonomy, `token` cancels it.
+/// Options of a regular stage activity: its id and its summary name the case, attempt and
+/// stage (readable in the Temporal UI), retries follow the taxonomy, `token` cancels it.
+///
+/// The summary names the case by its plan index (`case #3`): the workflow knows only indices,
+/// and carrying every case id in the input would grow each run's first event with the batch.
+/// The summary is user metadata of the command, not compared on replay (an activity is
+/// matched by id and type), so histories recorded without it replay unchanged.
 fn stage_options(
     stage: &str,
     key: &AttemptKey,
@@ -268,6 +273,10 @@ fn stage_options(
 ) -> ActivityOptions {
     ActivityOptions::with_start_to_close_timeout(start_to_close)
         .activity_id(format!("case-{}.{}.{stage}", key.case_index, key.attempt))
+        .summary(format!(
+            "case #{} · attempt {} · {stage}",
+            key.case_index, key.attempt
+        ))
         // A host that never comes back: past this wait nothing there can be reached. The
         // shared queue has no such limit: any worker, whenever one polls, can run the stage.
         .maybe_schedule_to_start_timeout(task_queue.as_ref().map(|_| HOST_WAIT))
