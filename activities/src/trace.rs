@@ -21,7 +21,7 @@ static CLIENT: LazyLock<Result<reqwest::Client, String>> = LazyLock::new(|| {
     reqwest::Client::builder()
         .connect_timeout(CONNECT_TIMEOUT)
         .build()
-        .map_err(|e| format!("build the HTTP client: {}", error_chain(&e)))
+        .map_err(|e| format!("build the HTTP client: {}", error_chain(e)))
 });
 
 /// Pulls the trace and writes it to `dest`; a failure is `{collect, infra, retryable}`.
@@ -66,7 +66,7 @@ async fn pull(url: &str, limit: u64) -> Result<Vec<u8>, String> {
         .get(url)
         .send()
         .await
-        .map_err(|e| error_chain(&e.without_url()))?;
+        .map_err(|e| error_chain(e.without_url()))?;
     let status = res.status().as_u16();
     if status != 200 {
         return Err(format!("HTTP {status}"));
@@ -83,7 +83,7 @@ async fn pull(url: &str, limit: u64) -> Result<Vec<u8>, String> {
     while let Some(chunk) = res
         .chunk()
         .await
-        .map_err(|e| format!("read the body: {}", error_chain(&e.without_url())))?
+        .map_err(|e| format!("read the body: {}", error_chain(e.without_url())))?
     {
         if (body.len() + chunk.len()) as u64 > limit {
             return Err(too_large());
@@ -94,15 +94,8 @@ async fn pull(url: &str, limit: u64) -> Result<Vec<u8>, String> {
 }
 
 /// An error and its causes, `outer: inner: ...` (reqwest's own message names only the outer).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s
+fn error_chain(e: reqwest::Error) -> String {
+    format!("{:#}", anyhow::Error::new(e))
 }
 
 #[cfg(test)]

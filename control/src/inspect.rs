@@ -12,9 +12,9 @@ use temporalio_client::{
     WorkflowExecutionInfo, WorkflowFetchHistoryOptions, WorkflowGetResultOptions, WorkflowHandle,
 };
 
-use crate::drive::{self, Handle, Presence};
+use crate::drive::{self, Presence};
 use crate::error::{ControlError, Result};
-use crate::location::{BatchLocation, EngineChoice};
+use crate::location::{Attached, BatchLocation, EngineChoice};
 
 /// How long a status query may take before the bundle's view is shown instead.
 const QUERY_WAIT: Duration = Duration::from_secs(5);
@@ -32,15 +32,16 @@ pub struct StatusView {
 }
 
 pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<StatusView> {
-    let (bundle, plan) = location.open()?;
-    let engine = engine
-        .for_batch(&bundle)?
-        .connect(&location.output_root)
-        .await?;
-    let handle: Handle = engine
-        .client
-        .get_workflow_handle(workflow_id(&plan.batch_id));
-    let running = drive::presence(&handle, &bundle, &plan).await? == Presence::Running;
+    let Attached {
+        bundle,
+        plan,
+        handle,
+        presence,
+        // Held to the end: dropping the engine stops an embedded server this command started.
+        engine: _engine,
+        ..
+    } = location.attach(engine).await?;
+    let running = presence == Presence::Running;
     let (status, end) = if running {
         match tokio::time::timeout(QUERY_WAIT, drive::query_status(&handle)).await {
             Ok(Ok(s)) => (s, None),
@@ -118,14 +119,8 @@ pub async fn history(
     run_id: Option<String>,
     out: &Path,
 ) -> Result<String> {
-    let (bundle, plan) = location.open()?;
-    let engine = engine
-        .for_batch(&bundle)?
-        .connect(&location.output_root)
-        .await?;
+    let Attached { plan, engine, .. } = location.attach(engine).await?;
     let wid = workflow_id(&plan.batch_id);
-    let latest: Handle = engine.client.get_workflow_handle(wid.clone());
-    drive::presence(&latest, &bundle, &plan).await?;
     let info = WorkflowExecutionInfo::builder()
         .namespace(engine.namespace.clone())
         .workflow_id(wid.clone())

@@ -4,8 +4,10 @@ use std::path::{Path, PathBuf};
 
 use casebatch_bundle::{Bundle, EngineMode, RunConfig, read_json};
 use casebatch_manifest::Plan;
+use casebatch_proto::workflow_id;
 use casebatch_worker::{Engine, EngineTarget};
 
+use crate::drive::{Handle, Presence, presence};
 use crate::error::{ControlError, Result};
 
 /// A batch's place on disk. The output root is absolute: activities may run in other
@@ -41,6 +43,38 @@ impl BatchLocation {
         }
         let plan = bundle.read_plan()?;
         Ok((bundle, plan))
+    }
+}
+
+/// An existing batch on its own engine, its workflow proven to be this batch.
+pub(crate) struct Attached {
+    pub bundle: Bundle,
+    pub plan: Plan,
+    pub engine: Engine,
+    pub handle: Handle,
+    pub presence: Presence,
+}
+
+impl BatchLocation {
+    /// Opens the bundle, connects to the engine it records, and finds its workflow (refusing
+    /// one that belongs to another batch).
+    pub(crate) async fn attach(&self, engine: &EngineChoice) -> Result<Attached> {
+        let (bundle, plan) = self.open()?;
+        let engine = engine
+            .for_batch(&bundle)?
+            .connect(&self.output_root)
+            .await?;
+        let handle: Handle = engine
+            .client
+            .get_workflow_handle(workflow_id(&plan.batch_id));
+        let presence = presence(&handle, &bundle, &plan).await?;
+        Ok(Attached {
+            bundle,
+            plan,
+            engine,
+            handle,
+            presence,
+        })
     }
 }
 

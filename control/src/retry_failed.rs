@@ -14,13 +14,13 @@ use casebatch_bundle::{
     write_bytes_atomic, write_json_atomic,
 };
 use casebatch_manifest::Plan;
-use casebatch_proto::{FailureClass, FailureCode, Stage, workflow_id};
+use casebatch_proto::{FailureClass, FailureCode, Stage};
 use casebatch_worker::Engine;
 use casebatch_workflows::decide::{OomBoost, is_verified_success, oom_boost};
 
-use crate::drive::{self, DriveOptions, Observer};
+use crate::drive::{DriveOptions, Observer, Presence};
 use crate::error::{ControlError, Result};
-use crate::location::{BatchLocation, EngineChoice, check_batch_id};
+use crate::location::{Attached, BatchLocation, EngineChoice, check_batch_id};
 use crate::prepare;
 use crate::run::RunReport;
 
@@ -58,13 +58,15 @@ enum Choice {
 
 /// Writes the new batch's bundle (plan, lineage, carried results, re-collected traces).
 pub async fn prepare(req: RetryRequest) -> Result<PreparedRetry> {
-    let (source, plan) = req.source.open()?;
+    let Attached {
+        bundle: source,
+        plan,
+        engine,
+        presence,
+        ..
+    } = req.source.attach(&req.engine).await?;
     let root = &req.source.output_root;
-    let engine = req.engine.for_batch(&source)?.connect(root).await?;
-    let handle: drive::Handle = engine
-        .client
-        .get_workflow_handle(workflow_id(&plan.batch_id));
-    if drive::presence(&handle, &source, &plan).await? == drive::Presence::Running {
+    if presence == Presence::Running {
         return Err(ControlError::StillRunning {
             batch_id: plan.batch_id.clone(),
             action: "retry",

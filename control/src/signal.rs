@@ -1,13 +1,12 @@
 //! Drain, pause, unpause and cancel: signals to a running batch's workflow. The same signals
 //! can be sent with `temporal workflow signal --workflow-id casebatch-<id> --name drain`.
 
-use casebatch_proto::workflow_id;
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::WorkflowSignalOptions;
 
-use crate::drive::{self, Handle};
+use crate::drive::Presence;
 use crate::error::{ControlError, Result};
-use crate::location::{BatchLocation, EngineChoice};
+use crate::location::{Attached, BatchLocation, EngineChoice};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Signal {
@@ -33,14 +32,15 @@ impl Signal {
 
 /// Sends the signal to the batch's running workflow; refused when it is not running.
 pub async fn signal(location: &BatchLocation, engine: &EngineChoice, signal: Signal) -> Result<()> {
-    let (bundle, plan) = location.open()?;
-    let engine = engine
-        .for_batch(&bundle)?
-        .connect(&location.output_root)
-        .await?;
-    let wid = workflow_id(&plan.batch_id);
-    let handle: Handle = engine.client.get_workflow_handle(wid.clone());
-    if drive::presence(&handle, &bundle, &plan).await? != drive::Presence::Running {
+    let Attached {
+        plan,
+        handle,
+        presence,
+        // Held to the end: dropping the engine stops an embedded server this command started.
+        engine: _engine,
+        ..
+    } = location.attach(engine).await?;
+    if presence != Presence::Running {
         return Err(ControlError::NotRunning {
             batch_id: plan.batch_id,
             action: signal.verb(),
@@ -53,5 +53,6 @@ pub async fn signal(location: &BatchLocation, engine: &EngineChoice, signal: Sig
         Signal::Unpause => handle.signal(BatchWorkflow::unpause, (), opts()).await,
         Signal::Cancel => handle.signal(BatchWorkflow::cancel, (), opts()).await,
     };
+    let wid = &handle.info().workflow_id;
     sent.map_err(|e| ControlError::engine_call(format!("signal {wid}"), e))
 }

@@ -19,7 +19,7 @@ static CLIENT: LazyLock<Result<reqwest::Client, String>> = LazyLock::new(|| {
         .connect_timeout(Duration::from_secs(5))
         .no_proxy()
         .build()
-        .map_err(|e| format!("build the HTTP client: {}", error_chain(&e)))
+        .map_err(|e| format!("build the HTTP client: {}", error_chain(e)))
 });
 
 /// Sends one request; returns the status and the body as sent. Owns no policy: the caller
@@ -29,7 +29,7 @@ async fn request(method: &str, url: &str, body: &str) -> Result<(u16, Vec<u8>), 
     let method = reqwest::Method::from_bytes(method.as_bytes())
         .map_err(|e| DemoError::Other(format!("use HTTP method {method:?}: {e}")))?;
     let fail = |e: reqwest::Error| {
-        DemoError::Other(format!("{method} {url}: {}", error_chain(&e.without_url())))
+        DemoError::Other(format!("{method} {url}: {}", error_chain(e.without_url())))
     };
     let res = client
         .request(method.clone(), url)
@@ -43,15 +43,8 @@ async fn request(method: &str, url: &str, body: &str) -> Result<(u16, Vec<u8>), 
 }
 
 /// An error and its causes, `outer: inner: ...` (reqwest's own message names only the outer).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s
+fn error_chain(e: reqwest::Error) -> String {
+    format!("{:#}", anyhow::Error::new(e))
 }
 
 /// The task fields the harness reads from `CASEBATCH_INPUT`.

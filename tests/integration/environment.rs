@@ -106,12 +106,7 @@ fn an_unset_pass_env_variable_fails_the_case_as_config() {
         "batch_id: env-unset\ndefaults:\n  harness: 'echo ran >> \"$CASEBATCH_OUTPUT_DIR/ran\"'\n  pass_env: [CASEBATCH_TEST_SURELY_UNSET_X]\ntasks:\n  - task_id: one\n",
     );
     // The name is reserved (CASEBATCH_*): validation refuses it before anything runs.
-    let o = sb.run(&[
-        "batch",
-        "validate",
-        "--manifest",
-        manifest.to_str().unwrap(),
-    ]);
+    let o = sb.validate(&manifest);
     assert_exit(&o, 2);
     assert!(stderr(&o).contains("pass_env[0]"), "{}", stderr(&o));
 

@@ -48,15 +48,13 @@ fn a_batch_id_someone_else_runs_is_refused_and_commands_stick_to_the_batchs_engi
     }
 
     // Without engine flags, a command uses the engine the batch runs on.
-    let status = sb.run(&[
-        "batch",
-        "status",
-        "--batch-id",
-        "shared",
-        "--output-dir",
-        out_a.to_str().unwrap(),
-        "--json",
-    ]);
+    let status_of_a = |extra: &[&str]| {
+        let mut args = vec!["batch", "status", "--batch-id", "shared"];
+        args.extend(["--output-dir", out_a.to_str().unwrap()]);
+        args.extend(extra);
+        sb.run(&args)
+    };
+    let status = status_of_a(&["--json"]);
     assert_exit(&status, 0);
     let s: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(s["status"]["counts"]["succeeded"], 1, "{s:#}");
@@ -66,16 +64,7 @@ fn a_batch_id_someone_else_runs_is_refused_and_commands_stick_to_the_batchs_engi
     );
     // Another engine is refused, naming the recorded one.
     let elsewhere = format!("127.0.0.1:{}", free_port());
-    let o = sb.run(&[
-        "batch",
-        "status",
-        "--batch-id",
-        "shared",
-        "--output-dir",
-        out_a.to_str().unwrap(),
-        "--address",
-        &elsewhere,
-    ]);
+    let o = status_of_a(&["--address", &elsewhere]);
     assert_exit(&o, 2);
     assert!(stderr(&o).contains(&cluster.address), "{}", stderr(&o));
 }

@@ -62,12 +62,7 @@ tasks:
   - inputs: {q: 1}
 "#,
     );
-    let o = sb.run(&[
-        "batch",
-        "validate",
-        "--manifest",
-        manifest.to_str().unwrap(),
-    ]);
+    let o = sb.validate(&manifest);
     assert_exit(&o, 2);
     assert!(o.stdout.is_empty(), "a refusal prints nothing on stdout");
     insta::assert_snapshot!("refusals", filtered(&sb, &o.stderr));

@@ -121,6 +121,16 @@ impl Sandbox {
         ])
     }
 
+    /// `casebatch batch validate --manifest M`.
+    pub fn validate(&self, manifest: &Path) -> Output {
+        self.run(&[
+            "batch",
+            "validate",
+            "--manifest",
+            manifest.to_str().unwrap(),
+        ])
+    }
+
     pub fn bundle(&self, batch: &str) -> PathBuf {
         self.out().join(batch)
     }
