@@ -134,8 +134,7 @@ tasks: [{task_id: a}, {task_id: b}]
         out_arg,
         "--no-worker",
     ]);
-    let _ = worker.kill();
-    let _ = worker.wait();
+    assert_eq!(stop(&mut worker), 0, "the worker stops on SIGTERM");
     assert_exit(&o, 0);
     assert_eq!(
         sb.lines("ran.log"),

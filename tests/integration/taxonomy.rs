@@ -175,8 +175,9 @@ fn a_config_failure_raised_by_an_activity_is_typed_and_never_retried() {
         wait_child(&mut runner, std::time::Duration::from_secs(120)),
         4
     );
-    let _ = worker.kill();
-    let _ = worker.wait();
+    // A graceful stop: a SIGKILLed worker would orphan the dev server it restarted when the
+    // runner stopped its own (taking over orphans is issue 11's engine work).
+    assert_eq!(stop(&mut worker), 0, "the worker stops on SIGTERM");
     let status = sb.status("two");
     assert_eq!(status["status"]["counts"]["failed"], 1, "{status:#}");
     assert_eq!(
