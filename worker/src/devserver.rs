@@ -37,6 +37,8 @@ use serde::{Deserialize, Serialize};
 pub const TEMPORAL_BIN_ENV: &str = "CASEBATCH_TEMPORAL_BIN";
 /// How long a freshly spawned server may take to accept connections on its port.
 pub const START_WAIT: Duration = Duration::from_secs(30);
+/// Ports a fresh start tries before it gives up (see `DevServer::ensure`).
+const FRESH_START_TRIES: u32 = 3;
 const STATE_DIR: &str = ".casebatch-engine";
 const RECORD_FILE: &str = "engine.json";
 const LOCK_FILE: &str = "engine.lock";
@@ -174,13 +176,26 @@ impl DevServer {
                     }
                 },
                 stale => {
-                    let port = match stale.as_ref().and_then(EngineRecord::port) {
+                    let mut port = match stale.as_ref().and_then(EngineRecord::port) {
                         Some(p) if port_is_free(p) => p,
                         _ => free_port().map_err(|e| io_err(&dir, e))?,
                     };
-                    let (child, record) =
-                        start_server(&bin, port, &dir, &AtomicBool::new(false), &lock)?;
-                    (port, Current::Started { child, record })
+                    // A fresh start may take any port. The server picks several more ports
+                    // of its own at random while starting, and one may collide with ours:
+                    // then it exits, and a new port is tried.
+                    let mut tries = 1;
+                    loop {
+                        match start_server(&bin, port, &dir, &AtomicBool::new(false), &lock) {
+                            Ok((child, record)) => {
+                                break (port, Current::Started { child, record });
+                            }
+                            Err(DevServerError::NotReady { .. }) if tries < FRESH_START_TRIES => {
+                                tries += 1;
+                                port = free_port().map_err(|e| io_err(&dir, e))?;
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
                 }
             }
         };
@@ -353,10 +368,6 @@ impl StateLock {
     }
 }
 
-/// Spawns a server on `port` and the state dir's database, waits until the port accepts
-/// connections, and records it in `engine.json`. Called with the state lock held (the
-/// starter and every restart share this). The lock file is opened close-on-exec, so the
-/// server never inherits the lock.
 /// `--search-attribute Name=Type` for every `Casebatch*` search attribute.
 fn search_attribute_args() -> Vec<String> {
     casebatch_proto::visibility::search_attr::ALL
@@ -365,6 +376,10 @@ fn search_attribute_args() -> Vec<String> {
         .collect()
 }
 
+/// Spawns a server on `port` and the state dir's database, waits until the port accepts
+/// connections, and records it in `engine.json`. Called with the state lock held (the
+/// starter and every restart share this). The lock file is opened close-on-exec, so the
+/// server never inherits the lock.
 fn start_server(
     bin: &str,
     port: u16,
@@ -428,7 +443,8 @@ fn start_server(
         // Our child must still be running: a port that answers while it has exited belongs
         // to someone else.
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(fail(&mut child, format!("it exited ({status})")));
+            let said = log_tail(&log_path, 3);
+            return Err(fail(&mut child, format!("it exited ({status}): {said}")));
         }
         if stopping.load(Ordering::SeqCst) {
             return Err(fail(&mut child, "casebatch is stopping".into()));
@@ -457,6 +473,13 @@ fn start_server(
         return Err(e);
     }
     Ok((child, record))
+}
+
+/// The last `n` non-empty lines of the server's log, for an error message.
+fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
 fn read_record(dir: &Path) -> Option<EngineRecord> {
