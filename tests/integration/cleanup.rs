@@ -30,10 +30,7 @@ tasks:
         !receipt["killed"].as_array().unwrap().is_empty(),
         "the detached grandchild was found by its marker and killed: {receipt:#}"
     );
-    assert!(
-        processes_matching("sleep 400").is_empty(),
-        "the grandchild is gone"
-    );
+    assert!(no_process_matches("sleep 400"), "the grandchild is gone");
     let result = sb.case_result("leak", "leaky");
     assert_eq!(
         result["state"], "succeeded",

@@ -213,7 +213,7 @@ fn cancel_stops_in_flight_cases_and_still_cleans_them_up() {
         assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
     }
     assert!(
-        processes_matching("sleep 300").is_empty(),
+        no_process_matches("sleep 300"),
         "no harness process survives the cancel"
     );
 }
@@ -260,7 +260,7 @@ fn native_temporal_cancel_ends_the_batch_like_casebatch_cancel() {
         assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
     }
     assert!(
-        processes_matching("sleep 300").is_empty(),
+        no_process_matches("sleep 300"),
         "no harness process survives the cancel"
     );
 }

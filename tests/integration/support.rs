@@ -283,6 +283,19 @@ pub fn stdout(o: &Output) -> String {
 }
 
 /// Live processes whose command line contains `needle` (to prove nothing was left behind).
+/// True once no live process's command line contains `needle`. A SIGKILLed process can
+/// linger in /proc for a moment while the kernel tears it down; that is not a survivor.
+pub fn no_process_matches(needle: &str) -> bool {
+    let start = Instant::now();
+    while !processes_matching(needle).is_empty() {
+        if start.elapsed() > Duration::from_secs(5) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
 pub fn processes_matching(needle: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {

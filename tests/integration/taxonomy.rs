@@ -127,7 +127,7 @@ tasks:
     assert_eq!(r["attempts"], 2, "a timeout is retryable infra: one retry");
     assert_eq!(sb.lines("slow.runs"), 2, "each attempt got a fresh process");
     assert!(
-        processes_matching("sleep 345").is_empty(),
+        no_process_matches("sleep 345"),
         "timed-out harnesses are killed"
     );
     let first = sb.json(
