@@ -86,15 +86,18 @@ pub(crate) fn read_bounded(path: &Path, what: &str, kind: Kind, r: &mut Report) 
              harness reads (name them in `inputs`)",
         );
     };
+    let unreadable = |r: &mut Report, e: std::io::Error| {
+        r.at_line(
+            None,
+            FILE_FIELD,
+            format!("cannot read {what}: {e}"),
+            "check the path and that the file is readable",
+        );
+    };
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) => {
-            r.at_line(
-                None,
-                FILE_FIELD,
-                format!("cannot read {what}: {e}"),
-                "check the path and that the file is readable",
-            );
+            unreadable(r, e);
             return None;
         }
     };
@@ -125,12 +128,7 @@ pub(crate) fn read_bounded(path: &Path, what: &str, kind: Kind, r: &mut Report) 
     let read = std::fs::File::open(path)
         .and_then(|f| f.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes));
     if let Err(e) = read {
-        r.at_line(
-            None,
-            FILE_FIELD,
-            format!("cannot read {what}: {e}"),
-            "check the path and that the file is readable",
-        );
+        unreadable(r, e);
         return None;
     }
     if bytes.len() as u64 > MAX_MANIFEST_BYTES {
