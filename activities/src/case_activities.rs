@@ -20,12 +20,12 @@ use temporalio_macros::activities;
 use temporalio_sdk::ApplicationFailure;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
-use crate::attempt_io;
 use crate::evaluator;
-use crate::harness;
-use crate::runtime::fake::Fake;
-use crate::runtime::local_process::{LocalProcess, hostname};
-use crate::runtime::{AttemptEnv, Liveness, Runtime};
+use casebatch_runtime::attempt_io;
+use casebatch_runtime::fake::Fake;
+use casebatch_runtime::harness;
+use casebatch_runtime::local_process::{LocalProcess, hostname};
+use casebatch_runtime::{AttemptEnv, Liveness, Runtime};
 
 /// The stage activities. One instance per worker; runtimes keep per-process state (children
 /// this worker spawned) and plans are cached per bundle because they never change.

@@ -12,8 +12,8 @@ use casebatch_proto::{Evaluation, Failure, FailureClass, FailureCode, Stage, Ver
 use serde::Deserialize;
 use tokio::process::Command;
 
-use crate::attempt_io;
-use crate::runtime::AttemptEnv;
+use casebatch_runtime::AttemptEnv;
+use casebatch_runtime::attempt_io;
 
 #[derive(Deserialize)]
 struct EvaluatorOutput {
@@ -57,7 +57,7 @@ pub async fn run(env: &AttemptEnv, command: &CommandSpec) -> EvaluationRecord {
             return record;
         }
     };
-    let case_env = match crate::case_env::for_attempt(env) {
+    let case_env = match casebatch_runtime::case_env::for_attempt(env) {
         Ok(e) => e,
         Err(m) => {
             record.failure = Some(Failure::config(

@@ -1,18 +1,12 @@
-//! Stage activities and the runtimes behind them: all I/O of a case lives here.
+//! Stage activities: the Temporal side of a case's I/O.
 //!
-//! Owns provisioning attempt directories, starting and awaiting harness processes
-//! (`local-process`) or simulating them (`fake`), running evaluators, cleanup with receipts,
-//! and writing each attempt's evidence into the bundle. Must not decide retries or ordering:
-//! that is the workflow's job (`casebatch-workflows`).
+//! Implements the stage contracts of `casebatch-workflows` over the runtimes of
+//! `casebatch-runtime`: provisioning attempt directories, submitting and awaiting jobs,
+//! running evaluators, pulling traces, cleanup with receipts, and writing each attempt's
+//! evidence into the bundle. Must not decide retries or ordering: that is the workflow's job.
 
-pub mod attempt_io;
 mod case_activities;
-pub mod case_env;
 pub mod evaluator;
-pub mod harness;
-pub mod memlimit;
-pub mod procfs;
-pub mod runtime;
 pub mod trace;
 
 pub use case_activities::CaseActivities;

@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use casebatch_activities::runtime::local_process::hostname;
 use casebatch_bundle::{Bundle, CaseRecordState, CaseResult, Lineage, read_json};
 use casebatch_manifest::Plan;
 use casebatch_proto::visibility::{memo, outcome, search_attr};
@@ -11,6 +10,7 @@ use casebatch_proto::{
     BatchInput, BatchOutcome, BatchStatus, Carried, CaseSlot, CaseState, Counts, TASK_QUEUE,
     workflow_id,
 };
+use casebatch_runtime::local_process::hostname;
 use casebatch_worker::{Engine, build_worker, run_worker_until};
 use casebatch_workflows::BatchWorkflow;
 use futures::StreamExt;

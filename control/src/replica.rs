@@ -4,8 +4,8 @@
 use std::future::Future;
 use std::path::Path;
 
-use casebatch_activities::runtime::local_process::hostname;
 use casebatch_proto::{TASK_QUEUE, host_task_queue};
+use casebatch_runtime::local_process::hostname;
 use casebatch_worker::{Engine, build_worker, run_worker_until};
 
 use crate::error::{ControlError, Result};

@@ -188,9 +188,9 @@ pub fn kill_engine(output_root: &Path) {
         return;
     };
     if let (Some(pid), Some(ticks)) = (v["pid"].as_u64(), v["start_ticks"].as_u64())
-        && casebatch_activities::procfs::is_same_process(pid as u32, ticks)
+        && casebatch_runtime::procfs::is_same_process(pid as u32, ticks)
     {
-        casebatch_activities::procfs::kill_pid(pid as u32);
+        casebatch_runtime::procfs::kill_pid(pid as u32);
     }
 }
 
@@ -224,7 +224,7 @@ fn wait_output(child: Child, timeout: Duration) -> Output {
     match rx.recv_timeout(timeout) {
         Ok(o) => o.expect("casebatch's output is readable"),
         Err(_) => {
-            casebatch_activities::procfs::kill_pid(pid);
+            casebatch_runtime::procfs::kill_pid(pid);
             let o = rx.recv().unwrap().unwrap();
             panic!(
                 "casebatch did not finish within {timeout:?}\nstdout:\n{}\nstderr:\n{}",
@@ -383,9 +383,7 @@ pub fn engine_record(output_root: &Path) -> Option<Value> {
 /// True when the process an `engine.json` names is alive and is that very process.
 pub fn engine_alive(record: &Value) -> bool {
     match (record["pid"].as_u64(), record["start_ticks"].as_u64()) {
-        (Some(pid), Some(ticks)) => {
-            casebatch_activities::procfs::is_same_process(pid as u32, ticks)
-        }
+        (Some(pid), Some(ticks)) => casebatch_runtime::procfs::is_same_process(pid as u32, ticks),
         _ => false,
     }
 }

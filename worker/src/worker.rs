@@ -5,8 +5,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use casebatch_activities::CaseActivities;
-use casebatch_activities::runtime::local_process::hostname;
 use casebatch_proto::{TASK_QUEUE, host_task_queue};
+use casebatch_runtime::local_process::hostname;
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::Client;
 use temporalio_sdk::runtime::PollerBehavior;

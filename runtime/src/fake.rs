@@ -8,7 +8,7 @@ use casebatch_bundle::{CleanupReceipt, RECORD_SCHEMA_VERSION, layout::attempt_fi
 use casebatch_manifest::model::{FakeOutcome, FakeScript};
 use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
 
-use super::{AttemptEnv, Liveness, Runtime};
+use crate::{AttemptEnv, Liveness, Runtime};
 
 #[derive(Default)]
 pub struct Fake;

@@ -46,11 +46,11 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 
-use super::{AttemptEnv, Liveness, Runtime};
 use crate::attempt_io;
 use crate::harness;
 use crate::memlimit::MemoryLimit;
 use crate::procfs;
+use crate::{AttemptEnv, Liveness, Runtime};
 
 /// Records its own pid and start time (`$1`: the `wrapper.pid` path; before anything else, so
 /// the harness never runs unrecorded), joins the cgroup, runs the harness, records its exit

@@ -1,12 +1,18 @@
-//! Runtimes: where an attempt's job actually runs.
+//! Runtimes: where an attempt's job actually runs, and the local machinery that runs it
+//! (processes, their identity in `/proc`, memory limits, the harness contract).
 //!
 //! The [`Runtime`] trait is shaped for remote runtimes (a later step): every operation is
 //! keyed by the attempt, `submit` is idempotent, `await_job` reports liveness through
 //! heartbeats, `adopt` finds a job by its case key without trusting a stale pid, and
 //! `cleanup` confirms that nothing of the attempt is left.
 
+pub mod attempt_io;
+pub mod case_env;
 pub mod fake;
+pub mod harness;
 pub mod local_process;
+pub mod memlimit;
+pub mod procfs;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -19,7 +19,7 @@ use std::ffi::OsString;
 
 use casebatch_manifest::model::PlannedCase;
 
-use crate::runtime::AttemptEnv;
+use crate::AttemptEnv;
 
 /// Variables copied from the worker's environment into every case process, when set.
 pub const INHERITED: &[&str] = &[
