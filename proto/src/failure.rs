@@ -140,6 +140,13 @@ failure_codes! {
     ActivityError => "ACTIVITY_ERROR",
     /// An infra failure the fake runtime simulates.
     SimulatedInfra => "SIMULATED_INFRA",
+    /// The runtime refused the job: its envelope (max concurrent jobs, memory budget) is
+    /// full. Retryable: a slot frees when a job ends.
+    RuntimeFull => "RUNTIME_FULL",
+    /// The runtime agent could not be reached (the message names its endpoint).
+    RuntimeUnreachable => "RUNTIME_UNREACHABLE",
+    /// The runtime agent refused the call's credentials (missing or wrong token).
+    RuntimeAuth => "RUNTIME_AUTH",
 }
 
 impl fmt::Display for FailureCode {

@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod failure;
+pub mod runtime_v1;
 pub mod stage;
 pub mod visibility;
 

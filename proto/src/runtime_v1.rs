@@ -1,0 +1,132 @@
+//! The runtime service's gRPC protocol (`proto/casebatch/runtime/v1/runtime.proto`, compiled
+//! by `build.rs`) and the conversions between its messages and the serde types that travel
+//! through Temporal, so both sides of the wire speak one taxonomy.
+
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+mod generated {
+    tonic::include_proto!("casebatch.runtime.v1");
+}
+
+pub use generated::*;
+
+use crate::{ActorStatus as WireStatus, Failure as WireFailure, FailureClass, FailureCode, Stage};
+
+impl From<&crate::AttemptKey> for AttemptKey {
+    fn from(k: &crate::AttemptKey) -> Self {
+        Self {
+            batch_id: k.batch_id.clone(),
+            case_index: k.case_index,
+            attempt: k.attempt,
+            bundle_dir: k.bundle_dir.clone(),
+            memory_boost_mb: k.memory_boost_mb,
+        }
+    }
+}
+
+impl From<AttemptKey> for crate::AttemptKey {
+    fn from(k: AttemptKey) -> Self {
+        Self {
+            batch_id: k.batch_id,
+            bundle_dir: k.bundle_dir,
+            case_index: k.case_index,
+            attempt: k.attempt,
+            memory_boost_mb: k.memory_boost_mb,
+        }
+    }
+}
+
+impl From<&WireFailure> for Failure {
+    fn from(f: &WireFailure) -> Self {
+        Self {
+            stage: f.stage.as_str().into(),
+            class: f.class.as_str().into(),
+            code: f.code.as_str().into(),
+            message: f.message.clone(),
+            retryable: f.retryable,
+        }
+    }
+}
+
+impl TryFrom<Failure> for WireFailure {
+    type Error = String;
+
+    fn try_from(f: Failure) -> Result<Self, String> {
+        let stage = serde_json::from_value::<Stage>(serde_json::Value::String(f.stage.clone()))
+            .map_err(|_| format!("unknown stage {:?}", f.stage))?;
+        let class = FailureClass::parse(&f.class).ok_or(format!("unknown class {:?}", f.class))?;
+        Ok(Self {
+            stage,
+            class,
+            code: FailureCode::parse(&f.code),
+            message: f.message,
+            retryable: f.retryable,
+        })
+    }
+}
+
+impl From<&crate::ActorReport> for ActorReport {
+    fn from(r: &crate::ActorReport) -> Self {
+        Self {
+            status: match r.status {
+                WireStatus::Finished => ActorStatus::Finished,
+                WireStatus::Failed => ActorStatus::Failed,
+                WireStatus::Cancelled => ActorStatus::Cancelled,
+            } as i32,
+            exit_code: r.exit_code,
+            failure: r.failure.as_ref().map(Into::into),
+            adopted: r.adopted,
+            memory_limit_mb: r.memory_limit_mb,
+        }
+    }
+}
+
+impl TryFrom<ActorReport> for crate::ActorReport {
+    type Error = String;
+
+    fn try_from(r: ActorReport) -> Result<Self, String> {
+        let status = match ActorStatus::try_from(r.status) {
+            Ok(ActorStatus::Finished) => WireStatus::Finished,
+            Ok(ActorStatus::Failed) => WireStatus::Failed,
+            Ok(ActorStatus::Cancelled) => WireStatus::Cancelled,
+            _ => return Err(format!("unknown actor status {}", r.status)),
+        };
+        Ok(Self {
+            status,
+            exit_code: r.exit_code,
+            failure: r.failure.map(TryInto::try_into).transpose()?,
+            adopted: r.adopted,
+            memory_limit_mb: r.memory_limit_mb,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_actor_report_survives_the_wire() {
+        let report = crate::ActorReport {
+            status: WireStatus::Failed,
+            exit_code: Some(137),
+            failure: Some(WireFailure::oom(Some(512))),
+            adopted: true,
+            memory_limit_mb: Some(512),
+        };
+        let back: crate::ActorReport = ActorReport::from(&report).try_into().unwrap();
+        assert_eq!(back, report);
+    }
+
+    #[test]
+    fn a_harness_declared_code_survives_the_wire() {
+        let f = WireFailure::new(
+            Stage::Await,
+            FailureClass::Harness,
+            FailureCode::Declared("MY_CODE".into()),
+            "boom",
+            false,
+        );
+        let back: WireFailure = Failure::from(&f).try_into().unwrap();
+        assert_eq!(back, f);
+    }
+}
