@@ -66,6 +66,8 @@ macro_rules! with_runtime {
                 let $rt = &$self.fake;
                 $body
             }
+            // Refused by `CaseActivities::env` until the agent client lands.
+            RuntimeKind::Agent => unreachable!("agent cases are refused before dispatch"),
         }
     };
 }
@@ -102,6 +104,13 @@ impl CaseActivities {
                 ),
             ))
         })?;
+        if case.runtime == RuntimeKind::Agent {
+            return Err(classified(&Failure::config(
+                Stage::Provision,
+                FailureCode::SpawnFailed,
+                "this worker cannot run cases on a runtime agent yet",
+            )));
+        }
         Ok(AttemptEnv::new(key.clone(), case.clone()))
     }
 
@@ -138,7 +147,7 @@ impl CaseActivities {
     fn host_queue(env: &AttemptEnv) -> Option<String> {
         match env.case.runtime {
             RuntimeKind::LocalProcess => Some(host_task_queue(&hostname())),
-            RuntimeKind::Fake => None,
+            RuntimeKind::Fake | RuntimeKind::Agent => None,
         }
     }
 
@@ -464,7 +473,7 @@ impl CaseActivities {
             adopted: s.adopted,
             job_starts: match env.case.runtime {
                 RuntimeKind::LocalProcess => LocalProcess::recorded_starts(&env),
-                RuntimeKind::Fake => None,
+                RuntimeKind::Fake | RuntimeKind::Agent => None,
             },
             scores,
             trace_ref: harness_result.trace.clone(),

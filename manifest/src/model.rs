@@ -114,6 +114,8 @@ pub enum RuntimeKind {
     LocalProcess,
     /// A simulation with scripted outcomes and durations; runs nothing.
     Fake,
+    /// A `casebatch agent` reached over gRPC: jobs run on its host and outlive workers.
+    Agent,
 }
 
 impl RuntimeKind {
@@ -121,8 +123,30 @@ impl RuntimeKind {
         match self {
             RuntimeKind::LocalProcess => "local-process",
             RuntimeKind::Fake => "fake",
+            RuntimeKind::Agent => "agent",
         }
     }
+}
+
+/// One entry of the runtimes table (`runtimes:` in a manifest, or `--runtimes FILE`): where
+/// the cases that name it run. Holds where a secret is read from, never the secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeSpec {
+    pub kind: RuntimeKind,
+    /// `agent` only: `http://HOST:PORT` (loopback hosts only) or `https://HOST:PORT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// `agent` only: the environment variable (on the worker) holding the bearer token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_env: Option<String>,
+    /// `agent` only: a file (on the worker) holding the bearer token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    /// `agent` only: PEM file of the CA that signed the agent's TLS certificate (default: the
+    /// system's roots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<String>,
 }
 
 /// What the `fake` runtime pretends happened.
@@ -318,6 +342,10 @@ pub struct Plan {
     /// sha256 over the case ids and their specs: a batch id may only ever run one task list.
     pub fingerprint: String,
     pub summary: SummarySpec,
+    /// The runtimes table, by name. Not part of the fingerprint: where a case runs is not
+    /// what it is, so an agent may move between runs of one batch.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub runtimes: BTreeMap<String, RuntimeSpec>,
     pub cases: Vec<PlannedCase>,
     /// Non-fatal notes (for example `--max-cases` exceeded).
     #[serde(default)]
@@ -333,6 +361,10 @@ pub struct PlannedCase {
     /// Filesystem-safe, collision-free directory name under `cases/`.
     pub case_dir: String,
     pub runtime: RuntimeKind,
+    /// The runtimes-table entry the case runs on (`Plan::runtimes`); `None` for the built-in
+    /// `local-process` and `fake`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_name: Option<String>,
     pub harness: Option<CommandSpec>,
     pub evaluator: Option<CommandSpec>,
     pub sandbox: Option<Sandbox>,

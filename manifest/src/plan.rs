@@ -126,6 +126,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
         },
         fingerprint: fingerprint(&cases),
         summary: loaded.summary,
+        runtimes: Default::default(),
         cases,
         warnings,
     })
@@ -317,6 +318,7 @@ fn resolve_case(
         case_id: decl.id,
         case_dir,
         runtime: runtime?,
+        runtime_name: None,
         harness,
         evaluator: spec.evaluator.or_else(|| defaults.evaluator.clone()),
         sandbox: spec.sandbox.or_else(|| defaults.sandbox.clone()),

@@ -48,6 +48,9 @@ pub struct JobRef {
     /// `None` for runtimes whose jobs can be awaited from anywhere.
     #[serde(default)]
     pub host_queue: Option<String>,
+    /// The runtimes-table entry (an agent) holding the job: any worker can reach it there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 /// Status of the actor, kept apart from the evaluator's verdict and cleanup.

@@ -96,6 +96,7 @@ impl Runtime for Fake {
             pid: None,
             start_ticks: None,
             host_queue: None,
+            runtime: None,
         })
     }
 
@@ -138,6 +139,7 @@ impl Runtime for Fake {
             pid: None,
             start_ticks: None,
             host_queue: None,
+            runtime: None,
         })
     }
 

@@ -342,6 +342,7 @@ fn job_ref(r: &JobRecord) -> JobRef {
         pid: r.pid,
         start_ticks: r.start_ticks,
         host_queue: Some(casebatch_proto::host_task_queue(&hostname())),
+        runtime: None,
     }
 }
 
@@ -551,6 +552,7 @@ impl Runtime for LocalProcess {
                 pid: t.pid,
                 start_ticks: t.ticks,
                 host_queue: Some(casebatch_proto::host_task_queue(&hostname())),
+                runtime: None,
             }),
         }
     }
