@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 
 use casebatch_control::{BatchLocation, EngineChoice, ManifestInput};
-use casebatch_manifest::{CommandSpec, Defaults, LoadOptions, RuntimeKind};
+use casebatch_manifest::{CommandSpec, Defaults, LoadOptions};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::exit::{CliError, CliResult};
+use crate::exit::CliResult;
 
 /// Durable batch runner for evaluation cases, on Temporal.
 ///
@@ -160,9 +160,14 @@ pub struct ManifestArgs {
     /// Extra whole-case attempts after retryable infra failures, 0..=5.
     #[arg(long)]
     pub max_retries: Option<u32>,
-    /// Runtime for every case: local-process or fake (a simulation).
-    #[arg(long)]
+    /// Runtime for every case that names none itself: local-process, fake (a simulation),
+    /// or a name from the runtimes table.
+    #[arg(long, value_name = "NAME")]
     pub runtime: Option<String>,
+    /// YAML/JSON file whose only key is `runtimes:` (name → kind, endpoint, token source,
+    /// TLS CA), merged with the manifest's own table.
+    #[arg(long, value_name = "FILE")]
+    pub runtimes: Option<PathBuf>,
     /// Harness command for every case (run by `sh -c`).
     #[arg(long)]
     pub harness: Option<String>,
@@ -293,28 +298,21 @@ pub struct WorkerArgs {
 
 impl ManifestArgs {
     pub fn input(&self) -> CliResult<ManifestInput> {
-        let runtime = match self.runtime.as_deref() {
-            None => None,
-            Some("local-process") => Some(RuntimeKind::LocalProcess),
-            Some("fake") => Some(RuntimeKind::Fake),
-            Some(other) => {
-                return Err(CliError::usage(format!(
-                    "failed to read --runtime: {other:?} is not a runtime; use local-process or fake"
-                )));
-            }
-        };
+        // `--runtime` may name a runtimes-table entry, so the manifest crate checks it (exit 2
+        // with the declared names) once the table is known.
         let options = LoadOptions {
             batch_id: self.batch_id.clone(),
             overrides: Defaults {
                 concurrency: self.parallelism,
                 max_retries: self.max_retries,
-                runtime,
+                runtime: self.runtime.clone(),
                 harness: self.harness.clone().map(CommandSpec::Shell),
                 evaluator: self.evaluator.clone().map(CommandSpec::Shell),
                 ..Defaults::default()
             },
             defaults_file: self.defaults.clone(),
             max_cases: self.max_cases,
+            runtimes_file: self.runtimes.clone(),
         };
         Ok(ManifestInput {
             path: self.manifest.clone(),

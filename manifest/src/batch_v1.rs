@@ -15,11 +15,18 @@ use crate::error::FILE_FIELD;
 use crate::model::{ManifestFormat, RunSpec};
 use crate::plan::{CaseDecl, Loaded};
 use crate::report::{FieldPath, Report};
+use crate::runtimes;
 use crate::source::{self, Syntax};
 use crate::validate;
 use crate::walk::{self, Obj};
 
-pub(crate) const TOP_FIELDS: &[&str] = &["schema_version", "batch_id", "defaults", "batch"];
+pub(crate) const TOP_FIELDS: &[&str] = &[
+    "schema_version",
+    "batch_id",
+    "defaults",
+    "batch",
+    "runtimes",
+];
 pub(crate) const BATCH_FIELDS: &[&str] = &["cases", "summary"];
 pub(crate) const CASE_FIELDS: &[&str] = &["label", "runspec"];
 const SCHEMA_VERSION: &str = "batch_v1";
@@ -44,6 +51,11 @@ pub(crate) fn load(value: &Value, manifest: &Path, r: &mut Report) -> Option<Loa
         .map(|id| (id, root.key("batch_id")));
     let defaults = o.nested("defaults", r, walk::defaults).unwrap_or_default();
     validate::defaults(&defaults, &root.key("defaults"), r);
+    let runtimes = o
+        .nested("runtimes", r, |v, p, r| {
+            Some(runtimes::table(v, p, &runtimes::base_dir(manifest), r))
+        })
+        .unwrap_or_default();
 
     let batch_path = root.key("batch");
     let Some(batch_value) = o.get("batch") else {
@@ -95,6 +107,7 @@ pub(crate) fn load(value: &Value, manifest: &Path, r: &mut Report) -> Option<Loa
         batch_id,
         defaults,
         summary,
+        runtimes,
         cases,
     })
 }

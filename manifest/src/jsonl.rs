@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::error::{FILE_FIELD, SYNTAX_FIELD, too_deep_problem};
 use crate::limits::MAX_NESTING_DEPTH;
-use crate::model::{ManifestFormat, SummarySpec};
+use crate::model::{ManifestFormat, RunSpec, SummarySpec};
 use crate::plan::{CaseDecl, Loaded};
 use crate::report::{FieldPath, Locator, Report};
 use crate::walk::{self, Leaf, Obj, TASK_FIELDS};
@@ -69,6 +69,7 @@ pub(crate) fn load(text: &str, r: &mut Report) -> Option<Loaded> {
         batch_id: None,
         defaults: Default::default(),
         summary: SummarySpec::default(),
+        runtimes: Default::default(),
         cases,
     })
 }
@@ -107,7 +108,12 @@ fn record(line: &str, lineno: usize, r: &mut Report) -> Option<CaseDecl> {
     let root = FieldPath::root();
     let o = Obj::new(&value, &root, RECORD_FIELDS, r)?;
     let id = aliased::<String>(&o, "task_id", "id", r);
-    let mut spec = walk::task_body(&o, r);
+    let mut spec = RunSpec {
+        harness: o.opt("harness", r),
+        evaluator: o.opt("evaluator", r),
+        runtime: o.opt("runtime", r),
+        ..walk::task_body(&o, r)
+    };
     // `task_body` read `query` and `url`; fall back to their aliases.
     alias_into(&o, "query", "ques", &mut spec.query, r);
     alias_into(&o, "url", "web", &mut spec.url, r);

@@ -8,6 +8,10 @@
 //! no writing files. It only reads the manifest (and the files it references); the caller
 //! writes `batch_plan.json` and everything else in the bundle.
 //!
+//! Every shape may name where its cases run: `runtime: NAME` picks a built-in (`local-process`,
+//! `fake`) or an entry of the runtimes table (`runtimes:` in the YAML/JSON and batch_v1
+//! manifests, or [`LoadOptions::runtimes_file`]), which lands in [`Plan::runtimes`].
+//!
 //! Entry points: [`load_plan`] for a manifest file, [`batch_schema`] for the field
 //! reference, [`case_dir_name`] for the directory naming rule the engine must share.
 //!
@@ -34,6 +38,7 @@ mod plan;
 mod report;
 #[cfg(test)]
 mod robustness_tests;
+mod runtimes;
 mod schema;
 mod source;
 mod validate;
@@ -68,6 +73,9 @@ pub struct LoadOptions {
     pub defaults_file: Option<PathBuf>,
     /// Soft threshold: more cases only add a warning to [`Plan::warnings`].
     pub max_cases: Option<usize>,
+    /// `--runtimes FILE`: a YAML/JSON file whose only key is `runtimes:`, merged with the
+    /// manifest's own table (a name may be declared in only one of them). Any shape.
+    pub runtimes_file: Option<PathBuf>,
 }
 
 /// Read, check and resolve the manifest at `path` into a plan.
@@ -97,6 +105,10 @@ fn load_plan_from_bytes(
         .as_deref()
         .and_then(|f| yaml::load_defaults_file(f, &mut flags))
         .unwrap_or_default();
+    let runtimes_file = opts
+        .runtimes_file
+        .as_deref()
+        .map(|f| (runtimes::load_file(f, &mut flags), f));
 
     let loaded =
         source::decode(bytes, &mut r).and_then(|text| match source::syntax_of(path, text) {
@@ -111,7 +123,7 @@ fn load_plan_from_bytes(
                         Syntax::Json => ManifestFormat::Json,
                         _ => ManifestFormat::Yaml,
                     };
-                    yaml::load(&value, format, &mut r)
+                    yaml::load(&value, format, path, &mut r)
                 }
             }
         });
@@ -120,6 +132,7 @@ fn load_plan_from_bytes(
         bytes,
         opts,
         file_defaults,
+        runtimes_file,
     };
     let plan = loaded.and_then(|l| plan::build(l, &input, &mut r));
     // In file order, which is how people fix them; file-wide problems (no line) first.

@@ -33,6 +33,8 @@ pub const MAX_CPU: f64 = 1024.0;
 
 /// Longest accepted batch id; it becomes a directory name.
 pub const MAX_BATCH_ID_LEN: usize = 128;
+/// Longest runtime name (a DNS label's length: names end up in labels and metric tags).
+pub const MAX_RUNTIME_NAME_LEN: usize = 63;
 
 /// Largest manifest (and defaults file, and batch_v1 runspec) read, in bytes: 64 MiB. Checked
 /// from the file's metadata before reading, and enforced while reading.

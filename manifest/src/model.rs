@@ -32,6 +32,13 @@ pub struct BatchManifest {
     pub tasks: Vec<Task>,
     #[serde(default)]
     pub summary: Option<SummarySpec>,
+    /// Named runtimes the cases can choose with `runtime: NAME` (besides the built-in
+    /// `local-process` and `fake`). Names are `[a-z0-9][a-z0-9_-]*`, at most 63 characters,
+    /// and may not be a built-in name. `--runtimes FILE` adds more; a name may be declared
+    /// only once across both.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("propertyNames" = {"pattern": "^[a-z0-9][a-z0-9_-]*$", "maxLength": 63}))]
+    pub runtimes: BTreeMap<String, RuntimeSpec>,
 }
 
 /// Settings every task inherits unless it overrides them.
@@ -53,7 +60,10 @@ pub struct Defaults {
     pub harness: Option<CommandSpec>,
     /// Optional evaluator command; writes `{"verdict": "pass"|"fail"}`.
     pub evaluator: Option<CommandSpec>,
-    pub runtime: Option<RuntimeKind>,
+    /// Where cases run: `local-process` (the default when a harness is set), `fake` (a
+    /// simulation), or the name of an entry of `runtimes:`.
+    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9][a-z0-9_-]*$"))]
+    pub runtime: Option<String>,
     /// Endpoint used by the batch submitter (passed to harnesses as `CASEBATCH_CONTROLLER_URL`).
     pub controller_url: Option<String>,
     /// Optional worker-facing endpoint; leave empty for local use.
@@ -134,17 +144,23 @@ impl RuntimeKind {
 #[serde(deny_unknown_fields)]
 pub struct RuntimeSpec {
     pub kind: RuntimeKind,
-    /// `agent` only: `http://HOST:PORT` (loopback hosts only) or `https://HOST:PORT`.
+    /// `agent` only, and required there: `https://HOST:PORT`, or `http://HOST:PORT` with a
+    /// loopback host (127.0.0.0/8, `::1`, `localhost`): plaintext is refused off loopback.
+    #[schemars(pattern(r"^https?://[^/@?#]+:[0-9]{1,5}$"))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
-    /// `agent` only: the environment variable (on the worker) holding the bearer token.
+    /// `agent` only: the environment variable (on the worker) holding the bearer token. At
+    /// most one of `token_env` and `token_file`.
+    #[schemars(pattern(r"^[A-Za-z_][A-Za-z0-9_]*$"))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_env: Option<String>,
-    /// `agent` only: a file (on the worker) holding the bearer token.
+    /// `agent` only: a file (on the worker) holding the bearer token; a relative path is
+    /// resolved against the directory of the file that declares it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
-    /// `agent` only: PEM file of the CA that signed the agent's TLS certificate (default: the
-    /// system's roots).
+    /// `agent` with `https://` only: PEM file of the CA that signed the agent's TLS
+    /// certificate (default: the system's roots); a relative path is resolved against the
+    /// directory of the file that declares it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_ca: Option<String>,
 }
@@ -201,8 +217,10 @@ pub struct Task {
     pub harness: Option<CommandSpec>,
     /// This task's own evaluator command (replaces `defaults.evaluator`).
     pub evaluator: Option<CommandSpec>,
-    /// This task's runtime (replaces `defaults.runtime`).
-    pub runtime: Option<RuntimeKind>,
+    /// This task's runtime (replaces `defaults.runtime`): `local-process`, `fake`, or the
+    /// name of an entry of `runtimes:`.
+    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9][a-z0-9_-]*$"))]
+    pub runtime: Option<String>,
     /// Extra environment variables for the harness and evaluator, as literal values (they are
     /// in the plan: put secrets in `pass_env`, not here). Names are `[A-Za-z_][A-Za-z0-9_]*`
     /// and may not start with `CASEBATCH_`. Merged over `defaults.env` by name.
@@ -247,6 +265,10 @@ pub struct BatchV1Manifest {
     #[serde(default)]
     pub defaults: Defaults,
     pub batch: BatchV1,
+    /// Named runtimes, as in the tasks manifest's `runtimes:`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("propertyNames" = {"pattern": "^[a-z0-9][a-z0-9_-]*$", "maxLength": 63}))]
+    pub runtimes: BTreeMap<String, RuntimeSpec>,
 }
 
 /// The `batch:` block of a batch_v1 manifest.
@@ -290,7 +312,10 @@ pub struct RunSpec {
     pub inputs: BTreeMap<String, serde_json::Value>,
     pub harness: Option<CommandSpec>,
     pub evaluator: Option<CommandSpec>,
-    pub runtime: Option<RuntimeKind>,
+    /// This case's runtime: `local-process`, `fake`, or the name of an entry of the
+    /// runtimes table (`runtimes:` in the batch manifest, or `--runtimes FILE`).
+    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9][a-z0-9_-]*$"))]
+    pub runtime: Option<String>,
     /// Extra environment variables for the harness and evaluator, as literal values (they are
     /// in the plan: put secrets in `pass_env`, not here). Names are `[A-Za-z_][A-Za-z0-9_]*`
     /// and may not start with `CASEBATCH_`. Merged over `defaults.env` by name.

@@ -21,8 +21,10 @@ use crate::model::{
     PlannedCase, Provenance, Resources, RunSpec, RuntimeKind, Sandbox, SummarySpec,
 };
 use crate::report::{FieldPath, Report};
+use crate::runtimes::{self, Lookup, Table};
 use crate::source::sha256_hex;
 use crate::validate::batch_id_error;
+use crate::yaml::FileDefaults;
 
 /// What every manifest shape produces before planning.
 pub(crate) struct Loaded {
@@ -31,6 +33,8 @@ pub(crate) struct Loaded {
     pub(crate) batch_id: Option<(String, FieldPath)>,
     pub(crate) defaults: Defaults,
     pub(crate) summary: SummarySpec,
+    /// The manifest's own `runtimes:` table.
+    pub(crate) runtimes: Table,
     pub(crate) cases: Vec<CaseDecl>,
 }
 
@@ -53,14 +57,23 @@ pub(crate) struct PlanInput<'a> {
     pub(crate) manifest: &'a Path,
     pub(crate) bytes: &'a [u8],
     pub(crate) opts: &'a LoadOptions,
-    pub(crate) file_defaults: Defaults,
+    pub(crate) file_defaults: FileDefaults,
+    /// The `--runtimes` file's table, and the file.
+    pub(crate) runtimes_file: Option<(Table, &'a Path)>,
 }
 
 /// Resolve into a plan; `None` if any problem was found (here or earlier in `r`).
 pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Option<Plan> {
     let batch_id = resolve_batch_id(&loaded, input, r);
+    let runtimes = runtimes::merge(
+        loaded.runtimes,
+        input.runtimes_file.as_ref(),
+        input.manifest,
+        r,
+    );
+    check_layer_runtimes(&runtimes, &loaded.defaults, input, r);
     let defaults = overlay(
-        overlay(input.file_defaults.clone(), &loaded.defaults),
+        overlay(input.file_defaults.defaults.clone(), &loaded.defaults),
         &input.opts.overrides,
     );
     check_duplicate_ids(&loaded.cases, r);
@@ -82,6 +95,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
             index,
             decl,
             &defaults,
+            &runtimes,
             &mut taken,
             &mut default_harness_reported,
             r,
@@ -126,7 +140,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
         },
         fingerprint: fingerprint(&cases),
         summary: loaded.summary,
-        runtimes: Default::default(),
+        runtimes: runtimes.specs(),
         cases,
         warnings,
     })
@@ -268,24 +282,103 @@ fn check_duplicate_ids(cases: &[CaseDecl], r: &mut Report) {
     }
 }
 
+/// `runtime:` names written in the layers below the cases (defaults file, manifest defaults,
+/// `--runtime`) must exist, each reported where it is written, whether or not a more specific
+/// layer overrides it: a name that resolves nowhere is a typo.
+fn check_layer_runtimes(
+    runtimes: &Table,
+    manifest_defaults: &Defaults,
+    input: &PlanInput<'_>,
+    r: &mut Report,
+) {
+    let file = &input.file_defaults;
+    if let Some(name) = &file.defaults.runtime
+        && let Lookup::Unknown(message, fix) = runtimes.lookup(name)
+    {
+        let place = match file.runtime_line {
+            Some(line) => format!("in defaults file {} line {line}", file.file.display()),
+            None => format!("in defaults file {}", file.file.display()),
+        };
+        r.at_line(None, "defaults.runtime", format!("{place}: {message}"), fix);
+    }
+    if let Some(name) = &manifest_defaults.runtime
+        && let Lookup::Unknown(message, fix) = runtimes.lookup(name)
+    {
+        r.at(
+            &FieldPath::root().key("defaults").key("runtime"),
+            message,
+            fix,
+        );
+    }
+    if let Some(name) = &input.opts.overrides.runtime
+        && let Lookup::Unknown(message, fix) = runtimes.lookup(name)
+    {
+        r.at_line(None, "flags.runtime (--runtime)", message, fix);
+    }
+}
+
+/// The case's runtime: its kind and table name, `Ok(None)` when nothing names one, `Err`
+/// when the name resolves nowhere (reported here if the case itself wrote it).
+fn case_runtime(
+    decl: &CaseDecl,
+    defaults: &Defaults,
+    runtimes: &Table,
+    r: &mut Report,
+) -> Result<Option<(RuntimeKind, Option<String>)>, ()> {
+    let Some(name) = decl.spec.runtime.as_ref().or(defaults.runtime.as_ref()) else {
+        return Ok(None);
+    };
+    match runtimes.lookup(name) {
+        Lookup::Found(kind, table_name) => Ok(Some((kind, table_name))),
+        Lookup::Reported => Err(()),
+        Lookup::Unknown(message, fix) => {
+            // Inherited names were reported once, at the layer that wrote them.
+            if decl.spec.runtime.is_some() {
+                let p = decl.spec_path.key("runtime");
+                let line = r.line_of(&p).or(decl.line);
+                let message = match &decl.runspec {
+                    Some(file) => format!("in {file}: {message}"),
+                    None => message,
+                };
+                r.at_line(line, p.to_string(), message, fix);
+            }
+            Err(())
+        }
+    }
+}
+
 fn resolve_case(
     index: u32,
     decl: CaseDecl,
     defaults: &Defaults,
+    runtimes: &Table,
     taken: &mut HashSet<String>,
     default_harness_reported: &mut bool,
     r: &mut Report,
 ) -> Option<PlannedCase> {
     let spec = &decl.spec;
     let harness = spec.harness.clone().or_else(|| defaults.harness.clone());
-    let runtime = spec
-        .runtime
-        .or(defaults.runtime)
-        .or(harness.as_ref().map(|_| RuntimeKind::LocalProcess));
-    let missing = match runtime {
-        None => Some("no harness command and no runtime, so nothing would run this case"),
-        Some(RuntimeKind::LocalProcess) if harness.is_none() => {
-            Some("runtime local-process needs a harness command")
+    // A runtime that resolves nowhere is already reported; whether it would need a harness
+    // is unknown, so nothing more is said about this case.
+    let named = case_runtime(&decl, defaults, runtimes, r).ok()?;
+    let (runtime, runtime_name) = match named {
+        Some((kind, name)) => (Some(kind), name),
+        None => (harness.as_ref().map(|_| RuntimeKind::LocalProcess), None),
+    };
+    let missing = match (runtime, &runtime_name) {
+        (None, _) => {
+            Some("no harness command and no runtime, so nothing would run this case".to_string())
+        }
+        (Some(RuntimeKind::LocalProcess), None) if harness.is_none() => {
+            Some("runtime local-process needs a harness command".to_string())
+        }
+        (Some(kind @ (RuntimeKind::LocalProcess | RuntimeKind::Agent)), Some(name))
+            if harness.is_none() =>
+        {
+            Some(format!(
+                "runtime `{name}` ({}) needs a harness command",
+                kind.as_str()
+            ))
         }
         _ => None,
     };
@@ -318,7 +411,7 @@ fn resolve_case(
         case_id: decl.id,
         case_dir,
         runtime: runtime?,
-        runtime_name: None,
+        runtime_name,
         harness,
         evaluator: spec.evaluator.or_else(|| defaults.evaluator.clone()),
         sandbox: spec.sandbox.or_else(|| defaults.sandbox.clone()),
@@ -372,7 +465,9 @@ fn case_input(decl: &CaseDecl, r: &mut Report) -> BTreeMap<String, Value> {
 
 /// What the fingerprint covers for one case: its identity and everything that decides how it
 /// runs, but not where it was written (lines, absolute paths) or batch-wide knobs
-/// (concurrency, retries), so reformatting or moving a manifest keeps resume possible.
+/// (concurrency, retries), so reformatting or moving a manifest keeps resume possible. The
+/// runtime's kind is covered (a simulation is not a run), its table name and the table are
+/// not: where a case runs is not what it is, so an agent may move or be renamed.
 #[derive(Serialize)]
 struct FingerprintCase<'a> {
     case_id: &'a str,

@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::{LoadOptions, load_plan_from_bytes};
 
 /// Words that steer random text into the manifest code paths instead of syntax errors.
-const TOKENS: &str = "(batch_id|tasks|defaults|task_id|query|url|inputs|schema_version|batch_v1|batch|cases|label|runspec|harness|runtime|fake|local-process|concurrency|max_retries|timeout_seconds|sandbox|provider|summary|fields|matrix|id|ques|web|\\.\\./x|/etc/passwd|a\\.yaml)";
+const TOKENS: &str = "(batch_id|tasks|defaults|task_id|query|url|inputs|schema_version|batch_v1|batch|cases|label|runspec|harness|runtime|fake|local-process|concurrency|max_retries|timeout_seconds|sandbox|provider|summary|fields|matrix|id|ques|web|\\.\\./x|/etc/passwd|a\\.yaml|runtimes|kind|agent|endpoint|token_env|token_file|tls_ca|box-a|http://127\\.0\\.0\\.1:7301|https://\\[::1\\]:1|http://h:0)";
 
 fn manifestish() -> impl Strategy<Value = String> {
     let piece = prop_oneof![
@@ -87,6 +87,15 @@ fn load(name: &str, bytes: &[u8]) {
     std::fs::write(dir.path().join("a.yaml"), "query: q\n").unwrap();
     let path = dir.path().join(name);
     let _ = load_plan_from_bytes(&path, bytes, &LoadOptions::default());
+    // The same bytes as a `--runtimes` file, next to a manifest that uses a table name.
+    let runtimes = dir.path().join(format!("runtimes-{name}"));
+    std::fs::write(&runtimes, bytes).unwrap();
+    let opts = LoadOptions {
+        runtimes_file: Some(runtimes),
+        ..LoadOptions::default()
+    };
+    let manifest = b"batch_id: b\ndefaults: {runtime: box-a, harness: x}\ntasks: [{task_id: a}]\n";
+    let _ = load_plan_from_bytes(&dir.path().join("m.yaml"), manifest, &opts);
 }
 
 const NAMES: [&str; 4] = ["m.yaml", "m.json", "m.jsonl", "m.unknown"];

@@ -88,4 +88,37 @@ mod tests {
         assert!(defs["Defaults"]["properties"]["env"].is_object());
         assert!(defs["Task"]["properties"]["pass_env"].is_object());
     }
+
+    #[test]
+    fn schema_covers_the_runtimes_table() {
+        let s = batch_schema();
+        let table = &s["properties"]["runtimes"];
+        assert_eq!(
+            table["propertyNames"]["maxLength"],
+            crate::limits::MAX_RUNTIME_NAME_LEN
+        );
+        assert!(
+            table["description"]
+                .as_str()
+                .unwrap()
+                .contains("--runtimes FILE")
+        );
+        let spec = &s["$defs"]["RuntimeSpec"];
+        assert_eq!(spec["additionalProperties"], false);
+        assert_eq!(spec["required"], serde_json::json!(["kind"]));
+        for field in ["endpoint", "token_env", "token_file", "tls_ca"] {
+            assert!(
+                spec["properties"][field]["description"].is_string(),
+                "{field}"
+            );
+        }
+        let runtime = &s["$defs"]["Task"]["properties"]["runtime"];
+        assert!(
+            runtime["description"]
+                .as_str()
+                .unwrap()
+                .contains("runtimes:")
+        );
+        assert!(batch_v1_schema()["properties"]["runtimes"].is_object());
+    }
 }

@@ -250,18 +250,25 @@ pub(crate) fn case_id(id: &str, path: &FieldPath, r: &mut Report) -> bool {
     true
 }
 
-/// Why `name` cannot be an environment variable set by the manifest, if it cannot.
-pub(crate) fn env_name_error(name: &str) -> Option<String> {
+/// Why `name` cannot be an environment variable name at all, if it cannot.
+pub(crate) fn env_name_syntax_error(name: &str) -> Option<String> {
     let mut chars = name.chars();
     let valid = chars
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !valid {
-        return Some(format!(
+    (!valid).then(|| {
+        format!(
             "{name:?} is not a valid environment variable name (letters, digits and `_`, \
              not starting with a digit)"
-        ));
+        )
+    })
+}
+
+/// Why `name` cannot be an environment variable set by the manifest, if it cannot.
+pub(crate) fn env_name_error(name: &str) -> Option<String> {
+    if let Some(why) = env_name_syntax_error(name) {
+        return Some(why);
     }
     if name.to_ascii_uppercase().starts_with(RESERVED_ENV_PREFIX) {
         return Some(format!(

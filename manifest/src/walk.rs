@@ -88,7 +88,7 @@ leaf! {
     Vec<String> => "a list of strings",
     BTreeMap<String, Value> => "a mapping of names to values",
     CommandSpec => "a command: a shell string or a list of argv strings",
-    RuntimeKind => "`local-process` or `fake`",
+    RuntimeKind => "`local-process`, `fake` or `agent`",
     FakeOutcome => "one of `pass`, `fail`, `harness_error`, `infra_error`, `oom_killed`",
 }
 
@@ -479,6 +479,10 @@ mod tests {
         assert_eq!(sorted(SUMMARY_FIELDS), schema_fields::<SummarySpec>());
         assert_eq!(sorted(TASK_FIELDS), schema_fields::<Task>());
         assert_eq!(sorted(RUNSPEC_FIELDS), schema_fields::<RunSpec>());
+        assert_eq!(
+            sorted(crate::runtimes::ENTRY_FIELDS),
+            schema_fields::<crate::model::RuntimeSpec>()
+        );
         assert_eq!(
             sorted(crate::yaml::MANIFEST_FIELDS),
             schema_fields::<BatchManifest>()

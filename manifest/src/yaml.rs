@@ -8,14 +8,21 @@ use serde_json::Value;
 use crate::model::{Defaults, ManifestFormat};
 use crate::plan::{CaseDecl, Loaded};
 use crate::report::{FieldPath, Report};
+use crate::runtimes;
 use crate::source::{self, Syntax};
 use crate::validate;
 use crate::walk::{self, Obj};
 
-pub(crate) const MANIFEST_FIELDS: &[&str] = &["batch_id", "defaults", "tasks", "summary"];
+pub(crate) const MANIFEST_FIELDS: &[&str] =
+    &["batch_id", "defaults", "tasks", "summary", "runtimes"];
 
 /// Read a parsed tasks manifest. `None` when it is not even a mapping.
-pub(crate) fn load(value: &Value, format: ManifestFormat, r: &mut Report) -> Option<Loaded> {
+pub(crate) fn load(
+    value: &Value,
+    format: ManifestFormat,
+    manifest: &Path,
+    r: &mut Report,
+) -> Option<Loaded> {
     let root = FieldPath::root();
     let o = Obj::new(value, &root, MANIFEST_FIELDS, r)?;
     o.deny_unknown(r);
@@ -27,6 +34,11 @@ pub(crate) fn load(value: &Value, format: ManifestFormat, r: &mut Report) -> Opt
     validate::defaults(&defaults, &root.key("defaults"), r);
     let summary = o.nested("summary", r, walk::summary).unwrap_or_default();
     validate::summary(&summary, &root.key("summary"), r);
+    let runtimes = o
+        .nested("runtimes", r, |v, p, r| {
+            Some(runtimes::table(v, p, &runtimes::base_dir(manifest), r))
+        })
+        .unwrap_or_default();
 
     let tasks_path = root.key("tasks");
     let mut cases = Vec::new();
@@ -76,18 +88,32 @@ pub(crate) fn load(value: &Value, format: ManifestFormat, r: &mut Report) -> Opt
         batch_id,
         defaults,
         summary,
+        runtimes,
         cases,
     })
 }
 
 /// Read `--defaults-file`: a YAML/JSON document holding one `Defaults` object. Its problems
 /// are reported under `defaults.*` with the file named in the message.
-pub(crate) fn load_defaults_file(file: &Path, r: &mut Report) -> Option<Defaults> {
+pub(crate) fn load_defaults_file(file: &Path, r: &mut Report) -> Option<FileDefaults> {
     let mut sub = Report::default();
-    let defaults = read_defaults(file, &mut sub);
+    let defaults = read_defaults(file, &mut sub).map(|defaults| FileDefaults {
+        runtime_line: sub.line_of(&FieldPath::root().key("runtime")),
+        file: file.to_path_buf(),
+        defaults,
+    });
     let label = format!("defaults file {}", file.display());
     r.absorb(sub, &label, &FieldPath::root().key("defaults"), None);
     defaults
+}
+
+/// The settings of `--defaults-file`, and where its `runtime` name is written (the name is
+/// checked against the runtimes table later, when the table is known).
+#[derive(Debug, Default)]
+pub(crate) struct FileDefaults {
+    pub(crate) defaults: Defaults,
+    pub(crate) file: std::path::PathBuf,
+    pub(crate) runtime_line: Option<usize>,
 }
 
 fn read_defaults(file: &Path, r: &mut Report) -> Option<Defaults> {

@@ -314,4 +314,19 @@ fn the_examples_plan() {
     let v1 = load(&examples().join("batch-v1/batch.yaml")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(v1.batch_id, "v1-example");
     assert_eq!(v1.cases.len(), 2);
+    let agents = load(&examples().join("batch-agent.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    let names: Vec<_> = agents
+        .cases
+        .iter()
+        .map(|c| (c.runtime, c.runtime_name.as_deref().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            (RuntimeKind::Agent, "box-a"),
+            (RuntimeKind::Agent, "box-a"),
+            (RuntimeKind::Agent, "box-b"),
+            (RuntimeKind::Agent, "box-b"),
+        ]
+    );
 }

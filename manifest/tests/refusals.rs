@@ -90,7 +90,8 @@ fn wrong_types_are_reported_with_what_was_expected() {
         "m.yaml",
         "batch_id: t\ndefaults:\n  runtime: docker\ntasks:\n  - task_id: a\n",
     );
-    says(&err, "defaults.runtime", "`local-process` or `fake`");
+    let p = says(&err, "defaults.runtime", "unknown runtime `docker`");
+    assert_eq!(p.line, Some(3));
 }
 
 #[test]

@@ -49,7 +49,7 @@ fn errors(schema: &Value, instance: &Value) -> Vec<String> {
 #[test]
 fn batch_schema_validates_the_examples() {
     let schema = batch_schema();
-    for name in ["batch-local.yaml", "batch-fake.yaml"] {
+    for name in ["batch-local.yaml", "batch-fake.yaml", "batch-agent.yaml"] {
         let errs = errors(&schema, &yaml(&examples().join(name)));
         assert!(errs.is_empty(), "{name}: {errs:#?}");
     }
@@ -85,8 +85,16 @@ fn batch_schema_rejects_invalid_manifests() {
             "batch_id: x\ndefaults:\n  max_retries: 6\ntasks:\n  - task_id: a\n",
         ),
         (
-            "runtime",
-            "batch_id: x\ndefaults:\n  runtime: docker\ntasks:\n  - task_id: a\n",
+            "runtime name",
+            "batch_id: x\ndefaults:\n  runtime: Docker!\ntasks:\n  - task_id: a\n",
+        ),
+        (
+            "runtimes entry",
+            "batch_id: x\nruntimes:\n  box: {kind: agent, endpoint: \"http://h\", colour: red}\ntasks:\n  - task_id: a\n",
+        ),
+        (
+            "runtimes name",
+            "batch_id: x\nruntimes:\n  Box: {kind: fake}\ntasks:\n  - task_id: a\n",
         ),
         ("batch id", "batch_id: a/b\ntasks:\n  - task_id: a\n"),
         ("task id type", "batch_id: x\ntasks:\n  - task_id: [a]\n"),

@@ -178,3 +178,64 @@ fn values_that_cannot_run_are_refused_with_exit_2() {
     }
     assert!(!sb.out().exists(), "a refused manifest writes nothing");
 }
+
+#[test]
+fn runtimes_flags_reach_the_plan_and_a_bad_table_writes_nothing() {
+    let sb = Sandbox::new();
+    let out = sb.out().display().to_string();
+    let tasks = sb.write(
+        "tasks.jsonl",
+        "{\"id\": \"a\"}\n{\"id\": \"b\", \"runtime\": \"fake\"}\n",
+    );
+    let args = |runtimes: &str| {
+        [
+            "batch",
+            "plan",
+            "--manifest",
+            tasks.to_str().unwrap(),
+            "--runtimes",
+            runtimes,
+            "--runtime",
+            "box",
+            "--harness",
+            "./run.sh",
+            "--output-dir",
+            &out,
+        ]
+        .map(str::to_string)
+    };
+    let run = |a: [String; 12]| sb.run(&a.iter().map(String::as_str).collect::<Vec<_>>());
+
+    let bad = sb.write(
+        "bad.yaml",
+        "runtimes:\n  box: {kind: agent, endpoint: \"http://10.9.8.7:7300\"}\n",
+    );
+    let o = run(args(bad.to_str().unwrap()));
+    assert_exit(&o, 2);
+    let err = stderr(&o);
+    assert!(
+        err.contains("runtimes.box.endpoint")
+            && err.contains("runtimes file")
+            && err.contains("line 2")
+            && err.contains("plaintext is refused off loopback"),
+        "{err}"
+    );
+    assert!(!sb.out().exists(), "a refused table writes nothing");
+
+    let good = sb.write(
+        "conf/runtimes.yaml",
+        "runtimes:\n  box: {kind: agent, endpoint: \"http://127.0.0.1:7300\", token_file: token}\n",
+    );
+    let o = run(args(good.to_str().unwrap()));
+    assert_exit(&o, 0);
+    let plan = sb.json(&sb.bundle("tasks").join("batch_plan.json"));
+    assert_eq!(plan["cases"][0]["runtime"], "agent");
+    assert_eq!(plan["cases"][0]["runtime_name"], "box");
+    assert_eq!(plan["cases"][1]["runtime"], "fake");
+    assert!(plan["cases"][1].get("runtime_name").is_none(), "{plan:#}");
+    let token = plan["runtimes"]["box"]["token_file"].as_str().unwrap();
+    assert!(
+        token.ends_with("/conf/token") && token.starts_with('/'),
+        "{token}"
+    );
+}
