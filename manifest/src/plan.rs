@@ -465,9 +465,10 @@ fn case_input(decl: &CaseDecl, r: &mut Report) -> BTreeMap<String, Value> {
 
 /// What the fingerprint covers for one case: its identity and everything that decides how it
 /// runs, but not where it was written (lines, absolute paths) or batch-wide knobs
-/// (concurrency, retries), so reformatting or moving a manifest keeps resume possible. The
-/// runtime's kind is covered (a simulation is not a run), its table name and the table are
-/// not: where a case runs is not what it is, so an agent may move or be renamed.
+/// (concurrency, retries), so reformatting or moving a manifest keeps resume possible. Whether
+/// the case really runs is covered (a simulation is not a run), but not where: `agent` counts
+/// as `local-process` (both run the harness as a process), and the table name and the table
+/// are left out, so a batch may move onto agents, and an agent may move or be renamed.
 #[derive(Serialize)]
 struct FingerprintCase<'a> {
     case_id: &'a str,
@@ -492,7 +493,10 @@ pub(crate) fn fingerprint(cases: &[PlannedCase]) -> String {
         .iter()
         .map(|c| FingerprintCase {
             case_id: &c.case_id,
-            runtime: c.runtime,
+            runtime: match c.runtime {
+                RuntimeKind::Agent => RuntimeKind::LocalProcess,
+                kind => kind,
+            },
             harness: &c.harness,
             evaluator: &c.evaluator,
             sandbox: &c.sandbox,

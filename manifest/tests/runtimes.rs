@@ -103,6 +103,14 @@ fn the_fingerprint_ignores_the_table_and_runtime_names() {
         first,
         fp(&TWO_AGENTS.replace("{task_id: t1, runtime: gpu}", "{task_id: t1}"))
     );
+    // Moving a case from the local host onto an agent keeps it too.
+    assert_eq!(
+        first,
+        fp(&TWO_AGENTS.replace(
+            "{task_id: t1, runtime: gpu}",
+            "{task_id: t1, runtime: local-process}"
+        ))
+    );
     // What the case is still counts: a simulation is not a run.
     assert_ne!(
         first,
