@@ -21,6 +21,7 @@ use temporalio_sdk::ApplicationFailure;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
 use crate::evaluator;
+use casebatch_runtime::agent::AgentRuntime;
 use casebatch_runtime::attempt_io;
 use casebatch_runtime::fake::Fake;
 use casebatch_runtime::harness;
@@ -28,11 +29,13 @@ use casebatch_runtime::local_process::{LocalProcess, hostname};
 use casebatch_runtime::{AttemptEnv, Liveness, Runtime};
 
 /// The stage activities. One instance per worker; runtimes keep per-process state (children
-/// this worker spawned) and plans are cached per bundle because they never change.
+/// this worker spawned, connections to agents) and plans are cached per bundle because they
+/// never change.
 #[derive(Default)]
 pub struct CaseActivities {
     local: LocalProcess,
     fake: Fake,
+    agent: AgentRuntime,
     plans: Mutex<HashMap<String, Arc<Plan>>>,
 }
 
@@ -66,8 +69,10 @@ macro_rules! with_runtime {
                 let $rt = &$self.fake;
                 $body
             }
-            // Refused by `CaseActivities::env` until the agent client lands.
-            RuntimeKind::Agent => unreachable!("agent cases are refused before dispatch"),
+            RuntimeKind::Agent => {
+                let $rt = &$self.agent;
+                $body
+            }
         }
     };
 }
@@ -104,14 +109,21 @@ impl CaseActivities {
                 ),
             ))
         })?;
-        if case.runtime == RuntimeKind::Agent {
-            return Err(classified(&Failure::config(
-                Stage::Provision,
-                FailureCode::SpawnFailed,
-                "this worker cannot run cases on a runtime agent yet",
-            )));
-        }
-        Ok(AttemptEnv::new(key.clone(), case.clone()))
+        let env = AttemptEnv::new(key.clone(), case.clone());
+        // The agent's entry of the runtimes table; a missing one is the runtime's to report
+        // (a config failure of the stage, an unconfirmed cleanup), not an activity error.
+        Ok(
+            match case
+                .runtime_name
+                .as_ref()
+                .and_then(|n| plan.runtimes.get(n))
+            {
+                Some(spec) if case.runtime == RuntimeKind::Agent => {
+                    env.with_runtime_spec(spec.clone())
+                }
+                _ => env,
+            },
+        )
     }
 
     fn event(env: &AttemptEnv, kind: &str, message: String) {
@@ -193,10 +205,11 @@ impl CaseActivities {
         let retried = ctx.info().attempt > 1;
         let live = ActivityLiveness(ctx);
         let mut report = with_runtime!(self, env, |rt| rt.await_job(env, &job, &live).await);
-        // local-process knows whether it re-attached (see its module doc); the fake runtime
-        // has no process, so a retried await stands for re-attaching.
+        // local-process knows whether it re-attached (see its module doc); for the fake
+        // runtime (no process) and an agent (the job lives there, another worker's await
+        // died), a retried await stands for re-attaching.
         report.adopted |= retried
-            && env.case.runtime == RuntimeKind::Fake
+            && matches!(env.case.runtime, RuntimeKind::Fake | RuntimeKind::Agent)
             && report
                 .failure
                 .as_ref()
@@ -278,6 +291,10 @@ impl CaseActivities {
 /// a worker that dies mid-stage is noticed within seconds and the stage retried elsewhere.
 const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Pauses between submits to a full runtime: 1 s, growing to 5 s.
+const FULL_FIRST_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+const FULL_MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Runs `work`, heartbeating `details` until it is done.
 async fn heartbeating<T, D>(
     ctx: &ActivityContext,
@@ -316,10 +333,27 @@ impl CaseActivities {
             if let StageResult::Failed(f) = self.provision_stage(&env).await? {
                 return Ok(failed(f));
             }
-            Ok(match self.submit_stage(&env).await {
-                SubmitResult::Started(job) => StartResult::Started(job),
-                SubmitResult::Failed(f) => failed(f),
-            })
+            // A full runtime is waited out here, heartbeating, so a busy agent does not spend
+            // the case's attempts. Issue 9 moves this admission into the workflow.
+            let mut pause = FULL_FIRST_PAUSE;
+            let mut waiting = false;
+            loop {
+                match self.submit_stage(&env).await {
+                    SubmitResult::Started(job) => return Ok(StartResult::Started(job)),
+                    SubmitResult::Failed(f) if f.code == FailureCode::RuntimeFull => {
+                        if !waiting {
+                            waiting = true;
+                            Self::event(&env, "runtime_full", format!("waiting: {}", f.message));
+                        }
+                        tokio::select! {
+                            _ = ctx.cancelled() => return Err(ActivityError::cancelled()),
+                            _ = tokio::time::sleep(pause) => {}
+                        }
+                        pause = (pause * 2).min(FULL_MAX_PAUSE);
+                    }
+                    SubmitResult::Failed(f) => return Ok(failed(f)),
+                }
+            }
         };
         heartbeating(&ctx, (), start).await
     }
@@ -471,9 +505,12 @@ impl CaseActivities {
             failure: s.failure.clone().or_else(|| s.collect_failure.clone()),
             collect_failure: s.collect_failure.clone(),
             adopted: s.adopted,
+            // An agent's job.json is fetched with the attempt's files.
             job_starts: match env.case.runtime {
-                RuntimeKind::LocalProcess => LocalProcess::recorded_starts(&env),
-                RuntimeKind::Fake | RuntimeKind::Agent => None,
+                RuntimeKind::LocalProcess | RuntimeKind::Agent => {
+                    LocalProcess::recorded_starts(&env)
+                }
+                RuntimeKind::Fake => None,
             },
             scores,
             trace_ref: harness_result.trace.clone(),

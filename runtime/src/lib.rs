@@ -1,11 +1,12 @@
 //! Runtimes: where an attempt's job actually runs, and the local machinery that runs it
 //! (processes, their identity in `/proc`, memory limits, the harness contract).
 //!
-//! The [`Runtime`] trait is shaped for remote runtimes (a later step): every operation is
-//! keyed by the attempt, `submit` is idempotent, `await_job` reports liveness through
-//! heartbeats, `adopt` finds a job by its case key without trusting a stale pid, and
+//! The [`Runtime`] trait is shaped for remote runtimes ([`agent::AgentRuntime`]): every
+//! operation is keyed by the attempt, `submit` is idempotent, `await_job` reports liveness
+//! through heartbeats, `adopt` finds a job by its case key without trusting a stale pid, and
 //! `cleanup` confirms that nothing of the attempt is left.
 
+pub mod agent;
 pub mod attempt_io;
 pub mod case_env;
 pub mod fake;
@@ -19,7 +20,7 @@ use std::future::Future;
 use std::path::PathBuf;
 
 use casebatch_bundle::{Bundle, CleanupReceipt, layout::attempt_files};
-use casebatch_manifest::model::PlannedCase;
+use casebatch_manifest::model::{PlannedCase, RuntimeSpec};
 use casebatch_proto::{ActorReport, AttemptKey, Failure, JobRef};
 
 /// Everything a runtime needs to know about one attempt.
@@ -30,6 +31,9 @@ pub struct AttemptEnv {
     pub bundle: Bundle,
     /// `cases/<case_dir>/attempts/<n>/`.
     pub dir: PathBuf,
+    /// The runtimes-table entry the case names (`PlannedCase::runtime_name`), for runtimes
+    /// reached through one (an agent); `None` for the built-in ones.
+    pub runtime_spec: Option<RuntimeSpec>,
 }
 
 impl AttemptEnv {
@@ -41,7 +45,14 @@ impl AttemptEnv {
             case,
             bundle,
             dir,
+            runtime_spec: None,
         }
+    }
+
+    /// The same attempt, on the runtimes-table entry `spec` (the one the case names).
+    pub fn with_runtime_spec(mut self, spec: RuntimeSpec) -> Self {
+        self.runtime_spec = Some(spec);
+        self
     }
 
     pub fn marker(&self) -> String {

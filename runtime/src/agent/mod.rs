@@ -1,0 +1,399 @@
+//! `agent`: the worker's client of a `casebatch agent` (gRPC,
+//! `proto/casebatch/runtime/v1/runtime.proto`). Jobs run on the agent's host and outlive the
+//! workers; any worker replica can drive any job, because every call names the job by its
+//! attempt key (`<batch_id>/<case_index>/<attempt>`), never by a connection or a pid.
+//!
+//! - `provision` writes only the worker's side (the attempt directory, `input.json` for the
+//!   evaluator); the agent prepares its own.
+//! - `submit` sends the planned case; a repeated submit returns the existing job. A full
+//!   agent is `RUNTIME_FULL` (retryable infra); the caller decides whether to wait.
+//! - `await_job` watches the job, heartbeating its reference every second; a broken stream
+//!   (the agent restarting) is watched again with backoff, until the agent has been
+//!   unreachable for [`Timing::unreachable_grace`] (then `RUNTIME_UNREACHABLE`). When the job
+//!   ends, its files are fetched into the bundle ([`artifacts`]) and the agent's classified
+//!   report is returned. A cancel kills the job and waits for its end.
+//! - `adopt` needs nothing but the key: the agent knows the rest.
+//! - `cleanup` returns the agent's receipt; an agent that never heard of the key had
+//!   nothing submitted, which is confirmed.
+
+pub mod artifacts;
+mod calls;
+mod error;
+mod target;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use casebatch_bundle::{
+    CleanupReceipt, Event, RECORD_SCHEMA_VERSION, append_jsonl, layout::attempt_files,
+    write_json_atomic,
+};
+use casebatch_proto::runtime_v1::{self as wire, runtime_client::RuntimeClient};
+use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
+use tonic::transport::Channel;
+
+pub use error::AgentError;
+pub use target::{AgentTarget, TokenSource, is_loopback};
+
+use crate::{AttemptEnv, Liveness, Runtime, attempt_io};
+use calls::{Outage, beating};
+use target::Channels;
+
+/// How long the client waits on an agent.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// How long an awaited job's agent may stay unreachable (without a break) before the
+    /// attempt fails as `RUNTIME_UNREACHABLE`.
+    pub unreachable_grace: Duration,
+    /// How long a submit retries an unreachable agent (inside the `start` activity's
+    /// deadline).
+    pub submit_grace: Duration,
+    /// How long cleanup retries an unreachable agent before an unconfirmed receipt (inside
+    /// the `cleanup` activity's deadline).
+    pub cleanup_grace: Duration,
+    /// How long a cancelled job is waited for after the kill.
+    pub cancel_wait: Duration,
+    /// The longest pause between tries.
+    pub max_backoff: Duration,
+    pub heartbeat_every: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            unreachable_grace: Duration::from_secs(60),
+            submit_grace: Duration::from_secs(20),
+            cleanup_grace: Duration::from_secs(40),
+            cancel_wait: Duration::from_secs(30),
+            max_backoff: Duration::from_secs(5),
+            heartbeat_every: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The runtime for cases on an agent. One per worker: it holds one channel per agent.
+#[derive(Default)]
+pub struct AgentRuntime {
+    channels: Channels,
+    timing: Timing,
+}
+
+fn failed(failure: Failure) -> ActorReport {
+    ActorReport {
+        status: ActorStatus::Failed,
+        exit_code: None,
+        failure: Some(failure),
+        adopted: false,
+        memory_limit_mb: None,
+    }
+}
+
+fn job_ref(t: &AgentTarget, key: String, job: Option<&wire::Job>) -> JobRef {
+    JobRef {
+        marker: key,
+        pid: job.and_then(|j| j.pid),
+        start_ticks: job.and_then(|j| j.start_ticks),
+        // Any worker can reach the agent: settle and cleanup run on the shared queue.
+        host_queue: None,
+        runtime: Some(t.name.clone()),
+    }
+}
+
+fn event(env: &AttemptEnv, kind: &str, message: String) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let _ = append_jsonl(
+        &env.bundle.events(),
+        &Event {
+            ts_ms: now,
+            kind: kind.into(),
+            case_id: Some(env.case.case_id.clone()),
+            attempt: Some(env.key.attempt),
+            message,
+        },
+    );
+}
+
+impl AgentRuntime {
+    pub fn new(timing: Timing) -> Self {
+        Self {
+            channels: Channels::default(),
+            timing,
+        }
+    }
+
+    pub fn timing(&self) -> Timing {
+        self.timing
+    }
+
+    fn client(&self, t: &AgentTarget) -> Result<RuntimeClient<Channel>, AgentError> {
+        self.channels.client(t)
+    }
+
+    fn outage(&self, grace: Duration) -> Outage {
+        Outage::new(grace, self.timing.max_backoff)
+    }
+
+    /// Waits for the job to end; `Err` is the attempt's failure.
+    async fn watch_to_end(
+        &self,
+        t: &AgentTarget,
+        key: &str,
+        job: &Mutex<JobRef>,
+    ) -> Result<wire::Job, Failure> {
+        let mut outage = self.outage(self.timing.unreachable_grace);
+        loop {
+            let err = match self.watch_once(t, key, job, &mut outage).await {
+                Ok(ended) => return Ok(ended),
+                Err(e) => e,
+            };
+            if let Err(e) = outage.next(err).await {
+                return Err(e.failure(Stage::Await));
+            }
+        }
+    }
+
+    /// The ended job's files into the bundle, retried while the agent is unreachable.
+    async fn fetch(&self, t: &AgentTarget, env: &AttemptEnv) -> Result<(), Failure> {
+        let mut outage = self.outage(self.timing.unreachable_grace);
+        let fetched = loop {
+            match self.fetch_once(t, env).await {
+                Ok(Ok(f)) => break f,
+                Ok(Err(write)) => {
+                    return Err(Failure::infra(
+                        Stage::Await,
+                        FailureCode::ActivityError,
+                        format!(
+                            "failed to write the artifacts of job {}: {write}",
+                            env.marker()
+                        ),
+                    ));
+                }
+                Err(e) => outage.next(e).await.map_err(|e| e.failure(Stage::Await))?,
+            }
+        };
+        if !fetched.refused.is_empty() {
+            let list: Vec<String> = fetched
+                .refused
+                .iter()
+                .map(|(path, why)| format!("{path:?} {why}"))
+                .collect();
+            tracing::warn!(job = %env.marker(), files = ?list, "artifacts not taken whole");
+            event(
+                env,
+                "artifacts_refused",
+                format!("from {}: {}", t.named(), list.join("; ")),
+            );
+        }
+        if fetched.result_too_large {
+            return Err(Failure::harness(
+                Stage::Await,
+                FailureCode::ResultTooLarge,
+                format!(
+                    "the harness's result was not fetched: it is larger than the worker's limit \
+                     of {} bytes (worker setting {})",
+                    attempt_io::max_result_bytes(),
+                    attempt_io::MAX_RESULT_BYTES_ENV
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Kills the job and waits (bounded) for it to end; the report of a cancelled attempt.
+    async fn cancel<L: Liveness>(
+        &self,
+        t: &AgentTarget,
+        key: &str,
+        job: &Mutex<JobRef>,
+        live: &L,
+    ) -> ActorReport {
+        let stop = async {
+            let mut outage = self.outage(self.timing.cancel_wait);
+            loop {
+                match self.kill_once(t, key).await {
+                    Ok(()) | Err(AgentError::NotFound(_)) => break,
+                    Err(e) => {
+                        if outage.next(e).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            loop {
+                match self.watch_once(t, key, job, &mut outage).await {
+                    Ok(_) | Err(AgentError::NotFound(_)) => return,
+                    Err(e) => {
+                        if outage.next(e).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        };
+        let every = self.timing.heartbeat_every;
+        let bounded = tokio::time::timeout(self.timing.cancel_wait, stop);
+        if beating(live, job, every, false, bounded)
+            .await
+            .and_then(Result::ok)
+            .is_none()
+        {
+            tracing::warn!(job = key, agent = %t.named(), "the cancelled job did not end in time");
+        }
+        ActorReport {
+            status: ActorStatus::Cancelled,
+            exit_code: None,
+            failure: None,
+            adopted: false,
+            memory_limit_mb: None,
+        }
+    }
+}
+
+impl Runtime for AgentRuntime {
+    async fn provision(&self, env: &AttemptEnv) -> Result<(), Failure> {
+        // The worker's half: the evaluator runs here and reads the input and outputs.
+        let fail = |e: String| Failure::infra(Stage::Provision, FailureCode::ProvisionIo, e);
+        AgentTarget::of(env).map_err(|e| e.failure(Stage::Provision))?;
+        std::fs::create_dir_all(env.file(attempt_files::OUTPUT))
+            .map_err(|e| fail(format!("{}: {e}", env.dir.display())))?;
+        write_json_atomic(&env.file(attempt_files::INPUT), &env.case.input)
+            .map_err(|e| fail(e.to_string()))
+    }
+
+    async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, Failure> {
+        let t = AgentTarget::of(env).map_err(|e| e.failure(Stage::Submit))?;
+        // Idempotent by key, so a submit whose answer was lost is simply sent again.
+        let mut outage = self.outage(self.timing.submit_grace);
+        loop {
+            match self.submit_once(&t, env).await {
+                Ok(job) => return Ok(job_ref(&t, env.marker(), Some(&job))),
+                Err(e) => outage.next(e).await.map_err(|e| e.failure(Stage::Submit))?,
+            }
+        }
+    }
+
+    async fn await_job<L: Liveness>(
+        &self,
+        env: &AttemptEnv,
+        job: &JobRef,
+        live: &L,
+    ) -> ActorReport {
+        let t = match AgentTarget::of(env) {
+            Ok(t) => t,
+            Err(e) => return failed(e.failure(Stage::Await)),
+        };
+        let key = env.marker();
+        let job = Mutex::new(JobRef {
+            runtime: Some(t.name.clone()),
+            host_queue: None,
+            ..job.clone()
+        });
+        let every = self.timing.heartbeat_every;
+        let ended = match beating(live, &job, every, true, self.watch_to_end(&t, &key, &job)).await
+        {
+            None => return self.cancel(&t, &key, &job, live).await,
+            Some(Err(f)) => return failed(f),
+            Some(Ok(ended)) => ended,
+        };
+        let report = ended
+            .report
+            .ok_or_else(|| "no report".to_string())
+            .and_then(ActorReport::try_from);
+        let report = match report {
+            Ok(r) => r,
+            Err(why) => {
+                return failed(Failure::infra(
+                    Stage::Await,
+                    FailureCode::ActivityError,
+                    format!(
+                        "{} ended job {key} with an unusable report: {why}",
+                        t.named()
+                    ),
+                ));
+            }
+        };
+        // The job has ended: its files are fetched even if a cancel arrives meanwhile.
+        match beating(live, &job, every, false, self.fetch(&t, env)).await {
+            Some(Ok(())) => report,
+            Some(Err(f)) => ActorReport {
+                failure: Some(f),
+                status: ActorStatus::Failed,
+                ..report
+            },
+            None => unreachable!("beating without stop_on_cancel always finishes its work"),
+        }
+    }
+
+    fn adopt(&self, env: &AttemptEnv) -> Option<JobRef> {
+        // The key is the job's name on the agent: await resolves the rest.
+        let t = AgentTarget::of(env).ok()?;
+        Some(job_ref(&t, env.marker(), None))
+    }
+
+    fn kill(&self, env: &AttemptEnv) {
+        // Best effort, from sync code: the channel and the call need the async runtime.
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Ok(t) = AgentTarget::of(env) else {
+            return;
+        };
+        let Ok(client) = self.client(&t) else {
+            return;
+        };
+        let key = env.marker();
+        handle.spawn(async move {
+            if let Err(e) = calls::kill(client, &t, &key).await {
+                tracing::warn!(job = key, "kill not delivered: {e}");
+            }
+        });
+    }
+
+    async fn cleanup(&self, env: &AttemptEnv) -> CleanupReceipt {
+        let key = env.marker();
+        let receipt = |confirmed: bool, message: String| CleanupReceipt {
+            schema_version: RECORD_SCHEMA_VERSION.into(),
+            marker: key.clone(),
+            cleanup_confirmed: confirmed,
+            killed: Vec::new(),
+            remaining: Vec::new(),
+            scans: 0,
+            message,
+        };
+        let t = match AgentTarget::of(env) {
+            Ok(t) => t,
+            Err(e) => return receipt(false, format!("the agent could not be asked: {e}")),
+        };
+        let mut outage = self.outage(self.timing.cleanup_grace);
+        loop {
+            let err = match self.cleanup_once(&t, &key).await {
+                Ok(r) => {
+                    return CleanupReceipt {
+                        schema_version: RECORD_SCHEMA_VERSION.into(),
+                        marker: key,
+                        cleanup_confirmed: r.cleanup_confirmed,
+                        killed: r.killed,
+                        remaining: r.remaining,
+                        scans: r.scans,
+                        message: format!("{}: {}", t.named(), r.message),
+                    };
+                }
+                // The agent's table is durable: no entry means nothing was ever submitted.
+                Err(AgentError::NotFound(_)) => {
+                    return receipt(
+                        true,
+                        format!("nothing was submitted to {} for this attempt", t.named()),
+                    );
+                }
+                Err(e) => e,
+            };
+            if let Err(e) = outage.next(err).await {
+                return receipt(false, format!("cleanup of job {key} not confirmed: {e}"));
+            }
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! Where an agent is and how to talk to it: a runtimes-table entry checked into an
+//! [`AgentTarget`] (endpoint, token source, TLS CA), the channels cached per endpoint, and the
+//! bearer token put on each call.
+//!
+//! Plaintext only on loopback, as for Temporal: a token sent over plaintext off the host could
+//! be read on the way. The token is read on the worker for every call (so a rotated Secret is
+//! picked up without a restart), put straight into the call's metadata, and never logged,
+//! written or echoed in a message.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use casebatch_manifest::model::{RuntimeKind, RuntimeSpec};
+use casebatch_proto::runtime_v1::runtime_client::RuntimeClient;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Uri};
+
+use super::AgentError;
+use crate::AttemptEnv;
+
+/// How long opening a connection may take before the agent counts as unreachable.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// HTTP/2 pings on idle and streaming connections: a dead agent host (no RST) is noticed
+/// within about this long instead of a Watch hanging forever.
+const KEEPALIVE: Duration = Duration::from_secs(10);
+
+/// Where the bearer token is read from, on the worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    None,
+    /// An environment variable of the worker (`token_env`).
+    Env(String),
+    /// A file on the worker (`token_file`), trimmed.
+    File(PathBuf),
+}
+
+impl TokenSource {
+    /// Where the token comes from, for messages: `$NAME`, `file /path`, or that there is none.
+    pub fn describe(&self) -> String {
+        match self {
+            TokenSource::None => "no token (neither token_env nor token_file is set)".into(),
+            TokenSource::Env(name) => format!("${name}"),
+            TokenSource::File(path) => format!("file {}", path.display()),
+        }
+    }
+
+    /// Reads the token now. `Err` says what is wrong with the source, never the token.
+    pub fn read(&self, runtime: &str) -> Result<Option<String>, AgentError> {
+        let token = match self {
+            TokenSource::None => return Ok(None),
+            TokenSource::Env(name) => std::env::var(name).map_err(|_| {
+                AgentError::Auth(format!(
+                    "runtime `{runtime}`: token_env names ${name}, which is not set (or not \
+                     UTF-8) in this worker's environment: set it where every worker runs"
+                ))
+            })?,
+            TokenSource::File(path) => std::fs::read_to_string(path).map_err(|e| {
+                AgentError::Auth(format!(
+                    "runtime `{runtime}`: cannot read its token_file {}: {e}",
+                    path.display()
+                ))
+            })?,
+        };
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(AgentError::Auth(format!(
+                "runtime `{runtime}`: the token in {} is empty",
+                self.describe()
+            )));
+        }
+        Ok(Some(token.to_string()))
+    }
+}
+
+/// A runtimes-table entry of kind `agent`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentTarget {
+    /// The entry's name in the runtimes table.
+    pub name: String,
+    pub endpoint: String,
+    pub token: TokenSource,
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl AgentTarget {
+    /// The entry the attempt's case names (`PlannedCase::runtime_name`, resolved into
+    /// `AttemptEnv::runtime_spec`).
+    pub fn of(env: &AttemptEnv) -> Result<Self, AgentError> {
+        let case = &env.case.case_id;
+        let name = env.case.runtime_name.as_deref().ok_or_else(|| {
+            AgentError::Config(format!(
+                "case {case} runs on an agent but names no runtime: set `runtime: <name>` to \
+                 an entry of the runtimes table"
+            ))
+        })?;
+        let spec = env.runtime_spec.as_ref().ok_or_else(|| {
+            AgentError::Config(format!(
+                "case {case} names runtime `{name}`, which the batch's runtimes table does not \
+                 have"
+            ))
+        })?;
+        Self::from_spec(name, spec)
+    }
+
+    /// Checks an entry: kind `agent`, an `https://` endpoint or an `http://` one on loopback,
+    /// at most one token source.
+    pub fn from_spec(name: &str, spec: &RuntimeSpec) -> Result<Self, AgentError> {
+        let field = |f: &str| format!("runtimes.{name}.{f}");
+        let config = AgentError::Config;
+        if spec.kind != RuntimeKind::Agent {
+            return Err(config(format!(
+                "runtime `{name}` is of kind {}, not agent",
+                spec.kind.as_str()
+            )));
+        }
+        let endpoint = spec.endpoint.as_deref().map(str::trim).unwrap_or_default();
+        if endpoint.is_empty() {
+            return Err(config(format!(
+                "{} is not set: an agent runtime needs https://HOST:PORT (or http://HOST:PORT \
+                 on loopback)",
+                field("endpoint")
+            )));
+        }
+        let uri: Uri = endpoint.parse().map_err(|e| {
+            config(format!(
+                "{} {endpoint:?} is not a URL ({e}): write https://HOST:PORT",
+                field("endpoint")
+            ))
+        })?;
+        let host = uri.host().unwrap_or_default();
+        if host.is_empty() {
+            return Err(config(format!(
+                "{} {endpoint:?} names no host: write https://HOST:PORT",
+                field("endpoint")
+            )));
+        }
+        match uri.scheme_str() {
+            Some("https") => {}
+            Some("http") if is_loopback(host) => {}
+            Some("http") => {
+                return Err(config(format!(
+                    "{} {endpoint:?} is plaintext http to a host that is not loopback: \
+                     plaintext is allowed on loopback only, so the token and the jobs cannot \
+                     be read on the way; use https:// (and tls_ca if the agent's certificate \
+                     is not signed by a system root)",
+                    field("endpoint")
+                )));
+            }
+            _ => {
+                return Err(config(format!(
+                    "{} {endpoint:?} must start with https:// (or http:// on loopback)",
+                    field("endpoint")
+                )));
+            }
+        }
+        let token = match (&spec.token_env, &spec.token_file) {
+            (Some(_), Some(_)) => {
+                return Err(config(format!(
+                    "runtime `{name}` sets both token_env and token_file: keep one"
+                )));
+            }
+            (Some(var), None) => TokenSource::Env(var.clone()),
+            (None, Some(file)) => TokenSource::File(file.into()),
+            (None, None) => TokenSource::None,
+        };
+        Ok(Self {
+            name: name.to_string(),
+            endpoint: endpoint.trim_end_matches('/').to_string(),
+            token,
+            tls_ca: spec.tls_ca.as_ref().map(PathBuf::from),
+        })
+    }
+
+    /// `runtime `NAME` at ENDPOINT`, the way every message names the agent.
+    pub fn named(&self) -> String {
+        format!("runtime `{}` at {}", self.name, self.endpoint)
+    }
+
+    fn is_https(&self) -> bool {
+        self.endpoint.starts_with("https://")
+    }
+
+    /// A request carrying the bearer token (read now), with `timeout` as its deadline.
+    pub fn request<T>(
+        &self,
+        message: T,
+        timeout: Option<Duration>,
+    ) -> Result<tonic::Request<T>, AgentError> {
+        let mut request = tonic::Request::new(message);
+        if let Some(t) = timeout {
+            request.set_timeout(t);
+        }
+        if let Some(token) = self.token.read(&self.name)? {
+            let value = MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| {
+                AgentError::Auth(format!(
+                    "runtime `{}`: the token in {} is not a valid header value (it holds \
+                     control or non-ASCII characters)",
+                    self.name,
+                    self.token.describe()
+                ))
+            })?;
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(request)
+    }
+}
+
+/// `localhost` or a loopback address (`127.0.0.0/8`, `::1`).
+pub fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost")
+        || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// One channel per agent, opened lazily and reused by every call to it: a channel multiplexes
+/// calls over one HTTP/2 connection and reconnects by itself after the agent restarts.
+#[derive(Default)]
+pub struct Channels(Mutex<HashMap<(String, Option<PathBuf>), Channel>>);
+
+impl Channels {
+    pub fn client(&self, target: &AgentTarget) -> Result<RuntimeClient<Channel>, AgentError> {
+        let key = (target.endpoint.clone(), target.tls_ca.clone());
+        if let Some(ch) = self.0.lock().expect("lock").get(&key) {
+            return Ok(RuntimeClient::new(ch.clone()));
+        }
+        let channel = open(target)?;
+        // A racing caller may have opened one too: keep the first, so all share it.
+        let channel = self
+            .0
+            .lock()
+            .expect("lock")
+            .entry(key)
+            .or_insert(channel)
+            .clone();
+        Ok(RuntimeClient::new(channel))
+    }
+}
+
+fn open(target: &AgentTarget) -> Result<Channel, AgentError> {
+    let bad = |what: String| AgentError::Config(format!("{}: {what}", target.named()));
+    let mut endpoint = Endpoint::from_shared(target.endpoint.clone())
+        .map_err(|e| bad(format!("not a usable endpoint: {e}")))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(KEEPALIVE)
+        .keep_alive_timeout(KEEPALIVE)
+        .keep_alive_while_idle(true);
+    if target.is_https() {
+        let tls = match &target.tls_ca {
+            // A private CA replaces the system roots: only it may vouch for the agent.
+            Some(path) => {
+                let pem = std::fs::read(path)
+                    .map_err(|e| bad(format!("cannot read its tls_ca {}: {e}", path.display())))?;
+                if !pem
+                    .windows(b"-----BEGIN CERTIFICATE-----".len())
+                    .any(|w| w == b"-----BEGIN CERTIFICATE-----")
+                {
+                    return Err(bad(format!(
+                        "its tls_ca {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                        path.display()
+                    )));
+                }
+                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem))
+            }
+            None => ClientTlsConfig::new().with_enabled_roots(),
+        };
+        endpoint = endpoint
+            .tls_config(tls.timeout(CONNECT_TIMEOUT))
+            .map_err(|e| bad(format!("TLS setup failed: {e}")))?;
+    }
+    Ok(endpoint.connect_lazy())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(endpoint: &str) -> RuntimeSpec {
+        RuntimeSpec {
+            kind: RuntimeKind::Agent,
+            endpoint: Some(endpoint.into()),
+            token_env: None,
+            token_file: None,
+            tls_ca: None,
+        }
+    }
+
+    fn config_message(r: Result<AgentTarget, AgentError>) -> String {
+        match r {
+            Err(AgentError::Config(m)) => m,
+            other => panic!("expected a config refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn plaintext_is_refused_off_loopback_and_allowed_on_it() {
+        for ok in [
+            "http://127.0.0.1:7070",
+            "http://127.3.2.1:7070",
+            "http://localhost:7070",
+            "http://[::1]:7070",
+            "https://agent.example:7070",
+        ] {
+            let t = AgentTarget::from_spec("a", &spec(ok)).unwrap();
+            assert_eq!(t.endpoint, ok);
+        }
+        for refused in [
+            "http://10.0.0.5:7070",
+            "http://agent.example:7070",
+            "http://[::2]:1",
+        ] {
+            let m = config_message(AgentTarget::from_spec("gpu", &spec(refused)));
+            assert!(m.contains("runtimes.gpu.endpoint"), "{m}");
+            assert!(m.contains("loopback only"), "{m}");
+            assert!(m.contains(refused), "{m}");
+        }
+    }
+
+    #[test]
+    fn a_bad_entry_names_its_field() {
+        let m = config_message(AgentTarget::from_spec("a", &spec("ftp://h:1")));
+        assert!(
+            m.contains("runtimes.a.endpoint") && m.contains("https://"),
+            "{m}"
+        );
+        let m = config_message(AgentTarget::from_spec("a", &spec("")));
+        assert!(m.contains("runtimes.a.endpoint is not set"), "{m}");
+        let mut both = spec("http://127.0.0.1:1");
+        both.token_env = Some("X".into());
+        both.token_file = Some("/f".into());
+        let m = config_message(AgentTarget::from_spec("a", &both));
+        assert!(m.contains("both token_env and token_file"), "{m}");
+        let mut local = spec("http://127.0.0.1:1");
+        local.kind = RuntimeKind::LocalProcess;
+        let m = config_message(AgentTarget::from_spec("a", &local));
+        assert!(m.contains("not agent"), "{m}");
+    }
+
+    #[test]
+    fn a_token_is_read_from_its_file_trimmed_and_put_on_the_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "s3cret-value\n").unwrap();
+        let mut s = spec("http://127.0.0.1:1");
+        s.token_file = Some(file.display().to_string());
+        let t = AgentTarget::from_spec("a", &s).unwrap();
+        assert_eq!(t.token.describe(), format!("file {}", file.display()));
+        let req = t.request((), None).unwrap();
+        assert_eq!(
+            req.metadata().get("authorization").unwrap(),
+            "Bearer s3cret-value"
+        );
+    }
+
+    #[test]
+    fn token_source_errors_say_where_and_never_what() {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = |r: Result<Option<String>, AgentError>| match r {
+            Err(AgentError::Auth(m)) => m,
+            other => panic!("expected an auth refusal, got {other:?}"),
+        };
+        // A name no test sets: the variable is read from the real environment.
+        let unset = TokenSource::Env("CASEBATCH_TEST_TOKEN_NEVER_SET_4711".into());
+        let m = auth(unset.read("gpu"));
+        assert!(m.contains("runtime `gpu`"), "{m}");
+        assert!(m.contains("$CASEBATCH_TEST_TOKEN_NEVER_SET_4711"), "{m}");
+        assert!(m.contains("not set"), "{m}");
+
+        let missing = TokenSource::File(dir.path().join("absent"));
+        let m = auth(missing.read("gpu"));
+        assert!(m.contains("token_file") && m.contains("absent"), "{m}");
+
+        let blank = dir.path().join("blank");
+        std::fs::write(&blank, " \n").unwrap();
+        let m = auth(TokenSource::File(blank.clone()).read("gpu"));
+        assert!(
+            m.contains("is empty") && m.contains(&blank.display().to_string()),
+            "{m}"
+        );
+
+        let bad = dir.path().join("bad");
+        std::fs::write(&bad, "line1\nline2-secret").unwrap();
+        let mut s = spec("http://127.0.0.1:1");
+        s.token_file = Some(bad.display().to_string());
+        let t = AgentTarget::from_spec("gpu", &s).unwrap();
+        let m = match t.request((), None) {
+            Err(AgentError::Auth(m)) => m,
+            other => panic!("expected an auth refusal, got {other:?}"),
+        };
+        assert!(m.contains("not a valid header value"), "{m}");
+        assert!(!m.contains("secret"), "the token leaked into {m}");
+
+        assert_eq!(TokenSource::None.read("gpu").unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn channels_are_reused_and_a_bad_ca_is_config() {
+        let channels = Channels::default();
+        let t = AgentTarget::from_spec("a", &spec("http://127.0.0.1:1")).unwrap();
+        channels.client(&t).unwrap();
+        channels.client(&t).unwrap();
+        assert_eq!(channels.0.lock().unwrap().len(), 1);
+
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "not a certificate").unwrap();
+        let mut s = spec("https://agent.example:7070");
+        s.tls_ca = Some(ca.display().to_string());
+        let t = AgentTarget::from_spec("a", &s).unwrap();
+        match channels.client(&t) {
+            Err(AgentError::Config(m)) => assert!(m.contains("no PEM certificate"), "{m}"),
+            other => panic!("expected a config refusal, got {:?}", other.err()),
+        }
+    }
+}
