@@ -681,3 +681,108 @@ async fn off_loopback_needs_tls_and_a_token_and_nothing_is_touched() {
     );
     assert!(!data.exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_token_serves_tls_clients_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key_pem) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    // A CA and a certificate for localhost signed by it, made by the system's openssl.
+    let ca = dir.path().join("ca.pem");
+    let ca_key = dir.path().join("ca.key");
+    let openssl = |args: &[&str]| {
+        let made = std::process::Command::new("openssl")
+            .current_dir(dir.path())
+            .args(args)
+            .output()
+            .expect("openssl runs");
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=localhost",
+        "-addext",
+        "subjectAltName=DNS:localhost",
+        "-addext",
+        "basicConstraints=critical,CA:FALSE",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "cert.pem",
+    ]);
+    assert!(ca_key.exists());
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "tls-token").unwrap();
+    let (c2, k2, t2) = (cert.clone(), key_pem.clone(), token_file.clone());
+    let agent = TestAgent::start(move |c| {
+        c.tls = Some(crate::TlsFiles { cert: c2, key: k2 });
+        c.token = Some(TokenSource::File(t2));
+    })
+    .await;
+
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(
+            std::fs::read(&ca).unwrap(),
+        ))
+        .domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://{}", agent.addr))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .expect("a TLS client connects");
+    let health = with_token(channel, "tls-token")
+        .health(pb::HealthRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(health.reattached, 0);
+    // Plaintext is not spoken.
+    let plain = match RuntimeClient::connect(format!("http://{}", agent.addr)).await {
+        Ok(mut c) => c.health(pb::HealthRequest {}).await.is_err(),
+        Err(_) => true,
+    };
+    assert!(plain, "a plaintext call must fail");
+    agent.stop().await;
+
+    // A key that is not PEM is refused before anything starts.
+    std::fs::write(&key_pem, "not a key").unwrap();
+    let mut config = AgentConfig::local("127.0.0.1:0".parse().unwrap(), dir.path().join("d2"));
+    config.tls = Some(crate::TlsFiles { cert, key: key_pem });
+    let err = Agent::start(config).await.err().expect("refused");
+    assert!(
+        err.is_usage() && err.to_string().contains("--tls-key"),
+        "{err}"
+    );
+    assert!(!dir.path().join("d2").exists());
+}
