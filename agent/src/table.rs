@@ -293,10 +293,3 @@ pub fn set_cleaned(
     .execute(params![key, to_json(receipt)?, cleaned_at_ms as i64])?;
     Ok(())
 }
-
-/// Keys of a batch's rows (for Kill by batch).
-pub fn keys_of_batch(conn: &Connection, batch_id: &str) -> rusqlite::Result<Vec<String>> {
-    conn.prepare_cached("SELECT job_key FROM jobs WHERE batch_id = ?1 AND state != 'ended'")?
-        .query_map([batch_id], |r| r.get(0))?
-        .collect()
-}
