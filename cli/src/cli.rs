@@ -36,6 +36,8 @@ pub enum Command {
     Run(SingleRunArgs),
     /// Run a standalone worker (one replica) against the engine.
     Worker(WorkerArgs),
+    /// Run a runtime agent: a gRPC service whose jobs outlive the workers that submit them.
+    Agent(AgentArgs),
     /// The local web demo: three real web tasks on a fixture, run end to end in one command.
     /// `demo serve` runs only the fixture (for the three-terminal tutorial).
     Demo(DemoArgs),
@@ -294,7 +296,68 @@ pub struct WorkerArgs {
     pub engine: EngineArgs,
 }
 
+/// `casebatch agent`. Without a token it listens on loopback only; any other address needs
+/// TLS and a token. The token is never given on the command line: name the variable or the
+/// file that holds it.
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs {
+    /// Address to listen on, e.g. 127.0.0.1:7070 (port 0 picks one; the bound address is
+    /// written to <data-dir>/agent.addr once the agent serves).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: String,
+    /// The agent's directory: job table, attempt directories, lock. One agent at a time.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: PathBuf,
+    /// Jobs not yet ended, at most; a submit beyond it is refused (RUNTIME_FULL), never queued.
+    #[arg(long, value_name = "N", default_value_t = casebatch_agent::DEFAULT_MAX_CONCURRENT)]
+    pub max_concurrent: u32,
+    /// Sum of the declared memory (resources.memory_mb) of jobs not yet ended, at most, in MiB.
+    #[arg(long, value_name = "MB")]
+    pub memory_budget_mb: Option<u64>,
+    /// TLS certificate chain (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Name of the environment variable holding the bearer token every call must present.
+    #[arg(long, value_name = "VAR", conflicts_with = "token_file")]
+    pub token_env: Option<String>,
+    /// File holding the bearer token every call must present.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+}
+
 // Flags → the library's typed inputs.
+
+impl AgentArgs {
+    pub fn config(&self) -> CliResult<casebatch_agent::AgentConfig> {
+        let listen = self.listen.parse().map_err(|e| {
+            CliError::usage(format!(
+                "failed to read --listen {:?}: {e}; give an IP address and port such as 127.0.0.1:7070",
+                self.listen
+            ))
+        })?;
+        let tls = self
+            .tls_cert
+            .clone()
+            .zip(self.tls_key.clone())
+            .map(|(cert, key)| casebatch_agent::TlsFiles { cert, key });
+        let token = match (&self.token_env, &self.token_file) {
+            (Some(var), _) => Some(casebatch_agent::TokenSource::Env(var.clone())),
+            (None, Some(path)) => Some(casebatch_agent::TokenSource::File(path.clone())),
+            (None, None) => None,
+        };
+        Ok(casebatch_agent::AgentConfig {
+            listen,
+            data_dir: self.data_dir.clone(),
+            max_concurrent: self.max_concurrent,
+            memory_budget_mb: self.memory_budget_mb,
+            tls,
+            token,
+        })
+    }
+}
 
 impl ManifestArgs {
     pub fn input(&self) -> CliResult<ManifestInput> {

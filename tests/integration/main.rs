@@ -4,6 +4,7 @@
 
 mod support;
 
+mod agent;
 mod chaos_kills;
 mod cleanup;
 mod demo;

@@ -1,6 +1,7 @@
 //! One module per group of subcommands; `dispatch` routes to them. Every command parses its
 //! flags, calls one `casebatch_control` operation and renders what comes back.
 
+mod agent;
 mod config;
 mod demo;
 mod manifest;
@@ -38,6 +39,7 @@ pub async fn dispatch(command: Command) -> CliResult {
         },
         Command::Run(args) => run::run_one(args).await,
         Command::Worker(args) => worker::run(args).await,
+        Command::Agent(args) => agent::run(args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Harness(h) => demo::harness(h).await,
     }

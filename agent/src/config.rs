@@ -1,0 +1,194 @@
+//! The agent's settings and its security rule: without a token it listens on loopback only;
+//! any other address needs TLS and a bearer token. The token is read from an environment
+//! variable or a file named on the command line (never the value itself), held in memory
+//! only as its SHA-256, and never written anywhere.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use tonic::transport::{Identity, ServerTlsConfig};
+
+use crate::AgentError;
+use crate::auth::BearerAuth;
+
+/// Where the bearer token is read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// `--token-env VAR`: the variable's name.
+    Env(String),
+    /// `--token-file PATH`.
+    File(PathBuf),
+}
+
+impl TokenSource {
+    fn describe(&self) -> String {
+        match self {
+            TokenSource::Env(name) => format!("--token-env {name}"),
+            TokenSource::File(path) => format!("--token-file {}", path.display()),
+        }
+    }
+}
+
+/// `--tls-cert` and `--tls-key`: PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Jobs not yet ended, at most.
+    pub max_concurrent: u32,
+    /// Sum of the declared memory of jobs not yet ended, at most (MiB).
+    pub memory_budget_mb: Option<u64>,
+    pub tls: Option<TlsFiles>,
+    pub token: Option<TokenSource>,
+}
+
+impl AgentConfig {
+    /// Loopback, no TLS, no token, the default envelope.
+    pub fn local(listen: SocketAddr, data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            listen,
+            data_dir: data_dir.into(),
+            max_concurrent: crate::DEFAULT_MAX_CONCURRENT,
+            memory_budget_mb: None,
+            tls: None,
+            token: None,
+        }
+    }
+}
+
+/// What the checked configuration resolved to: the token (hashed) and the TLS identity.
+pub(crate) struct Security {
+    token: Option<Token>,
+    tls: Option<Identity>,
+}
+
+struct Token {
+    digest: [u8; 32],
+    source: TokenSource,
+}
+
+impl Security {
+    /// Reads the token and the TLS files and applies the listen rule. Touches nothing.
+    pub(crate) fn resolve(config: &AgentConfig) -> Result<Self, AgentError> {
+        if config.max_concurrent == 0 {
+            return Err(AgentError::Config(
+                "--max-concurrent must be at least 1".into(),
+            ));
+        }
+        if config.memory_budget_mb == Some(0) {
+            return Err(AgentError::Config(
+                "--memory-budget-mb must be at least 1 (leave it out for no budget)".into(),
+            ));
+        }
+        let loopback = config.listen.ip().is_loopback();
+        if !loopback {
+            let mut missing = Vec::new();
+            if config.tls.is_none() {
+                missing.push("TLS (--tls-cert PEM --tls-key PEM)");
+            }
+            if config.token.is_none() {
+                missing.push("a bearer token (--token-env VAR or --token-file PATH)");
+            }
+            if !missing.is_empty() {
+                return Err(AgentError::Config(format!(
+                    "--listen {} is not a loopback address: an agent reachable from other hosts needs TLS and a bearer token; missing: {}. Or listen on 127.0.0.1 or [::1]",
+                    config.listen,
+                    missing.join(" and ")
+                )));
+            }
+        }
+        let token = config.token.as_ref().map(read_token).transpose()?;
+        let tls = config.tls.as_ref().map(read_tls).transpose()?;
+        let security = Self { token, tls };
+        // Parse the certificate and key now, before anything is started.
+        if let Some(tls) = security.tls_config() {
+            tonic::transport::Server::builder()
+                .tls_config(tls)
+                .map_err(|e| {
+                    AgentError::Config(format!(
+                        "--tls-cert/--tls-key: not a usable PEM certificate chain and private key: {e}"
+                    ))
+                })?;
+        }
+        Ok(security)
+    }
+
+    /// The variable that holds the token, if it comes from one: never passed to a harness.
+    pub(crate) fn token_env(&self) -> Option<String> {
+        match self.token.as_ref().map(|t| &t.source) {
+            Some(TokenSource::Env(name)) => Some(name.clone()),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn interceptor(&self) -> BearerAuth {
+        BearerAuth::new(self.token.as_ref().map(|t| t.digest))
+    }
+
+    pub(crate) fn tls_config(&self) -> Option<ServerTlsConfig> {
+        // tonic's rustls picks the process's default crypto provider: ring, as everywhere in
+        // casebatch (installing twice is harmless).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        self.tls
+            .clone()
+            .map(|identity| ServerTlsConfig::new().identity(identity))
+    }
+}
+
+fn read_token(source: &TokenSource) -> Result<Token, AgentError> {
+    let raw = match source {
+        TokenSource::Env(name) => {
+            if name.is_empty() || name.contains('=') {
+                return Err(AgentError::Config(format!(
+                    "--token-env takes the name of an environment variable, not {name:?}"
+                )));
+            }
+            std::env::var(name).map_err(|_| {
+                AgentError::Config(format!(
+                    "--token-env {name}: the variable is not set (or not UTF-8) in the agent's environment; export the token there"
+                ))
+            })?
+        }
+        TokenSource::File(path) => std::fs::read_to_string(path).map_err(|e| {
+            AgentError::Config(format!(
+                "--token-file {}: failed to read the token: {e}",
+                path.display()
+            ))
+        })?,
+    };
+    // A file usually ends with a newline; the token is what is around it.
+    let token = raw.trim();
+    if token.is_empty() {
+        return Err(AgentError::Config(format!(
+            "{}: the token is empty",
+            source.describe()
+        )));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(AgentError::Config(format!(
+            "{}: the token must be printable ASCII without spaces (it travels in an HTTP header)",
+            source.describe()
+        )));
+    }
+    Ok(Token {
+        digest: crate::auth::digest(token.as_bytes()),
+        source: source.clone(),
+    })
+}
+
+fn read_tls(files: &TlsFiles) -> Result<Identity, AgentError> {
+    let read = |flag: &str, path: &PathBuf| {
+        std::fs::read(path).map_err(|e| {
+            AgentError::Config(format!("{flag} {}: failed to read: {e}", path.display()))
+        })
+    };
+    let cert = read("--tls-cert", &files.cert)?;
+    let key = read("--tls-key", &files.key)?;
+    Ok(Identity::from_pem(cert, key))
+}

@@ -1,0 +1,665 @@
+//! The agent's jobs: admission under the envelope, one task per job that starts and awaits it
+//! with `LocalProcess`, and the live view (a `watch` channel per job not ended) that Watch,
+//! Kill and Cleanup use.
+//!
+//! ```text
+//! Submit ─admit (one lock: envelope, insert row `starting`, live entry)─► task:
+//!    provision (unless job.json exists) → LocalProcess::submit → row `running` (pid, ticks)
+//!    → LocalProcess::await_job (kill flag = Liveness::is_cancelled) → row `ended` (report)
+//!    → live entry removed; reads go to the table from then on
+//! restart: every row not `ended` gets the same task again (submit is idempotent by the
+//!    attempt's files, and await adopts by /proc identity)
+//! ```
+//!
+//! Lock order: the table's connection, then the live map; the live map is never held across
+//! a database call. Because a row and its live entry are created under the table lock, a
+//! reader that finds a row not ended without a live entry finds the entry on a second look
+//! (or the row ended meanwhile).
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use casebatch_bundle::{CleanupReceipt, layout::attempt_files};
+use casebatch_manifest::model::PlannedCase;
+use casebatch_proto::runtime_v1 as pb;
+use casebatch_proto::{ActorReport, ActorStatus, AttemptKey, Failure, FailureCode, JobRef, Stage};
+use casebatch_runtime::local_process::LocalProcess;
+use casebatch_runtime::{AttemptEnv, Liveness, Runtime};
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+use crate::table::{self, InFlight, JobRow, RowState, Table};
+
+/// The most the agent takes on: jobs not yet ended, and their declared memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Envelope {
+    pub max_concurrent: u32,
+    pub memory_budget_mb: Option<u64>,
+}
+
+/// Why a call on the jobs could not be answered.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum JobError {
+    #[error("no job {0:?} on this agent")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error(
+        "attempt key {key} belongs to another bundle ({existing}), not {submitted}: a batch id is used by two bundles"
+    )]
+    OtherBundle {
+        key: String,
+        existing: String,
+        submitted: String,
+    },
+    /// Beyond the envelope: retryable (RUNTIME_FULL).
+    #[error("{0}")]
+    Full(String),
+    /// Beyond the envelope whatever else ends: retrying cannot help.
+    #[error("{0}")]
+    NeverFits(String),
+    #[error("job {0} has not ended yet; its files are fetched once it has")]
+    NotEnded(String),
+    #[error("job table: {0}")]
+    Table(#[from] rusqlite::Error),
+}
+
+/// A job not yet ended: its current state for watchers, and its kill flag.
+struct Live {
+    batch_id: String,
+    kill: Arc<AtomicBool>,
+    tx: watch::Sender<pb::Job>,
+}
+
+/// `LocalProcess::await_job`'s liveness: no heartbeat (nothing to report to), cancelled by
+/// Kill or Cleanup.
+struct KillFlag(Arc<AtomicBool>);
+
+impl Liveness for KillFlag {
+    async fn heartbeat(&self, _job: &JobRef) {}
+
+    fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+pub(crate) struct Jobs {
+    table: Table,
+    live: Arc<Mutex<HashMap<String, Arc<Live>>>>,
+    envelope: Envelope,
+    /// `D/batches`.
+    batches: PathBuf,
+    /// The variable holding the agent's token: never passed to a harness.
+    token_env: Option<String>,
+    reattached: AtomicU32,
+    started: std::time::Instant,
+    stopping: watch::Sender<bool>,
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The wire view of a row.
+pub(crate) fn to_pb(row: &JobRow) -> pb::Job {
+    pb::Job {
+        job_key: row.job_key.clone(),
+        state: match row.state {
+            RowState::Starting => pb::JobState::Starting,
+            RowState::Running => pb::JobState::Running,
+            RowState::Ended => pb::JobState::Ended,
+        } as i32,
+        pid: row.pid,
+        start_ticks: row.start_ticks,
+        starts: row.starts,
+        report: row.report.as_ref().map(pb::ActorReport::from),
+        submitted_at_ms: row.submitted_at_ms,
+        ended_at_ms: row.ended_at_ms,
+        memory_mb: row.memory_mb,
+    }
+}
+
+pub(crate) fn receipt_to_pb(key: &str, r: &CleanupReceipt) -> pb::CleanupReceipt {
+    pb::CleanupReceipt {
+        job_key: key.to_string(),
+        cleanup_confirmed: r.cleanup_confirmed,
+        killed: r.killed.clone(),
+        remaining: r.remaining.clone(),
+        scans: r.scans,
+        message: r.message.clone(),
+    }
+}
+
+fn is_ended(job: &pb::Job) -> bool {
+    job.state == pb::JobState::Ended as i32
+}
+
+/// The agent's directory for a batch: readable by its batch id, unique by batch id and
+/// submitted bundle (two bundles under one batch id never share attempt directories).
+fn local_bundle(batches: &Path, batch_id: &str, bundle_dir: &str) -> PathBuf {
+    let hash = hex::encode(Sha256::digest(format!("{batch_id}\0{bundle_dir}")));
+    let readable: String = batch_id
+        .chars()
+        .take(40)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    batches.join(format!("{readable}-{}", &hash[..16]))
+}
+
+impl JobRow {
+    /// The attempt as `LocalProcess` sees it: the agent's directory in place of the bundle.
+    fn env(&self) -> Result<AttemptEnv, String> {
+        let case: PlannedCase = serde_json::from_str(&self.planned_case_json).map_err(|e| {
+            format!(
+                "the stored planned case of {} is unreadable: {e}",
+                self.job_key
+            )
+        })?;
+        Ok(AttemptEnv::new(
+            AttemptKey {
+                batch_id: self.batch_id.clone(),
+                bundle_dir: self.local_bundle.clone(),
+                case_index: self.case_index,
+                attempt: self.attempt,
+                memory_boost_mb: self.memory_boost_mb,
+            },
+            case,
+        ))
+    }
+}
+
+fn check_key(key: &pb::AttemptKey) -> Result<(), JobError> {
+    let bad = |m: String| Err(JobError::Invalid(m));
+    if key.batch_id.is_empty() || key.batch_id.len() > 256 {
+        return bad("key.batch_id must be 1 to 256 characters".into());
+    }
+    if key.batch_id.contains('/') || key.batch_id.chars().any(char::is_control) {
+        return bad(format!(
+            "key.batch_id {:?} contains '/' or a control character",
+            key.batch_id
+        ));
+    }
+    if key.attempt == 0 {
+        return bad("key.attempt starts at 1".into());
+    }
+    if key.bundle_dir.is_empty() {
+        return bad("key.bundle_dir is empty: name the submitting batch's bundle".into());
+    }
+    Ok(())
+}
+
+/// `case_dir` becomes a path component under the agent's data dir: exactly one normal one.
+fn check_case(case: &PlannedCase, key: &pb::AttemptKey) -> Result<(), JobError> {
+    if case.index != key.case_index {
+        return Err(JobError::Invalid(format!(
+            "planned_case_json is case {} but key.case_index is {}",
+            case.index, key.case_index
+        )));
+    }
+    let mut parts = Path::new(&case.case_dir).components();
+    match (parts.next(), parts.next()) {
+        (Some(Component::Normal(_)), None) if !case.case_dir.contains('\0') => Ok(()),
+        _ => Err(JobError::Invalid(format!(
+            "planned_case_json.case_dir {:?} is not a single directory name",
+            case.case_dir
+        ))),
+    }
+}
+
+enum Admission {
+    Existing(JobRow),
+    Admitted(JobRow, Arc<Live>),
+}
+
+impl Jobs {
+    pub(crate) fn new(
+        table: Table,
+        envelope: Envelope,
+        batches: PathBuf,
+        token_env: Option<String>,
+    ) -> Self {
+        Self {
+            table,
+            live: Default::default(),
+            envelope,
+            batches,
+            token_env,
+            reattached: AtomicU32::new(0),
+            started: std::time::Instant::now(),
+            stopping: watch::Sender::new(false),
+        }
+    }
+
+    pub(crate) fn reattached(&self) -> u32 {
+        self.reattached.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn uptime_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    pub(crate) fn envelope(&self) -> Envelope {
+        self.envelope
+    }
+
+    /// Set when the agent stops serving: open Watch streams end.
+    pub(crate) fn stopping(&self) -> &watch::Sender<bool> {
+        &self.stopping
+    }
+
+    fn live(&self, key: &str) -> Option<Arc<Live>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    /// Gives every row not ended its task again. Called once, before serving.
+    pub(crate) async fn reattach(self: &Arc<Self>) -> rusqlite::Result<()> {
+        let live = self.live.clone();
+        let rows = self
+            .table
+            .with(move |conn| {
+                let rows = table::unfinished(conn)?;
+                let mut map = live.lock().unwrap_or_else(|p| p.into_inner());
+                Ok(rows
+                    .into_iter()
+                    .map(|row| {
+                        let entry = Arc::new(Live {
+                            batch_id: row.batch_id.clone(),
+                            kill: Default::default(),
+                            tx: watch::Sender::new(to_pb(&row)),
+                        });
+                        map.insert(row.job_key.clone(), entry.clone());
+                        (row, entry)
+                    })
+                    .collect::<Vec<_>>())
+            })
+            .await?;
+        self.reattached.store(rows.len() as u32, Ordering::SeqCst);
+        for (row, entry) in rows {
+            tracing::info!(job = %row.job_key, state = row.state.as_str(), "re-attaching");
+            tokio::spawn(self.clone().drive(row, entry));
+        }
+        Ok(())
+    }
+
+    /// Admits the attempt (or finds it), and returns once its process is known or it ended.
+    pub(crate) async fn submit(
+        self: &Arc<Self>,
+        key: pb::AttemptKey,
+        planned_case_json: Vec<u8>,
+    ) -> Result<pb::Job, JobError> {
+        check_key(&key)?;
+        let case: PlannedCase = serde_json::from_slice(&planned_case_json).map_err(|e| {
+            JobError::Invalid(format!("planned_case_json is not a planned case: {e}"))
+        })?;
+        check_case(&case, &key)?;
+        let local = local_bundle(&self.batches, &key.batch_id, &key.bundle_dir);
+        let env = AttemptEnv::new(
+            AttemptKey {
+                batch_id: key.batch_id.clone(),
+                bundle_dir: local.display().to_string(),
+                case_index: key.case_index,
+                attempt: key.attempt,
+                memory_boost_mb: key.memory_boost_mb,
+            },
+            case,
+        );
+        let memory_mb = env.memory_mb();
+        if let Some(budget) = self.envelope.memory_budget_mb
+            && memory_mb.unwrap_or(0) > budget
+        {
+            return Err(JobError::NeverFits(format!(
+                "attempt {} declares {} MB of memory, more than this agent's whole budget ({budget} MB, --memory-budget-mb): it can never run here",
+                env.marker(),
+                memory_mb.unwrap_or(0)
+            )));
+        }
+        let row = JobRow {
+            job_key: env.marker(),
+            batch_id: key.batch_id.clone(),
+            bundle_dir: key.bundle_dir.clone(),
+            case_index: key.case_index,
+            attempt: key.attempt,
+            memory_boost_mb: key.memory_boost_mb,
+            planned_case_json: String::from_utf8_lossy(&planned_case_json).into_owned(),
+            local_bundle: local.display().to_string(),
+            attempt_dir: env.dir.display().to_string(),
+            memory_mb,
+            state: RowState::Starting,
+            pid: None,
+            start_ticks: None,
+            starts: 0,
+            report: None,
+            submitted_at_ms: now_ms(),
+            ended_at_ms: None,
+            cleaned_at_ms: None,
+            cleanup_receipt: None,
+        };
+        let envelope = self.envelope;
+        let live = self.live.clone();
+        let admission = self
+            .table
+            .with(move |conn| {
+                if let Some(existing) = table::get(conn, &row.job_key)? {
+                    return Ok(Ok(Admission::Existing(existing)));
+                }
+                let InFlight {
+                    jobs,
+                    memory_mb: in_use,
+                } = table::in_flight(conn)?;
+                if jobs >= envelope.max_concurrent {
+                    return Ok(Err(format!(
+                        "runtime full: {jobs} of {} jobs in flight",
+                        envelope.max_concurrent
+                    )));
+                }
+                if let Some(budget) = envelope.memory_budget_mb {
+                    let wanted = row.memory_mb.unwrap_or(0);
+                    if in_use + wanted > budget {
+                        return Ok(Err(format!(
+                            "runtime full: {in_use} MB declared in flight + {wanted} MB > budget {budget} MB"
+                        )));
+                    }
+                }
+                table::insert(conn, &row)?;
+                let entry = Arc::new(Live {
+                    batch_id: row.batch_id.clone(),
+                    kill: Default::default(),
+                    tx: watch::Sender::new(to_pb(&row)),
+                });
+                live.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(row.job_key.clone(), entry.clone());
+                Ok(Ok(Admission::Admitted(row, entry)))
+            })
+            .await?
+            .map_err(JobError::Full)?;
+        match admission {
+            Admission::Existing(existing) => {
+                if existing.bundle_dir != key.bundle_dir {
+                    return Err(JobError::OtherBundle {
+                        key: existing.job_key,
+                        existing: existing.bundle_dir,
+                        submitted: key.bundle_dir,
+                    });
+                }
+                self.get(&existing.job_key).await
+            }
+            Admission::Admitted(row, entry) => {
+                let mut rx = entry.tx.subscribe();
+                tokio::spawn(self.clone().drive(row, entry));
+                // The task goes on if this caller goes away; the answer waits for the start.
+                let job = rx
+                    .wait_for(|j| j.state != pb::JobState::Starting as i32)
+                    .await
+                    .map(|j| j.clone());
+                match job {
+                    Ok(job) => Ok(job),
+                    Err(_) => self.get(&env.marker()).await,
+                }
+            }
+        }
+    }
+
+    /// One job's life in this agent: start (or find) it, await it, record the end.
+    async fn drive(self: Arc<Self>, row: JobRow, entry: Arc<Live>) {
+        let key = row.job_key.clone();
+        let env = match row.env() {
+            Ok(env) => env,
+            Err(m) => {
+                let f = Failure::infra(Stage::Submit, FailureCode::SpawnFailed, m);
+                return self.end(&key, &entry, failed(f), row.starts).await;
+            }
+        };
+        let runtime = LocalProcess;
+        let (job_ref, starts) = if row.state == RowState::Running {
+            // Its process was known to an earlier life: await it by its identity and files,
+            // never submit again (a lost job.json must not start a second process).
+            let job_ref = JobRef {
+                marker: key.clone(),
+                pid: row.pid,
+                start_ticks: row.start_ticks,
+                host_queue: None,
+                runtime: None,
+            };
+            (job_ref, row.starts.max(1))
+        } else {
+            let started = !matches!(
+                std::fs::symlink_metadata(env.file(attempt_files::JOB)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound
+            );
+            if !started && entry.kill.load(Ordering::SeqCst) {
+                // Killed before anything of it could start: nothing to stop.
+                return self.end(&key, &entry, cancelled(), 0).await;
+            }
+            let submitted = async {
+                if !started {
+                    runtime.provision(&env).await?;
+                }
+                self.refuse_token_env(&env)?;
+                runtime.submit(&env).await
+            }
+            .await;
+            match submitted {
+                Ok(j) => (j, LocalProcess::recorded_starts(&env).unwrap_or(1)),
+                Err(f) => {
+                    let starts = LocalProcess::recorded_starts(&env).unwrap_or(0);
+                    return self.end(&key, &entry, failed(f), starts).await;
+                }
+            }
+        };
+        let (pid, ticks) = (job_ref.pid, job_ref.start_ticks);
+        let k = key.clone();
+        if let Err(e) = self
+            .table
+            .with(move |conn| table::set_running(conn, &k, pid, ticks, starts))
+            .await
+        {
+            // The job runs all the same; a restart finds it by its files.
+            tracing::error!(job = %key, "failed to record the running job: {e}");
+        }
+        entry.tx.send_modify(|j| {
+            j.state = pb::JobState::Running as i32;
+            j.pid = pid;
+            j.start_ticks = ticks;
+            j.starts = starts;
+        });
+        let report = runtime
+            .await_job(&env, &job_ref, &KillFlag(entry.kill.clone()))
+            .await;
+        self.end(&key, &entry, report, starts).await;
+    }
+
+    /// The agent's token never reaches a harness, even when a manifest asks for it by name.
+    fn refuse_token_env(&self, env: &AttemptEnv) -> Result<(), Failure> {
+        match &self.token_env {
+            Some(name) if env.case.pass_env.iter().any(|n| n == name) => Err(Failure::config(
+                Stage::Submit,
+                FailureCode::PassEnvUnset,
+                format!(
+                    "pass_env names {name}, the variable holding this agent's own bearer token, which is never passed to a harness: remove it from pass_env"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records the end, tells the watchers, and drops the live entry (when the row is
+    /// written: otherwise reads keep being answered from memory until a restart harvests it
+    /// again).
+    async fn end(&self, key: &str, entry: &Arc<Live>, report: ActorReport, starts: u32) {
+        let ended_at = now_ms();
+        let (k, r) = (key.to_string(), report.clone());
+        let written = self
+            .table
+            .with(move |conn| table::set_ended(conn, &k, &r, starts, ended_at))
+            .await;
+        entry.tx.send_modify(|j| {
+            j.state = pb::JobState::Ended as i32;
+            j.report = Some(pb::ActorReport::from(&report));
+            j.starts = starts;
+            j.ended_at_ms = Some(ended_at);
+        });
+        match written {
+            Ok(()) => {
+                self.live
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(key);
+            }
+            Err(e) => tracing::error!(job = %key, "failed to record the job's end: {e}"),
+        }
+    }
+
+    async fn row(&self, key: &str) -> Result<JobRow, JobError> {
+        let k = key.to_string();
+        self.table
+            .with(move |conn| table::get(conn, &k))
+            .await?
+            .ok_or_else(|| JobError::NotFound(key.to_string()))
+    }
+
+    /// The job now: from its live entry while it has one, else from the table.
+    pub(crate) async fn get(&self, key: &str) -> Result<pb::Job, JobError> {
+        loop {
+            if let Some(entry) = self.live(key) {
+                return Ok(entry.tx.borrow().clone());
+            }
+            let row = self.row(key).await?;
+            if row.state == RowState::Ended {
+                return Ok(to_pb(&row));
+            }
+            // Not ended: its live entry existed before the row could be read (lock order),
+            // so it is there now, or the job has ended since.
+            if self.live(key).is_none() && self.row(key).await?.state != RowState::Ended {
+                return Ok(to_pb(&row));
+            }
+        }
+    }
+
+    /// A receiver of the job's changes, or the job when it has ended already.
+    pub(crate) async fn subscribe(
+        &self,
+        key: &str,
+    ) -> Result<Result<watch::Receiver<pb::Job>, pb::Job>, JobError> {
+        for _ in 0..3 {
+            if let Some(entry) = self.live(key) {
+                return Ok(Ok(entry.tx.subscribe()));
+            }
+            let row = self.row(key).await?;
+            if row.state == RowState::Ended {
+                return Ok(Err(to_pb(&row)));
+            }
+        }
+        // A row not ended with no live entry: only when its end could not be written.
+        Ok(Err(self.get(key).await?))
+    }
+
+    /// Sets the kill flag of one job; the keys of jobs that were not ended.
+    pub(crate) async fn kill_job(&self, key: &str) -> Result<Vec<String>, JobError> {
+        if let Some(entry) = self.live(key) {
+            entry.kill.store(true, Ordering::SeqCst);
+            return Ok(vec![key.to_string()]);
+        }
+        self.row(key).await?;
+        Ok(Vec::new())
+    }
+
+    /// Sets the kill flag of every job of the batch that is not ended.
+    pub(crate) fn kill_batch(&self, batch_id: &str) -> Vec<String> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys: Vec<String> = live
+            .iter()
+            .filter(|(_, e)| e.batch_id == batch_id)
+            .map(|(k, e)| {
+                e.kill.store(true, Ordering::SeqCst);
+                k.clone()
+            })
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// Kills the job if it is not ended and waits for its end, then confirms nothing of it
+    /// is left. The first receipt is kept: a repeated Cleanup returns it.
+    pub(crate) async fn cleanup(&self, key: &str) -> Result<pb::CleanupReceipt, JobError> {
+        let row = self.row(key).await?;
+        if let Some(receipt) = &row.cleanup_receipt {
+            return Ok(receipt_to_pb(key, receipt));
+        }
+        if let Some(entry) = self.live(key) {
+            entry.kill.store(true, Ordering::SeqCst);
+            let mut rx = entry.tx.subscribe();
+            let _ = rx.wait_for(is_ended).await;
+        }
+        let env = row.env().map_err(JobError::Invalid)?;
+        let receipt = LocalProcess.cleanup(&env).await;
+        let (k, r) = (key.to_string(), receipt.clone());
+        self.table
+            .with(move |conn| table::set_cleaned(conn, &k, &r, now_ms()))
+            .await?;
+        Ok(receipt_to_pb(key, &receipt))
+    }
+
+    /// The attempt directory of an ended job.
+    pub(crate) async fn artifacts_dir(&self, key: &str) -> Result<PathBuf, JobError> {
+        if !is_ended(&self.get(key).await?) {
+            return Err(JobError::NotEnded(key.to_string()));
+        }
+        Ok(PathBuf::from(self.row(key).await?.attempt_dir))
+    }
+
+    pub(crate) async fn in_flight(&self) -> Result<InFlight, JobError> {
+        Ok(self.table.with(table::in_flight).await?)
+    }
+}
+
+fn failed(f: Failure) -> ActorReport {
+    ActorReport {
+        status: ActorStatus::Failed,
+        exit_code: None,
+        failure: Some(f),
+        adopted: false,
+        memory_limit_mb: None,
+    }
+}
+
+fn cancelled() -> ActorReport {
+    ActorReport {
+        status: ActorStatus::Cancelled,
+        exit_code: None,
+        failure: None,
+        adopted: false,
+        memory_limit_mb: None,
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn a_batch_directory_is_readable_and_unique_per_bundle() {
+        let root = Path::new("/d/batches");
+        let a = local_bundle(root, "web eval/1", "/w/out/a");
+        let b = local_bundle(root, "web eval/1", "/w/out/b");
+        assert_ne!(a, b);
+        let name = a.file_name().unwrap().to_str().unwrap();
+        assert!(name.starts_with("web_eval_1-"), "{name}");
+        assert_eq!(a.parent().unwrap(), root);
+    }
+}

@@ -1,0 +1,295 @@
+//! The job table: `D/jobs.sqlite` (WAL), one row per attempt the agent was given, keyed by
+//! the attempt's marker `<batch_id>/<case_index>/<attempt>`. It is what survives the agent:
+//! a restarted agent awaits every row not `ended` again, and answers for ended ones from
+//! their stored report and cleanup receipt.
+//!
+//! One connection behind a mutex, used only from blocking threads ([`Table::with`]). WAL with
+//! `synchronous=NORMAL`: a commit survives the agent being killed (the case that matters: the
+//! jobs outlive the agent, not a power cut, which ends them too).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use casebatch_bundle::CleanupReceipt;
+use casebatch_proto::ActorReport;
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS jobs (
+    job_key TEXT PRIMARY KEY NOT NULL,
+    batch_id TEXT NOT NULL,
+    bundle_dir TEXT NOT NULL,
+    case_index INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    memory_boost_mb INTEGER,
+    planned_case_json TEXT NOT NULL,
+    local_bundle TEXT NOT NULL,
+    attempt_dir TEXT NOT NULL,
+    memory_mb INTEGER,
+    state TEXT NOT NULL,
+    pid INTEGER,
+    start_ticks INTEGER,
+    starts INTEGER NOT NULL DEFAULT 0,
+    report TEXT,
+    submitted_at_ms INTEGER NOT NULL,
+    ended_at_ms INTEGER,
+    cleaned_at_ms INTEGER,
+    cleanup_receipt TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch_id);
+";
+
+/// Where a job stands in the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowState {
+    /// Admitted; its process may not be known yet.
+    Starting,
+    /// Its process is known (pid and start time, when the runtime could name it).
+    Running,
+    /// The actor's report is stored.
+    Ended,
+}
+
+impl RowState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowState::Starting => "starting",
+            RowState::Running => "running",
+            RowState::Ended => "ended",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "starting" => Some(RowState::Starting),
+            "running" => Some(RowState::Running),
+            "ended" => Some(RowState::Ended),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRow {
+    pub job_key: String,
+    pub batch_id: String,
+    /// The submitting batch's bundle directory, as submitted (on the worker's side).
+    pub bundle_dir: String,
+    pub case_index: u32,
+    pub attempt: u32,
+    pub memory_boost_mb: Option<u64>,
+    pub planned_case_json: String,
+    /// The agent's own directory for the batch, standing in for the bundle.
+    pub local_bundle: String,
+    pub attempt_dir: String,
+    /// Declared memory, held against the budget while the job is not ended.
+    pub memory_mb: Option<u64>,
+    pub state: RowState,
+    pub pid: Option<u32>,
+    pub start_ticks: Option<u64>,
+    pub starts: u32,
+    pub report: Option<ActorReport>,
+    pub submitted_at_ms: u64,
+    pub ended_at_ms: Option<u64>,
+    pub cleaned_at_ms: Option<u64>,
+    pub cleanup_receipt: Option<CleanupReceipt>,
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(
+    idx: usize,
+    text: Option<String>,
+) -> rusqlite::Result<Option<T>> {
+    text.map(|t| {
+        serde_json::from_str(&t).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+        })
+    })
+    .transpose()
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> rusqlite::Result<String> {
+    serde_json::to_string(value).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+}
+
+fn opt_u64(v: Option<i64>) -> Option<u64> {
+    v.map(|n| n as u64)
+}
+
+fn opt_i64(v: Option<u64>) -> Option<i64> {
+    v.map(|n| n as i64)
+}
+
+impl JobRow {
+    fn read(row: &Row<'_>) -> rusqlite::Result<Self> {
+        let state: String = row.get("state")?;
+        Ok(Self {
+            job_key: row.get("job_key")?,
+            batch_id: row.get("batch_id")?,
+            bundle_dir: row.get("bundle_dir")?,
+            case_index: row.get("case_index")?,
+            attempt: row.get("attempt")?,
+            memory_boost_mb: opt_u64(row.get("memory_boost_mb")?),
+            planned_case_json: row.get("planned_case_json")?,
+            local_bundle: row.get("local_bundle")?,
+            attempt_dir: row.get("attempt_dir")?,
+            memory_mb: opt_u64(row.get("memory_mb")?),
+            state: RowState::parse(&state).ok_or_else(|| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    10,
+                    rusqlite::types::Type::Text,
+                    format!("unknown job state {state:?}").into(),
+                )
+            })?,
+            pid: row.get("pid")?,
+            start_ticks: opt_u64(row.get("start_ticks")?),
+            starts: row.get("starts")?,
+            report: from_json(14, row.get("report")?)?,
+            submitted_at_ms: row.get::<_, i64>("submitted_at_ms")? as u64,
+            ended_at_ms: opt_u64(row.get("ended_at_ms")?),
+            cleaned_at_ms: opt_u64(row.get("cleaned_at_ms")?),
+            cleanup_receipt: from_json(18, row.get("cleanup_receipt")?)?,
+        })
+    }
+}
+
+/// Jobs not yet ended, and the memory they declare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InFlight {
+    pub jobs: u32,
+    pub memory_mb: u64,
+}
+
+#[derive(Clone)]
+pub struct Table {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl Table {
+    pub fn open(path: &Path) -> rusqlite::Result<Self> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// Runs `f` with the connection on a blocking thread: the async threads never wait on
+    /// the database. Whatever `f` does happens under the one table lock.
+    pub async fn with<T, F>(&self, f: F) -> rusqlite::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+            f(&conn)
+        })
+        .await
+        .unwrap_or_else(|e| Err(rusqlite::Error::ToSqlConversionFailure(Box::new(e))))
+    }
+}
+
+pub fn get(conn: &Connection, key: &str) -> rusqlite::Result<Option<JobRow>> {
+    conn.prepare_cached("SELECT * FROM jobs WHERE job_key = ?1")?
+        .query_row([key], JobRow::read)
+        .optional()
+}
+
+pub fn insert(conn: &Connection, r: &JobRow) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO jobs (job_key, batch_id, bundle_dir, case_index, attempt, memory_boost_mb,
+            planned_case_json, local_bundle, attempt_dir, memory_mb, state, pid, start_ticks,
+            starts, report, submitted_at_ms, ended_at_ms, cleaned_at_ms, cleanup_receipt)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+    )?
+    .execute(params![
+        r.job_key,
+        r.batch_id,
+        r.bundle_dir,
+        r.case_index,
+        r.attempt,
+        opt_i64(r.memory_boost_mb),
+        r.planned_case_json,
+        r.local_bundle,
+        r.attempt_dir,
+        opt_i64(r.memory_mb),
+        r.state.as_str(),
+        r.pid,
+        opt_i64(r.start_ticks),
+        r.starts,
+        r.report.as_ref().map(to_json).transpose()?,
+        r.submitted_at_ms as i64,
+        opt_i64(r.ended_at_ms),
+        opt_i64(r.cleaned_at_ms),
+        r.cleanup_receipt.as_ref().map(to_json).transpose()?,
+    ])?;
+    Ok(())
+}
+
+pub fn in_flight(conn: &Connection) -> rusqlite::Result<InFlight> {
+    conn.prepare_cached(
+        "SELECT COUNT(*), COALESCE(SUM(memory_mb), 0) FROM jobs WHERE state != 'ended'",
+    )?
+    .query_row([], |row| {
+        Ok(InFlight {
+            jobs: row.get::<_, i64>(0)? as u32,
+            memory_mb: row.get::<_, i64>(1)? as u64,
+        })
+    })
+}
+
+/// Every row not ended, oldest first.
+pub fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<JobRow>> {
+    conn.prepare_cached("SELECT * FROM jobs WHERE state != 'ended' ORDER BY submitted_at_ms")?
+        .query_map([], JobRow::read)?
+        .collect()
+}
+
+/// The process is known: `running`, with its identity and how many starts it took.
+pub fn set_running(
+    conn: &Connection,
+    key: &str,
+    pid: Option<u32>,
+    start_ticks: Option<u64>,
+    starts: u32,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "UPDATE jobs SET state = 'running', pid = ?2, start_ticks = ?3, starts = ?4
+         WHERE job_key = ?1 AND state != 'ended'",
+    )?
+    .execute(params![key, pid, opt_i64(start_ticks), starts])?;
+    Ok(())
+}
+
+pub fn set_ended(
+    conn: &Connection,
+    key: &str,
+    report: &ActorReport,
+    starts: u32,
+    ended_at_ms: u64,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "UPDATE jobs SET state = 'ended', report = ?2, starts = ?3, ended_at_ms = ?4
+         WHERE job_key = ?1",
+    )?
+    .execute(params![key, to_json(report)?, starts, ended_at_ms as i64])?;
+    Ok(())
+}
+
+pub fn set_cleaned(
+    conn: &Connection,
+    key: &str,
+    receipt: &CleanupReceipt,
+    cleaned_at_ms: u64,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "UPDATE jobs SET cleanup_receipt = ?2, cleaned_at_ms = ?3 WHERE job_key = ?1",
+    )?
+    .execute(params![key, to_json(receipt)?, cleaned_at_ms as i64])?;
+    Ok(())
+}

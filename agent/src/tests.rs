@@ -1,0 +1,788 @@
+//! The agent in-process on 127.0.0.1:0, called by a real tonic client, running real `sh`
+//! harnesses. Every test uses its own batch id: the allocation marker (`<batch>/<case>/<n>`)
+//! is how processes are found in `/proc`, and tests run in parallel in one process.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use casebatch_proto::runtime_v1 as pb;
+use casebatch_proto::runtime_v1::runtime_client::RuntimeClient;
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+use tonic::{Code, Request};
+
+use crate::{Agent, AgentConfig, AgentError, TokenSource};
+
+struct TestAgent {
+    addr: std::net::SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    served: tokio::task::JoinHandle<Result<(), AgentError>>,
+    dir: tempfile::TempDir,
+}
+
+impl TestAgent {
+    async fn start(configure: impl FnOnce(&mut AgentConfig)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config =
+            AgentConfig::local("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
+        configure(&mut config);
+        let agent = Agent::start(config).await.expect("agent starts");
+        let addr = agent.addr();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = tokio::spawn(agent.serve(async {
+            let _ = stopped.await;
+        }));
+        Self {
+            addr,
+            stop: Some(stop),
+            served,
+            dir,
+        }
+    }
+
+    async fn client(&self) -> RuntimeClient<Channel> {
+        RuntimeClient::connect(format!("http://{}", self.addr))
+            .await
+            .expect("connect")
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// A file the harnesses use for side effects and gates.
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.served.await.unwrap().expect("serves until stopped");
+    }
+}
+
+/// A planned case, as the bundle's `batch_plan.json` holds it.
+fn planned(index: u32, harness: &str, env: &[(&str, &Path)], memory_mb: Option<u64>) -> Vec<u8> {
+    let env: BTreeMap<String, String> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.display().to_string()))
+        .collect();
+    serde_json::to_vec(&serde_json::json!({
+        "index": index,
+        "case_id": format!("case-{index}"),
+        "case_dir": format!("case-{index}"),
+        "runtime": "agent",
+        "harness": harness,
+        "resources": {"memory_mb": memory_mb},
+        "timeout_seconds": 120,
+        "env": env,
+        "input": {"query": "q"},
+        "source": {"line": null, "runspec": null},
+    }))
+    .unwrap()
+}
+
+fn key(batch: &str, index: u32) -> pb::AttemptKey {
+    pb::AttemptKey {
+        batch_id: format!("{batch}-{}", std::process::id()),
+        case_index: index,
+        attempt: 1,
+        bundle_dir: "/workers/out/batch".into(),
+        memory_boost_mb: None,
+    }
+}
+
+fn marker(k: &pb::AttemptKey) -> String {
+    format!("{}/{}/{}", k.batch_id, k.case_index, k.attempt)
+}
+
+fn job_req(k: &pb::AttemptKey) -> pb::JobRequest {
+    pb::JobRequest { job_key: marker(k) }
+}
+
+async fn submit(
+    c: &mut RuntimeClient<Channel>,
+    k: &pb::AttemptKey,
+    case: &[u8],
+) -> Result<pb::Job, tonic::Status> {
+    c.submit(pb::SubmitRequest {
+        key: Some(k.clone()),
+        planned_case_json: case.to_vec(),
+    })
+    .await
+    .map(|r| r.into_inner())
+}
+
+/// Every message of a Watch; the last must be ENDED and no other one.
+async fn watch_to_end(c: &mut RuntimeClient<Channel>, k: &pb::AttemptKey) -> Vec<pb::Job> {
+    let mut stream = c.watch(job_req(k)).await.unwrap().into_inner();
+    let mut seen = Vec::new();
+    while let Some(job) = tokio::time::timeout(Duration::from_secs(60), stream.message())
+        .await
+        .expect("the job ends within a minute")
+        .unwrap()
+    {
+        seen.push(job);
+    }
+    let (last, before) = seen.split_last().expect("at least one message");
+    assert_eq!(last.state(), pb::JobState::Ended, "{seen:?}");
+    assert!(
+        before.iter().all(|j| j.state() != pb::JobState::Ended),
+        "{seen:?}"
+    );
+    seen
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
+}
+
+/// Waits for a file to appear (a harness's sign of life).
+async fn appears(path: &Path) {
+    for _ in 0..600 {
+        if path.exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{} never appeared", path.display());
+}
+
+/// Appends a line to `$COUNTER`, then waits for `$GATE`.
+const GATED: &str = r#"echo run >> "$COUNTER"; while [ ! -e "$GATE" ]; do sleep 0.05; done"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_submit_returns_the_same_job_and_runs_it_once() {
+    let agent = TestAgent::start(|_| {}).await;
+    let mut c = agent.client().await;
+    let (counter, gate) = (agent.path("counter"), agent.path("gate"));
+    let case = planned(0, GATED, &[("COUNTER", &counter), ("GATE", &gate)], None);
+    let k = key("idem", 0);
+
+    let first = submit(&mut c, &k, &case).await.unwrap();
+    assert_eq!(first.state(), pb::JobState::Running);
+    assert_eq!(first.job_key, marker(&k));
+    assert!(
+        first.pid.is_some() && first.start_ticks.is_some(),
+        "{first:?}"
+    );
+    let again = submit(&mut c, &k, &case).await.unwrap();
+    assert_eq!(
+        (again.pid, again.start_ticks),
+        (first.pid, first.start_ticks)
+    );
+
+    std::fs::write(&gate, "").unwrap();
+    let end = watch_to_end(&mut c, &k).await.pop().unwrap();
+    let report = end.report.clone().unwrap();
+    assert_eq!(
+        (report.status(), report.exit_code),
+        (pb::ActorStatus::Finished, Some(0))
+    );
+    assert!(!report.adopted, "the agent that started it harvested it");
+    // After the end too, a submit returns the job, never a second run.
+    let after = submit(&mut c, &k, &case).await.unwrap();
+    assert_eq!(after.state(), pb::JobState::Ended);
+    assert_eq!(after.starts, 1);
+    assert_eq!(lines(&counter), 1, "one process for three submits");
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_sends_the_state_then_ends_with_the_exit_code() {
+    let agent = TestAgent::start(|_| {}).await;
+    let mut c = agent.client().await;
+    let k = key("exit", 0);
+    let job = submit(&mut c, &k, &planned(0, "exit 3", &[], None))
+        .await
+        .unwrap();
+    assert_ne!(job.state(), pb::JobState::Starting);
+    let seen = watch_to_end(&mut c, &k).await;
+    let end = seen.last().unwrap();
+    let report = end.report.clone().unwrap();
+    assert_eq!(report.exit_code, Some(3));
+    assert_eq!(report.status(), pb::ActorStatus::Failed);
+    assert!(end.ended_at_ms.unwrap() >= end.submitted_at_ms);
+    // Get agrees, and the job no longer counts against the envelope.
+    let got = c.get(job_req(&k)).await.unwrap().into_inner();
+    assert_eq!(&got, end);
+    let cap = c
+        .capacity(pb::CapacityRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cap.in_flight, 0);
+    // A second Watch of an ended job: exactly the ENDED message.
+    assert_eq!(watch_to_end(&mut c, &k).await.len(), 1);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_artifacts_streams_the_result_and_output_files_once_ended() {
+    let agent = TestAgent::start(|_| {}).await;
+    let mut c = agent.client().await;
+    let gate = agent.path("gate");
+    let harness = r#"
+        while [ ! -e "$GATE" ]; do sleep 0.05; done
+        mkdir -p "$CASEBATCH_OUTPUT_DIR/a"
+        echo hello > "$CASEBATCH_OUTPUT_DIR/a/b.txt"
+        : > "$CASEBATCH_OUTPUT_DIR/empty"
+        head -c 2621440 /dev/zero > "$CASEBATCH_OUTPUT_DIR/big.bin"
+        ln -s /etc/hostname "$CASEBATCH_OUTPUT_DIR/link"
+        mkfifo "$CASEBATCH_OUTPUT_DIR/fifo"
+        echo '{"outputs": {"answer": 42}}' > "$CASEBATCH_RESULT"
+        echo to-stdout
+    "#;
+    let k = key("artifacts", 0);
+    submit(&mut c, &k, &planned(0, harness, &[("GATE", &gate)], None))
+        .await
+        .unwrap();
+    let early = c.fetch_artifacts(job_req(&k)).await.unwrap_err();
+    assert_eq!(early.code(), Code::FailedPrecondition, "{early:?}");
+
+    std::fs::write(&gate, "").unwrap();
+    watch_to_end(&mut c, &k).await;
+    let mut stream = c.fetch_artifacts(job_req(&k)).await.unwrap().into_inner();
+    let mut files: BTreeMap<String, (usize, Vec<u8>)> = BTreeMap::new();
+    let mut order = Vec::new();
+    while let Some(chunk) = stream.message().await.unwrap() {
+        assert!(chunk.data.len() <= crate::artifacts::CHUNK);
+        if order.last() != Some(&chunk.path) {
+            assert!(!order.contains(&chunk.path), "{} sent twice", chunk.path);
+            order.push(chunk.path.clone());
+        }
+        let entry = files.entry(chunk.path).or_default();
+        entry.0 += 1;
+        entry.1.extend(chunk.data);
+    }
+    let result: serde_json::Value = serde_json::from_slice(&files["result.json"].1).unwrap();
+    assert_eq!(result["outputs"]["answer"], 42);
+    assert_eq!(files["stdout.log"].1, b"to-stdout\n");
+    assert_eq!(files["output/a/b.txt"].1, b"hello\n");
+    assert_eq!(
+        files["output/empty"],
+        (1, Vec::new()),
+        "an empty file is one empty chunk"
+    );
+    assert_eq!(
+        files["output/big.bin"].0, 3,
+        "2.5 MiB in chunks of at most 1 MiB"
+    );
+    assert_eq!(files["output/big.bin"].1.len(), 2_621_440);
+    assert!(files.contains_key("job.json"));
+    assert!(
+        !files.contains_key("output/link"),
+        "a symlink is never followed"
+    );
+    assert!(!files.contains_key("output/fifo"));
+    assert_eq!(&order[..2], ["result.json", "stdout.log"]);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submit_beyond_max_concurrent_is_refused_not_queued() {
+    let agent = TestAgent::start(|c| c.max_concurrent = 1).await;
+    let mut c = agent.client().await;
+    let (counter, gate) = (agent.path("counter"), agent.path("gate"));
+    let env = [("COUNTER", counter.as_path()), ("GATE", gate.as_path())];
+    let (a, b) = (key("full", 0), key("full", 1));
+    submit(&mut c, &a, &planned(0, GATED, &env, None))
+        .await
+        .unwrap();
+    let refused = submit(&mut c, &b, &planned(1, GATED, &env, None))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert_eq!(refused.message(), "runtime full: 1 of 1 jobs in flight");
+    let gone = c.get(job_req(&b)).await.unwrap_err();
+    assert_eq!(
+        gone.code(),
+        Code::NotFound,
+        "a refused submit leaves nothing behind"
+    );
+    let cap = c
+        .capacity(pb::CapacityRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (cap.max_concurrent, cap.in_flight, cap.memory_budget_mb),
+        (1, 1, 0)
+    );
+
+    std::fs::write(&gate, "").unwrap();
+    watch_to_end(&mut c, &a).await;
+    submit(&mut c, &b, &planned(1, GATED, &env, None))
+        .await
+        .unwrap();
+    watch_to_end(&mut c, &b).await;
+    assert_eq!(lines(&counter), 2);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_memory_over_the_budget_is_refused() {
+    let agent = TestAgent::start(|c| c.memory_budget_mb = Some(600)).await;
+    let mut c = agent.client().await;
+    let gate = agent.path("gate");
+    let wait = r#"while [ ! -e "$GATE" ]; do sleep 0.05; done"#;
+    let (a, b, big) = (key("mem", 0), key("mem", 1), key("mem", 2));
+    let first = submit(&mut c, &a, &planned(0, wait, &[("GATE", &gate)], Some(512)))
+        .await
+        .unwrap();
+    assert_eq!(first.memory_mb, Some(512));
+    let refused = submit(&mut c, &b, &planned(1, wait, &[("GATE", &gate)], Some(512)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert_eq!(
+        refused.message(),
+        "runtime full: 512 MB declared in flight + 512 MB > budget 600 MB"
+    );
+    // A job declaring no memory counts 0 and fits.
+    let none = key("mem", 3);
+    submit(&mut c, &none, &planned(3, "true", &[], None))
+        .await
+        .unwrap();
+    // One that could never fit is not worth retrying: another code.
+    let never = submit(&mut c, &big, &planned(2, "true", &[], Some(700)))
+        .await
+        .unwrap_err();
+    assert_eq!(never.code(), Code::FailedPrecondition, "{never:?}");
+    assert!(never.message().contains("--memory-budget-mb"), "{never:?}");
+    let cap = c
+        .capacity(pb::CapacityRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((cap.memory_budget_mb, cap.memory_in_use_mb), (600, 512));
+
+    std::fs::write(&gate, "").unwrap();
+    watch_to_end(&mut c, &a).await;
+    submit(&mut c, &b, &planned(1, wait, &[("GATE", &gate)], Some(512)))
+        .await
+        .unwrap();
+    watch_to_end(&mut c, &b).await;
+    watch_to_end(&mut c, &none).await;
+    agent.stop().await;
+}
+
+/// A client's side of the bearer token.
+#[derive(Clone)]
+struct Bearer(&'static str);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, tonic::Status> {
+        req.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {}", self.0).parse().unwrap(),
+        );
+        Ok(req)
+    }
+}
+
+fn with_token(
+    channel: Channel,
+    token: &'static str,
+) -> RuntimeClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>> {
+    RuntimeClient::with_interceptor(channel, Bearer(token))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_agent_refuses_calls_without_the_right_token() {
+    let token_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token_file.path(), "s3cret-token\n").unwrap();
+    let path = token_file.path().to_path_buf();
+    let agent = TestAgent::start(|c| c.token = Some(TokenSource::File(path))).await;
+    let channel = Channel::from_shared(format!("http://{}", agent.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+
+    let mut bare = RuntimeClient::new(channel.clone());
+    let missing = bare.health(pb::HealthRequest {}).await.unwrap_err();
+    assert_eq!(
+        (missing.code(), missing.message()),
+        (Code::Unauthenticated, "missing bearer token")
+    );
+    let k = key("auth", 0);
+    let refused = submit(&mut bare, &k, &planned(0, "true", &[], None))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+
+    let mut wrong = with_token(channel.clone(), "s3cret-tokem");
+    let bad = wrong.health(pb::HealthRequest {}).await.unwrap_err();
+    assert_eq!(
+        (bad.code(), bad.message()),
+        (Code::Unauthenticated, "wrong bearer token")
+    );
+
+    let mut right = with_token(channel, "s3cret-token");
+    let health = right
+        .health(pb::HealthRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(health.version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(health.reattached, 0);
+    // Nothing was started by the refused submit.
+    let gone = right.get(job_req(&k)).await.unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_ends_a_job_cancelled_and_cleanup_confirms_nothing_is_left() {
+    let agent = TestAgent::start(|_| {}).await;
+    let mut c = agent.client().await;
+    let ready = agent.path("ready");
+    // A detached grandchild as well: cleanup finds it by the attempt's marker.
+    let harness = r#"(setsid sleep 300 &); sleep 300 & touch "$READY"; wait"#;
+    let (k, other) = (key("kill", 0), key("kill", 1));
+    submit(&mut c, &k, &planned(0, harness, &[("READY", &ready)], None))
+        .await
+        .unwrap();
+    appears(&ready).await;
+    submit(&mut c, &other, &planned(1, "sleep 300", &[], None))
+        .await
+        .unwrap();
+    let m = marker(&k);
+    assert!(!casebatch_runtime::procfs::scan_marker(&m).marked.is_empty());
+
+    let killed = c
+        .kill(pb::KillRequest {
+            target: Some(pb::kill_request::Target::JobKey(m.clone())),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(killed.killed_job_keys, vec![m.clone()]);
+    let end = watch_to_end(&mut c, &k).await.pop().unwrap();
+    assert_eq!(end.report.unwrap().status(), pb::ActorStatus::Cancelled);
+
+    let receipt = c.cleanup(job_req(&k)).await.unwrap().into_inner();
+    assert!(receipt.cleanup_confirmed, "{receipt:?}");
+    assert_eq!(receipt.job_key, m);
+    assert!(
+        casebatch_runtime::procfs::scan_marker(&m).marked.is_empty(),
+        "no survivor"
+    );
+    let again = c.cleanup(job_req(&k)).await.unwrap().into_inner();
+    assert_eq!(
+        again, receipt,
+        "a repeated cleanup returns the stored receipt"
+    );
+
+    // Cleanup of a running job kills it first; Kill by batch reaches what is left.
+    let by_batch = c
+        .kill(pb::KillRequest {
+            target: Some(pb::kill_request::Target::BatchId(k.batch_id.clone())),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(by_batch.killed_job_keys, vec![marker(&other)]);
+    let receipt = c.cleanup(job_req(&other)).await.unwrap().into_inner();
+    assert!(receipt.cleanup_confirmed, "{receipt:?}");
+    let end = c.get(job_req(&other)).await.unwrap().into_inner();
+    assert_eq!(end.report.unwrap().status(), pb::ActorStatus::Cancelled);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_keys_other_bundles_and_bad_requests_are_refused() {
+    let agent = TestAgent::start(|_| {}).await;
+    let mut c = agent.client().await;
+    let nobody = pb::JobRequest {
+        job_key: "nobody/0/1".into(),
+    };
+    assert_eq!(
+        c.get(nobody.clone()).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    assert_eq!(
+        c.watch(nobody.clone()).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    assert_eq!(
+        c.cleanup(nobody.clone()).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    assert_eq!(
+        c.fetch_artifacts(nobody.clone()).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    let kill = c
+        .kill(pb::KillRequest {
+            target: Some(pb::kill_request::Target::JobKey(nobody.job_key)),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(kill.code(), Code::NotFound);
+
+    let k = key("bundles", 0);
+    submit(&mut c, &k, &planned(0, "true", &[], None))
+        .await
+        .unwrap();
+    let mut elsewhere = k.clone();
+    elsewhere.bundle_dir = "/another/out/batch".into();
+    let refused = submit(&mut c, &elsewhere, &planned(0, "true", &[], None))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("belongs to another bundle"),
+        "{refused:?}"
+    );
+
+    let mut traversal: serde_json::Value =
+        serde_json::from_slice(&planned(1, "true", &[], None)).unwrap();
+    traversal["case_dir"] = "../../escape".into();
+    let bad = submit(
+        &mut c,
+        &key("bundles", 1),
+        &serde_json::to_vec(&traversal).unwrap(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
+    let garbage = submit(&mut c, &key("bundles", 2), b"{not json")
+        .await
+        .unwrap_err();
+    assert_eq!(garbage.code(), Code::InvalidArgument);
+    assert!(
+        garbage.message().contains("planned_case_json"),
+        "{garbage:?}"
+    );
+    let wrong_index = submit(&mut c, &key("bundles", 3), &planned(4, "true", &[], None))
+        .await
+        .unwrap_err();
+    assert_eq!(wrong_index.code(), Code::InvalidArgument);
+    watch_to_end(&mut c, &k).await;
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_variable_never_reaches_a_harness_even_by_pass_env() {
+    // Any variable of this process that could be a token stands in for the token's variable
+    // (the test cannot set one: no unsafe code).
+    let (name, value) = std::env::vars()
+        .find(|(_, v)| !v.is_empty() && v.bytes().all(|b| b.is_ascii_graphic()))
+        .expect("some variable with a token-like value");
+    let token: &'static str = Box::leak(value.into_boxed_str());
+    let var = name.clone();
+    let agent = TestAgent::start(|c| c.token = Some(TokenSource::Env(var))).await;
+    let channel = Channel::from_shared(format!("http://{}", agent.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut c = with_token(channel, token);
+    let mut case: serde_json::Value =
+        serde_json::from_slice(&planned(0, "true", &[], None)).unwrap();
+    case["pass_env"] = serde_json::json!([name]);
+    let k = key("token-env", 0);
+    let job = c
+        .submit(pb::SubmitRequest {
+            key: Some(k),
+            planned_case_json: serde_json::to_vec(&case).unwrap(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(job.state(), pb::JobState::Ended, "{job:?}");
+    let failure = job.report.unwrap().failure.unwrap();
+    assert_eq!(failure.class, "config");
+    assert!(failure.message.contains("bearer token"), "{failure:?}");
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_serves_one_agent_at_a_time() {
+    let agent = TestAgent::start(|_| {}).await;
+    let addr = std::fs::read_to_string(agent.data().join("agent.addr")).unwrap();
+    assert_eq!(
+        addr.trim(),
+        agent.addr.to_string(),
+        "agent.addr names the bound address"
+    );
+    let second = Agent::start(AgentConfig::local(
+        "127.0.0.1:0".parse().unwrap(),
+        agent.data(),
+    ))
+    .await
+    .err()
+    .expect("refused");
+    assert!(second.is_usage());
+    let message = second.to_string();
+    assert!(
+        message.contains(&format!(
+            "is in use by another casebatch agent (pid {})",
+            std::process::id()
+        )),
+        "{message}"
+    );
+    let data = agent.data();
+    agent.stop().await;
+    assert!(
+        !data.join("agent.addr").exists(),
+        "a stopped agent is not announced"
+    );
+    // Released with its holder.
+    let next = Agent::start(AgentConfig::local("127.0.0.1:0".parse().unwrap(), data)).await;
+    assert!(next.is_ok());
+}
+
+#[tokio::test]
+async fn off_loopback_needs_tls_and_a_token_and_nothing_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let err = Agent::start(AgentConfig::local("0.0.0.0:0".parse().unwrap(), &data))
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.is_usage());
+    let m = err.to_string();
+    assert!(m.contains("--tls-cert") && m.contains("--token-env"), "{m}");
+    assert!(
+        !data.exists(),
+        "nothing written for a refused configuration"
+    );
+
+    let mut config = AgentConfig::local("0.0.0.0:0".parse().unwrap(), &data);
+    config.token = Some(TokenSource::Env(
+        "CASEBATCH_TEST_UNSET_TOKEN_VARIABLE".into(),
+    ));
+    let m = Agent::start(config)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        m.contains("TLS") && !m.contains("--token-env"),
+        "only TLS is missing: {m}"
+    );
+
+    let mut config = AgentConfig::local("127.0.0.1:0".parse().unwrap(), &data);
+    config.token = Some(TokenSource::Env(
+        "CASEBATCH_TEST_UNSET_TOKEN_VARIABLE".into(),
+    ));
+    let m = Agent::start(config)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        m.contains("CASEBATCH_TEST_UNSET_TOKEN_VARIABLE") && m.contains("not set"),
+        "{m}"
+    );
+    assert!(!data.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_token_serves_tls_clients_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key_pem) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    // A CA and a certificate for localhost signed by it, made by the system's openssl.
+    let ca = dir.path().join("ca.pem");
+    let ca_key = dir.path().join("ca.key");
+    let openssl = |args: &[&str]| {
+        let made = std::process::Command::new("openssl")
+            .current_dir(dir.path())
+            .args(args)
+            .output()
+            .expect("openssl runs");
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=localhost",
+        "-addext",
+        "subjectAltName=DNS:localhost",
+        "-addext",
+        "basicConstraints=critical,CA:FALSE",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "cert.pem",
+    ]);
+    assert!(ca_key.exists());
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "tls-token").unwrap();
+    let (c2, k2, t2) = (cert.clone(), key_pem.clone(), token_file.clone());
+    let agent = TestAgent::start(move |c| {
+        c.tls = Some(crate::TlsFiles { cert: c2, key: k2 });
+        c.token = Some(TokenSource::File(t2));
+    })
+    .await;
+
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(
+            std::fs::read(&ca).unwrap(),
+        ))
+        .domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://{}", agent.addr))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .expect("a TLS client connects");
+    let health = with_token(channel, "tls-token")
+        .health(pb::HealthRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(health.reattached, 0);
+    // Plaintext is not spoken.
+    let plain = match RuntimeClient::connect(format!("http://{}", agent.addr)).await {
+        Ok(mut c) => c.health(pb::HealthRequest {}).await.is_err(),
+        Err(_) => true,
+    };
+    assert!(plain, "a plaintext call must fail");
+    agent.stop().await;
+
+    // A key that is not PEM is refused before anything starts.
+    std::fs::write(&key_pem, "not a key").unwrap();
+    let mut config = AgentConfig::local("127.0.0.1:0".parse().unwrap(), dir.path().join("d2"));
+    config.tls = Some(crate::TlsFiles { cert, key: key_pem });
+    let err = Agent::start(config).await.err().expect("refused");
+    assert!(
+        err.is_usage() && err.to_string().contains("--tls-key"),
+        "{err}"
+    );
+    assert!(!dir.path().join("d2").exists());
+}

@@ -1,0 +1,50 @@
+//! `casebatch agent`: the runtime service on this host. Runs until SIGTERM or Ctrl-C; its
+//! jobs keep running after it stops, and the next agent on the same data dir re-attaches them.
+
+use casebatch_agent::{Agent, AgentError};
+
+use crate::cli::AgentArgs;
+use crate::exit::{CliError, CliResult, Exit};
+
+fn exit_of(e: &AgentError) -> Exit {
+    if e.is_usage() {
+        Exit::Usage
+    } else if e.is_storage() {
+        Exit::Output
+    } else {
+        Exit::Engine
+    }
+}
+
+impl From<AgentError> for CliError {
+    fn from(e: AgentError) -> Self {
+        Self {
+            exit: exit_of(&e),
+            message: e.to_string(),
+        }
+    }
+}
+
+pub async fn run(args: AgentArgs) -> CliResult {
+    let config = args.config()?;
+    // Watched before anything starts, so a stop signal is never missed.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| CliError::usage(format!("failed to watch SIGTERM: {e}")))?;
+    let agent = Agent::start(config).await?;
+    eprintln!(
+        "casebatch agent listening on {} (data dir {}, {} jobs re-attached); Ctrl-C or SIGTERM to stop",
+        agent.addr(),
+        agent.data_dir().display(),
+        agent.reattached()
+    );
+    agent
+        .serve(async {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        })
+        .await?;
+    eprintln!("casebatch agent stopped; its running jobs go on");
+    Ok(Exit::Success)
+}
