@@ -6,6 +6,7 @@
 #   scripts/bench.sh            # all scenarios
 #   N=200 scripts/bench.sh      # fewer cases
 #   SKIP_10K=1 scripts/bench.sh # without the 10,000-case fake batch
+#   ONLY=agent scripts/bench.sh # only the agent-vs-local-process comparison
 #
 # Per scenario: wall time, cases/s, the ratio to xargs, and the CPU time (user + system) of
 # casebatch's own runner process (worker in-process) and of the embedded Temporal server.
@@ -25,6 +26,7 @@ manifest() { # name runtime harness count concurrency
   local f="$WORK/$1.yaml"
   {
     echo "batch_id: $1"
+    [ -n "${AGENT_ADDR:-}" ] && echo "runtimes: {bench-agent: {kind: agent, endpoint: 'http://$AGENT_ADDR'}}"
     echo "defaults:"
     echo "  concurrency: $5"
     echo "  runtime: $2"
@@ -71,7 +73,8 @@ xargs_run() { # count concurrency command
   calc "$t1 - $t0"
 }
 
-# scenario label runtime harness count [baseline command]: RUNS rounds, medians printed.
+# scenario label runtime harness count [baseline command]: RUNS rounds, medians printed;
+# the median cases/s is left in $RATE for comparisons.
 scenario() {
   local label=$1 runtime=$2 harness=$3 count=$4 base_cmd=${5:-} f r walls="" ratios="" cpus="" ecpus="" peaks=""
   f=$(manifest "b$RANDOM" "$runtime" "$harness" "$count" "$C")
@@ -86,16 +89,36 @@ scenario() {
   local wall cpu ecpu peak
   wall=$(printf "%s" "$walls" | median); cpu=$(printf "%s" "$cpus" | median)
   ecpu=$(printf "%s" "$ecpus" | median); peak=$(printf "%s" "$peaks" | median)
-  printf "%-40s %6d cases %7.2fs %7.1f cases/s" "$label" "$count" "$wall" "$(calc "$count / $wall")"
+  RATE=$(calc "$count / $wall")
+  printf "%-40s %6d cases %7.2fs %7.1f cases/s" "$label" "$count" "$wall" "$RATE"
   [ -n "$ratios" ] && printf " · %.2fx xargs -P %s" "$(printf "%s" "$ratios" | median)" "$C"
   printf " · CPU runner %.1fs (%.1f ms/case), server %.1fs · peak %d MB\n" \
     "$cpu" "$(calc "1000 * $cpu / $count")" "$ecpu" "$(calc "int($peak / 1024)")"
 }
 
+# The same `true` batch through one `casebatch agent` on loopback, against local-process
+# measured just before: throughput ratio, and the agent's own CPU and resident memory.
+agent_vs_local() {
+  scenario "local-process, trivial command (true)" local-process 'true' "$N" 'true'
+  local local_rate=$RATE dir="$WORK/agent" apid
+  mkdir -p "$dir"
+  "$BIN" agent --listen 127.0.0.1:0 --data-dir "$dir" --max-concurrent 256 > "$WORK/agent.log" 2>&1 &
+  apid=$!
+  for _ in $(seq 1 100); do [ -s "$dir/agent.addr" ] && break; sleep 0.1; done
+  AGENT_ADDR=$(cat "$dir/agent.addr")
+  scenario "agent on loopback, trivial command (true)" bench-agent 'true' "$N" 'true'
+  printf "  agent/local-process throughput %.2fx · agent CPU %.1fs (%.1f ms/case over %d runs) · agent peak %d MB\n" \
+    "$(calc "$RATE / $local_rate")" "$(cpu_of "$apid")" "$(calc "1000 * $(cpu_of "$apid") / ($N * $RUNS)")" "$RUNS" \
+    "$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$apid/status")"
+  kill "$apid"; wait "$apid" 2>/dev/null || true
+  unset AGENT_ADDR
+}
+
 echo "casebatch benchmark: N=$N, concurrency $C, $(nproc) cores, embedded dev server, median of $RUNS"
-scenario "local-process, trivial command (true)" local-process 'true' "$N" 'true'
+if [ "${ONLY:-}" = agent ]; then agent_vs_local; exit 0; fi
 scenario "local-process, sleep 1" local-process 'sleep 1' "$N" 'sleep 1'
 scenario "fake runtime (simulation), no-op" fake '' "$N"
+agent_vs_local
 if [ -z "${SKIP_10K:-}" ]; then
   RUNS=1 scenario "fake runtime (simulation), $BIG cases" fake '' "$BIG"
 fi

@@ -151,3 +151,26 @@ show sa-segments "$(first_run casebatch-sa-segments)" searchattr-continued-as-ne
 for f in searchattr-retries searchattr-paused-drained searchattr-resumed searchattr-continued-as-new; do
   grep -q CasebatchOutcome "$OUT/activities-$f.json" || { echo "no upsert in $f"; exit 1; }
 done
+
+# 9. A batch on a runtime agent (stateless workers: every stage on the shared queue), whose
+# runner is SIGKILLed while the agent's jobs run and resumed: the jobs are adopted through the
+# agent. Its history carries the agent's JobRefs (`runtime: <name>`, no host queue).
+AGENT_DIR="$WORK/agent"; mkdir -p "$AGENT_DIR"
+"$BIN" agent --listen 127.0.0.1:0 --data-dir "$AGENT_DIR" > "$WORK/agent.log" 2>&1 & AGENT=$!
+trap 'kill $SERVER $AGENT 2>/dev/null; rm -rf "$WORK"' EXIT
+for _ in $(seq 1 100); do [ -s "$AGENT_DIR/agent.addr" ] && break; sleep 0.1; done
+python3 - "$WORK/agent.yaml" "$(cat "$AGENT_DIR/agent.addr")" <<'PY'
+import sys
+with open(sys.argv[1], "w") as f:
+    f.write(f"batch_id: on-agent\nruntimes: {{box: {{kind: agent, endpoint: 'http://{sys.argv[2]}'}}}}\n")
+    f.write("defaults: {runtime: box, concurrency: 4}\ntasks:\n")
+    for i in range(8):
+        f.write(f"  - {{task_id: a{i}, harness: 'sleep {1 + i % 2}; echo {{}} > \"$CASEBATCH_RESULT\"'}}\n")
+PY
+"$BIN" batch run --manifest "$WORK/agent.yaml" --output-dir "$WORK/out" --address "$ADDR" \
+  > "$WORK/agent-0.log" 2>&1 & RUNNER=$!
+for _ in $(seq 1 600); do [ "$(done_cases on-agent)" -ge 2 ] && break; sleep 0.1; done
+kill -9 "$RUNNER"; wait "$RUNNER" 2>/dev/null || true
+cb batch resume --batch-id on-agent --output-dir "$WORK/out" > "$WORK/agent-1.log"
+grep -q "8 succeeded" "$WORK/agent-1.log" || { cat "$WORK/agent-1.log"; exit 1; }
+show on-agent "" agent-crashed-runner

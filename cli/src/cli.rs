@@ -6,7 +6,7 @@ use casebatch_control::{BatchLocation, EngineChoice, ManifestInput};
 use casebatch_manifest::{CommandSpec, Defaults, LoadOptions};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::exit::CliResult;
+use crate::exit::{CliError, CliResult};
 
 /// Durable batch runner for evaluation cases, on Temporal.
 ///

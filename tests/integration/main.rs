@@ -5,6 +5,7 @@
 mod support;
 
 mod agent;
+mod agent_batches;
 mod chaos_kills;
 mod cleanup;
 mod demo;

@@ -1,0 +1,343 @@
+//! Batches on runtime agents: jobs run on `casebatch agent` processes and outlive the worker
+//! replicas that drive them. Real agents on loopback gRPC, real worker replicas, a real dev
+//! server; every crash is a SIGKILL, and side effects are counted by the harness itself.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::Duration;
+
+use crate::support::*;
+
+/// One `casebatch agent` on a fixed loopback port (a restart must come back where the
+/// manifest's runtimes table points).
+struct Agent {
+    child: Child,
+    port: u16,
+    data_dir: PathBuf,
+    name: String,
+    extra: Vec<String>,
+}
+
+impl Agent {
+    fn start(sb: &Sandbox, name: &str, extra: &[&str]) -> Self {
+        let port = free_port();
+        let data_dir = sb.path(&format!("agent-{name}"));
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let child = launch(sb, name, port, &data_dir, &extra);
+        Self {
+            child,
+            port,
+            data_dir,
+            name: name.into(),
+            extra,
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL, as a crashed host would.
+    fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn restart(&mut self, sb: &Sandbox) {
+        self.child = launch(sb, &self.name, self.port, &self.data_dir, &self.extra);
+    }
+}
+
+/// Starts an agent and waits until it listens (it writes `agent.addr` once bound).
+fn launch(sb: &Sandbox, name: &str, port: u16, data_dir: &Path, extra: &[String]) -> Child {
+    let addr = data_dir.join("agent.addr");
+    let _ = std::fs::remove_file(&addr);
+    let listen = format!("127.0.0.1:{port}");
+    let data = data_dir.display().to_string();
+    let mut args = vec!["agent", "--listen", &listen, "--data-dir", &data];
+    args.extend(extra.iter().map(String::as_str));
+    // AGENT_NAME reaches harnesses through `pass_env`, read on the agent's host.
+    let child = sb.spawn_env(&args, &format!("agent-{name}.log"), &[("AGENT_NAME", name)]);
+    wait_until(Duration::from_secs(30), "the agent is listening", || {
+        addr.exists()
+    });
+    child
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A harness that records `<case> <agent>` when it starts, waits for `$SANDBOX/go`, and
+/// records `<case>` again when it ends: each line of `started.log` is one job start.
+const GATED: &str = r#"echo "$CASEBATCH_CASE_ID $AGENT_NAME" >> "$SANDBOX/started.log"; while [ ! -e "$SANDBOX/go" ]; do sleep 0.1; done; echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/ended.log"; echo '{}' > "$CASEBATCH_RESULT""#;
+
+fn manifest(batch: &str, agents: &[&Agent], cases: usize, harness: &str, extra: &str) -> String {
+    let mut m = format!("batch_id: {batch}\nruntimes:\n");
+    for a in agents {
+        m.push_str(&format!(
+            "  {}: {{kind: agent, endpoint: '{}'}}\n",
+            a.name,
+            a.endpoint()
+        ));
+    }
+    m.push_str(&format!(
+        "defaults:\n  concurrency: {cases}\n  pass_env: [SANDBOX, AGENT_NAME]\n  harness: '{}'\n{extra}tasks:\n",
+        harness.replace('\'', "''")
+    ));
+    for i in 0..cases {
+        let agent = &agents[i % agents.len()].name;
+        m.push_str(&format!("  - {{task_id: c{i}, runtime: {agent}}}\n"));
+    }
+    m
+}
+
+/// Lines of a sandbox file.
+fn lines(sb: &Sandbox, rel: &str) -> Vec<String> {
+    sb.read(rel).lines().map(str::to_string).collect()
+}
+
+/// The identities of the workers that ran the batch's activities, from its history.
+fn activity_workers(sb: &Sandbox, batch: &str, address: &str) -> BTreeSet<String> {
+    let file = sb.path(&format!("{batch}-history.json"));
+    let out = sb.out();
+    let o = sb.run(&[
+        "batch",
+        "history",
+        "--batch-id",
+        batch,
+        "--output-dir",
+        out.to_str().unwrap(),
+        "--out",
+        file.to_str().unwrap(),
+        "--address",
+        address,
+    ]);
+    assert_exit(&o, 0);
+    let history = sb.json(&file);
+    history["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["attributes"]["ActivityTaskStartedEventAttributes"]["identity"].as_str())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_batch_spreads_over_two_agents_and_two_worker_replicas() {
+    let sb = Sandbox::engine();
+    // A standalone server, so both replicas are polling before the batch starts: the test is
+    // about the batch spreading, not about which replica came up first.
+    let cluster = Cluster::start(&sb);
+    let out = sb.out().display().to_string();
+    let at = ["--output-dir", &out, "--address", &cluster.address];
+    let (mut w1, mut w2) = (replica(&sb, &at, "w1.log"), replica(&sb, &at, "w2.log"));
+    let a = Agent::start(&sb, "box-a", &[]);
+    let b = Agent::start(&sb, "box-b", &[]);
+    sb.write("go", "");
+    // Wider than the 32 eager starts a workflow task hands to its own worker, so the batch
+    // has to go through matching, where both replicas poll.
+    let m = sb.write("spread.yaml", &manifest("spread", &[&a, &b], 40, GATED, ""));
+    let run = sb.run(
+        &[
+            &[
+                "batch",
+                "run",
+                "--no-worker",
+                "--manifest",
+                m.to_str().unwrap(),
+            ][..],
+            &at[..],
+        ]
+        .concat(),
+    );
+    assert_exit(&run, 0);
+    for w in [&mut w1, &mut w2] {
+        assert_eq!(stop(w), 0);
+    }
+    let started = lines(&sb, "started.log");
+    assert_eq!(started.len(), 40, "each case started once: {started:?}");
+    let agents: BTreeSet<&str> = started.iter().filter_map(|l| l.split(' ').nth(1)).collect();
+    assert_eq!(agents, BTreeSet::from(["box-a", "box-b"]), "{started:?}");
+    let summary = sb.json(&sb.bundle("spread").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], 40, "{summary:#}");
+    // The artifacts came back from the agents into the bundle.
+    assert!(sb.attempt_file("spread", "c0", 1, "result.json").exists());
+    let workers = activity_workers(&sb, "spread", &cluster.address);
+    assert!(
+        workers.len() >= 2,
+        "both replicas ran the batch's activities: {workers:?}"
+    );
+}
+
+#[test]
+fn a_worker_replica_killed_mid_batch_leaves_its_jobs_to_the_other() {
+    let sb = Sandbox::engine();
+    let cluster = Cluster::start(&sb);
+    let out = sb.out().display().to_string();
+    let at = ["--output-dir", &out, "--address", &cluster.address];
+    let (mut w1, mut w2) = (replica(&sb, &at, "w1.log"), replica(&sb, &at, "w2.log"));
+    let a = Agent::start(&sb, "box-a", &[]);
+    let m = sb.write("adopt.yaml", &manifest("adopt", &[&a], 8, GATED, ""));
+    let args = [
+        &[
+            "batch",
+            "run",
+            "--no-worker",
+            "--manifest",
+            m.to_str().unwrap(),
+        ][..],
+        &at[..],
+    ]
+    .concat();
+    let mut runner = sb.spawn(&args, "run.log");
+    wait_until(Duration::from_secs(90), "all 8 jobs are running", || {
+        lines(&sb, "started.log").len() == 8
+    });
+    // Kill the replica that is awaiting jobs (both may be): its settles die with it.
+    let holders = settle_holders(&cluster, "adopt", 8);
+    let (victim, survivor) = if holders.contains(&w1.id()) {
+        (&mut w1, &mut w2)
+    } else {
+        (&mut w2, &mut w1)
+    };
+    assert!(holders.contains(&victim.id()), "{holders:?}");
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    sb.write("go", "");
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(180)),
+        0,
+        "{}",
+        sb.read("run.log")
+    );
+    assert_eq!(stop(survivor), 0);
+    assert_eq!(
+        lines(&sb, "started.log").len(),
+        8,
+        "no in-flight case started twice"
+    );
+    assert_eq!(lines(&sb, "ended.log").len(), 8);
+    let summary = sb.json(&sb.bundle("adopt").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], 8, "{summary:#}");
+    for i in 0..8 {
+        let r = sb.case_result("adopt", &format!("c{i}"));
+        assert_eq!(r["attempts"], 1, "c{i}: {r:#}");
+        assert_eq!(r["job_starts"], 1, "c{i}: {r:#}");
+    }
+}
+
+/// A `casebatch worker` replica, once it polls.
+fn replica(sb: &Sandbox, at: &[&str], log: &str) -> Child {
+    let w = sb.spawn(&[&["worker"][..], at].concat(), log);
+    wait_until(Duration::from_secs(60), "the replica polls", || {
+        sb.read(log).contains("worker polling")
+    });
+    w
+}
+
+/// The pids of the workers running the batch's `settle` activities, once `n` of them run
+/// (pending activities name their worker: `<pid>@<host>`).
+fn settle_holders(cluster: &Cluster, batch: &str, n: usize) -> BTreeSet<u32> {
+    let wid = format!("casebatch-{batch}");
+    let mut holders = BTreeSet::new();
+    wait_until(Duration::from_secs(60), "the settles run", || {
+        let o = cluster.temporal(&["workflow", "describe", "-w", &wid, "-o", "json"]);
+        let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let settles: Vec<u32> = d["pendingActivities"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| {
+                a["activityType"]["name"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with("settle"))
+            })
+            .filter_map(|a| {
+                a["lastWorkerIdentity"]
+                    .as_str()?
+                    .split('@')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        holders = settles.iter().copied().collect();
+        settles.len() == n
+    });
+    holders
+}
+
+#[test]
+fn an_agent_killed_mid_batch_and_restarted_reattaches_every_job() {
+    let sb = Sandbox::engine();
+    let mut a = Agent::start(&sb, "box-a", &[]);
+    let m = sb.write("restart.yaml", &manifest("restart", &[&a], 6, GATED, ""));
+    let mut runner = sb.spawn_batch(&m, "run.log");
+    wait_until(Duration::from_secs(90), "all 6 jobs are running", || {
+        lines(&sb, "started.log").len() == 6
+    });
+    a.kill();
+    a.restart(&sb);
+    sb.write("go", "");
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(180)),
+        0,
+        "{}",
+        sb.read("run.log")
+    );
+    assert_eq!(lines(&sb, "started.log").len(), 6, "no job ran twice");
+    assert_eq!(lines(&sb, "ended.log").len(), 6);
+    let summary = sb.json(&sb.bundle("restart").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], 6, "{summary:#}");
+    assert!(
+        sb.read("agent-box-a.log").contains("6 jobs re-attached"),
+        "{}",
+        sb.read("agent-box-a.log")
+    );
+}
+
+#[test]
+fn an_agent_memory_budget_never_lets_declared_memory_overlap() {
+    let sb = Sandbox::engine();
+    let a = Agent::start(&sb, "box-a", &["--memory-budget-mb", "600"]);
+    // Each job records its start and end on a shared clock.
+    let harness = r#"echo "start $(date +%s%N)" >> "$SANDBOX/spans.log"; sleep 0.5; echo "end $(date +%s%N)" >> "$SANDBOX/spans.log"; echo '{}' > "$CASEBATCH_RESULT""#;
+    let m = sb.write(
+        "budget.yaml",
+        &manifest(
+            "budget",
+            &[&a],
+            4,
+            harness,
+            "  resources: {memory_mb: 512}\n",
+        ),
+    );
+    let o = sb.run_batch(&m);
+    assert_exit(&o, 0);
+    let events: Vec<(u128, bool)> = lines(&sb, "spans.log")
+        .iter()
+        .map(|l| {
+            let (kind, t) = l.split_once(' ').unwrap();
+            (t.parse().unwrap(), kind == "start")
+        })
+        .collect();
+    assert_eq!(events.len(), 8, "4 jobs, each started and ended once");
+    let mut sorted = events.clone();
+    sorted.sort();
+    let mut running = 0;
+    for (_, start) in sorted {
+        running += if start { 1 } else { -1 };
+        assert!(
+            running <= 1,
+            "two 512 MB jobs overlapped under a 600 MB budget"
+        );
+    }
+    let summary = sb.json(&sb.bundle("budget").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], 4, "{summary:#}");
+}
