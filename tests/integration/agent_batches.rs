@@ -57,8 +57,13 @@ fn launch(sb: &Sandbox, name: &str, port: u16, data_dir: &Path, extra: &[String]
     let data = data_dir.display().to_string();
     let mut args = vec!["agent", "--listen", &listen, "--data-dir", &data];
     args.extend(extra.iter().map(String::as_str));
-    // AGENT_NAME reaches harnesses through `pass_env`, read on the agent's host.
-    let child = sb.spawn_env(&args, &format!("agent-{name}.log"), &[("AGENT_NAME", name)]);
+    // AGENT_NAME reaches harnesses through `pass_env`, read on the agent's host;
+    // AGENT_TOKEN is there for an agent started with `--token-env AGENT_TOKEN`.
+    let child = sb.spawn_env(
+        &args,
+        &format!("agent-{name}.log"),
+        &[("AGENT_NAME", name), ("AGENT_TOKEN", AGENT_TOKEN)],
+    );
     wait_until(Duration::from_secs(30), "the agent is listening", || {
         addr.exists()
     });
@@ -71,6 +76,9 @@ impl Drop for Agent {
         let _ = self.child.wait();
     }
 }
+
+/// The token of agents started with `--token-env AGENT_TOKEN`.
+const AGENT_TOKEN: &str = "s3cret-agent-token";
 
 /// A harness that records `<case> <agent>` when it starts, waits for `$SANDBOX/go`, and
 /// records `<case>` again when it ends: each line of `started.log` is one job start.
@@ -340,4 +348,56 @@ fn an_agent_memory_budget_never_lets_declared_memory_overlap() {
     }
     let summary = sb.json(&sb.bundle("budget").join("batch_summary.json"));
     assert_eq!(summary["counts"]["succeeded"], 4, "{summary:#}");
+}
+
+#[test]
+fn cancelling_a_batch_on_an_agent_kills_its_jobs_and_confirms_their_cleanup() {
+    let sb = Sandbox::engine();
+    let a = Agent::start(&sb, "box-a", &[]);
+    let m = sb.write(
+        "cancel.yaml",
+        &manifest("cancel-agent", &[&a], 3, GATED, ""),
+    );
+    let mut runner = sb.spawn_batch(&m, "run.log");
+    wait_until(Duration::from_secs(90), "all 3 jobs are running", || {
+        lines(&sb, "started.log").len() == 3
+    });
+    assert_exit(&sb.op("cancel", "cancel-agent"), 0);
+    assert_eq!(wait_child(&mut runner, Duration::from_secs(120)), 4);
+    let summary = sb.json(&sb.bundle("cancel-agent").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["cancelled"], 3, "{summary:#}");
+    for i in 0..3 {
+        let receipt =
+            sb.json(&sb.attempt_file("cancel-agent", &format!("c{i}"), 1, "cleanup.json"));
+        assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
+    }
+    assert!(
+        no_process_matches("ended.log"),
+        "no harness survives the cancel on the agent"
+    );
+    assert!(lines(&sb, "ended.log").is_empty());
+}
+
+#[test]
+fn a_wrong_token_fails_the_case_as_config_naming_where_the_worker_read_it() {
+    let sb = Sandbox::engine();
+    let a = Agent::start(&sb, "box-a", &["--token-env", "AGENT_TOKEN"]);
+    let text = format!(
+        "batch_id: BATCH\nruntimes:\n  box-a: {{kind: agent, endpoint: '{}', token_env: WORKER_TOKEN}}\n\
+         defaults: {{runtime: box-a, harness: 'echo {{}} > \"$CASEBATCH_RESULT\"'}}\ntasks: [{{task_id: t}}]\n",
+        a.endpoint()
+    );
+    let run = |batch: &str, token: &str| {
+        let m = sb.write(&format!("{batch}.yaml"), &text.replace("BATCH", batch));
+        sb.run_env(&batch_run_args(&m, &sb.out()), &[("WORKER_TOKEN", token)])
+    };
+    assert_exit(&run("wrong-token", "not-the-token"), 4);
+    let r = sb.case_result("wrong-token", "t");
+    assert_eq!(r["failure"]["code"], "RUNTIME_AUTH", "{r:#}");
+    assert_eq!(r["failure"]["class"], "config", "{r:#}");
+    assert_eq!(r["attempts"], 1, "config failures are not retried: {r:#}");
+    let message = r["failure"]["message"].as_str().unwrap();
+    assert!(message.contains("$WORKER_TOKEN"), "{message}");
+    assert!(!message.contains("not-the-token"), "{message}");
+    assert_exit(&run("right-token", AGENT_TOKEN), 0);
 }
