@@ -47,8 +47,11 @@ cpu_of() { awk -v t="$TICK" '{ print ($14 + $15) / t }' "/proc/$1/stat" 2>/dev/n
 # "wall runner_cpu engine_cpu peak_rss_kb"; CPU figures are the last samples before exit.
 run_batch() {
   local name=$1 file=$2 out="$WORK/out-$1-$RANDOM" t0 t1 pid peak=0 rss cpu=0 ecpu=0 epid="" c
+  # A batch id of its own per round: an agent's job table (kept across rounds) refuses an
+  # attempt key that another bundle already used.
+  sed "s/^batch_id: .*/batch_id: $name-$RANDOM/" "$file" > "$out.yaml"
   t0=$(now)
-  "$BIN" batch run --manifest "$file" --output-dir "$out" > "$WORK/$name.log" 2>&1 &
+  "$BIN" batch run --manifest "$out.yaml" --output-dir "$out" > "$WORK/$name.log" 2>&1 &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     rss=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
@@ -104,8 +107,8 @@ agent_vs_local() {
   mkdir -p "$dir"
   "$BIN" agent --listen 127.0.0.1:0 --data-dir "$dir" --max-concurrent 256 > "$WORK/agent.log" 2>&1 &
   apid=$!
-  for _ in $(seq 1 100); do [ -s "$dir/agent.addr" ] && break; sleep 0.1; done
-  AGENT_ADDR=$(cat "$dir/agent.addr")
+  for _ in $(seq 1 300); do [ -s "$dir/agent.addr" ] && break; sleep 0.1; done
+  AGENT_ADDR=$(cat "$dir/agent.addr") || { echo "the agent did not start:"; cat "$WORK/agent.log"; exit 1; }
   scenario "agent on loopback, trivial command (true)" bench-agent 'true' "$N" 'true'
   printf "  agent/local-process throughput %.2fx · agent CPU %.1fs (%.1f ms/case over %d runs) · agent peak %d MB\n" \
     "$(calc "$RATE / $local_rate")" "$(cpu_of "$apid")" "$(calc "1000 * $(cpu_of "$apid") / ($N * $RUNS)")" "$RUNS" \
