@@ -444,7 +444,7 @@ impl Jobs {
             );
             if !started && entry.kill.load(Ordering::SeqCst) {
                 // Killed before anything of it could start: nothing to stop.
-                return self.end(&key, &entry, cancelled(), 0).await;
+                return self.end(&key, &entry, ActorReport::cancelled(), 0).await;
             }
             let submitted = async {
                 if !started {
@@ -633,16 +633,6 @@ fn failed(f: Failure) -> ActorReport {
         status: ActorStatus::Failed,
         exit_code: None,
         failure: Some(f),
-        adopted: false,
-        memory_limit_mb: None,
-    }
-}
-
-fn cancelled() -> ActorReport {
-    ActorReport {
-        status: ActorStatus::Cancelled,
-        exit_code: None,
-        failure: None,
         adopted: false,
         memory_limit_mb: None,
     }

@@ -79,6 +79,19 @@ pub struct ActorReport {
     pub memory_limit_mb: Option<u64>,
 }
 
+impl ActorReport {
+    /// A job stopped by a cancel, before it could end on its own.
+    pub fn cancelled() -> Self {
+        Self {
+            status: ActorStatus::Cancelled,
+            exit_code: None,
+            failure: None,
+            adopted: false,
+            memory_limit_mb: None,
+        }
+    }
+}
+
 /// The evaluator's verdict on the actor's work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -243,13 +243,7 @@ impl AgentRuntime {
         {
             tracing::warn!(job = key, agent = %t.named(), "the cancelled job did not end in time");
         }
-        ActorReport {
-            status: ActorStatus::Cancelled,
-            exit_code: None,
-            failure: None,
-            adopted: false,
-            memory_limit_mb: None,
-        }
+        ActorReport::cancelled()
     }
 }
 
