@@ -686,60 +686,20 @@ async fn off_loopback_needs_tls_and_a_token_and_nothing_is_touched() {
 async fn tls_with_a_token_serves_tls_clients_only() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key_pem) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    // A CA and a certificate for localhost signed by it, made by the system's openssl.
+    // A CA and a certificate for localhost signed by it.
     let ca = dir.path().join("ca.pem");
-    let ca_key = dir.path().join("ca.key");
-    let openssl = |args: &[&str]| {
-        let made = std::process::Command::new("openssl")
-            .current_dir(dir.path())
-            .args(args)
-            .output()
-            .expect("openssl runs");
-        assert!(
-            made.status.success(),
-            "{}",
-            String::from_utf8_lossy(&made.stderr)
-        );
-    };
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-    ]);
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=localhost",
-        "-addext",
-        "subjectAltName=DNS:localhost",
-        "-addext",
-        "basicConstraints=critical,CA:FALSE",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-keyout",
-        "key.pem",
-        "-out",
-        "cert.pem",
-    ]);
-    assert!(ca_key.exists());
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &ca_cert, &ca_key)
+        .unwrap();
+    std::fs::write(&ca, ca_cert.pem()).unwrap();
+    std::fs::write(&cert, leaf.pem()).unwrap();
+    std::fs::write(&key_pem, leaf_key.serialize_pem()).unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "tls-token").unwrap();
     let (c2, k2, t2) = (cert.clone(), key_pem.clone(), token_file.clone());
