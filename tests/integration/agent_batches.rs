@@ -139,32 +139,20 @@ fn activity_workers(sb: &Sandbox, batch: &str, address: &str) -> BTreeSet<String
 #[test]
 fn a_batch_spreads_over_two_agents_and_two_worker_replicas() {
     let sb = Sandbox::engine();
-    // A standalone server, so both replicas are polling before the batch starts: the test is
-    // about the batch spreading, not about which replica came up first.
-    let cluster = Cluster::start(&sb);
-    let out = sb.out().display().to_string();
-    let at = ["--output-dir", &out, "--address", &cluster.address];
-    let (mut w1, mut w2) = (replica(&sb, &at, "w1.log"), replica(&sb, &at, "w2.log"));
+    let (cluster, mut w1, mut w2) = replicas_on_a_cluster(&sb);
     let a = Agent::start(&sb, "box-a", &[]);
     let b = Agent::start(&sb, "box-b", &[]);
     sb.write("go", "");
     // Wider than the 32 eager starts a workflow task hands to its own worker, so the batch
     // has to go through matching, where both replicas poll.
     let m = sb.write("spread.yaml", &manifest("spread", &[&a, &b], 40, GATED, ""));
-    let run = sb.run(
-        &[
-            &[
-                "batch",
-                "run",
-                "--no-worker",
-                "--manifest",
-                m.to_str().unwrap(),
-            ][..],
-            &at[..],
-        ]
-        .concat(),
+    let mut runner = spawn_no_worker_run(&sb, &cluster, &m);
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(180)),
+        0,
+        "{}",
+        sb.read("run.log")
     );
-    assert_exit(&run, 0);
     for w in [&mut w1, &mut w2] {
         assert_eq!(stop(w), 0);
     }
@@ -186,24 +174,10 @@ fn a_batch_spreads_over_two_agents_and_two_worker_replicas() {
 #[test]
 fn a_worker_replica_killed_mid_batch_leaves_its_jobs_to_the_other() {
     let sb = Sandbox::engine();
-    let cluster = Cluster::start(&sb);
-    let out = sb.out().display().to_string();
-    let at = ["--output-dir", &out, "--address", &cluster.address];
-    let (mut w1, mut w2) = (replica(&sb, &at, "w1.log"), replica(&sb, &at, "w2.log"));
+    let (cluster, mut w1, mut w2) = replicas_on_a_cluster(&sb);
     let a = Agent::start(&sb, "box-a", &[]);
     let m = sb.write("adopt.yaml", &manifest("adopt", &[&a], 8, GATED, ""));
-    let args = [
-        &[
-            "batch",
-            "run",
-            "--no-worker",
-            "--manifest",
-            m.to_str().unwrap(),
-        ][..],
-        &at[..],
-    ]
-    .concat();
-    let mut runner = sb.spawn(&args, "run.log");
+    let mut runner = spawn_no_worker_run(&sb, &cluster, &m);
     wait_until(Duration::from_secs(90), "all 8 jobs are running", || {
         lines(&sb, "started.log").len() == 8
     });
@@ -240,13 +214,50 @@ fn a_worker_replica_killed_mid_batch_leaves_its_jobs_to_the_other() {
     }
 }
 
-/// A `casebatch worker` replica, once it polls.
-fn replica(sb: &Sandbox, at: &[&str], log: &str) -> Child {
-    let w = sb.spawn(&[&["worker"][..], at].concat(), log);
-    wait_until(Duration::from_secs(60), "the replica polls", || {
-        sb.read(log).contains("worker polling")
-    });
-    w
+/// A standalone server with two `casebatch worker` replicas polling it, so a batch starts only
+/// once both poll: these tests are about replicas sharing a batch, not about which came up
+/// first.
+fn replicas_on_a_cluster(sb: &Sandbox) -> (Cluster, Child, Child) {
+    let cluster = Cluster::start(sb);
+    let out = sb.out().display().to_string();
+    let replica = |log: &str| {
+        let w = sb.spawn(
+            &[
+                "worker",
+                "--output-dir",
+                &out,
+                "--address",
+                &cluster.address,
+            ],
+            log,
+        );
+        wait_until(Duration::from_secs(60), "the replica polls", || {
+            sb.read(log).contains("worker polling")
+        });
+        w
+    };
+    let (w1, w2) = (replica("w1.log"), replica("w2.log"));
+    (cluster, w1, w2)
+}
+
+/// `batch run --no-worker` of a manifest on the cluster, in the background: the replicas do
+/// the work.
+fn spawn_no_worker_run(sb: &Sandbox, cluster: &Cluster, manifest: &Path) -> Child {
+    let out = sb.out().display().to_string();
+    sb.spawn(
+        &[
+            "batch",
+            "run",
+            "--no-worker",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--output-dir",
+            &out,
+            "--address",
+            &cluster.address,
+        ],
+        "run.log",
+    )
 }
 
 /// The pids of the workers running the batch's `settle` activities, once `n` of them run
