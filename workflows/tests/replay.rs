@@ -8,6 +8,9 @@ use casebatch_workflows::BatchWorkflow;
 use temporalio_client::WorkflowHistory;
 use temporalio_sdk::workflow_replayer::{WorkflowReplayer, WorkflowReplayerOptions};
 
+#[path = "replay/legacy_query.rs"]
+mod legacy_query;
+
 fn replayer() -> WorkflowReplayer {
     let options = WorkflowReplayerOptions::new()
         .register_workflow::<BatchWorkflow>()

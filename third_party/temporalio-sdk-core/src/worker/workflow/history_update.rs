@@ -640,6 +640,24 @@ impl HistoryUpdate {
         true
     }
 
+    /// True if the next WFT sequence is the end of a complete history and no workflow task has
+    /// started on it: events no workflow task has seen yet (casebatch patch).
+    pub(crate) fn next_wft_sequence_is_unstarted_tail(&self, from_wft_started_id: i64) -> bool {
+        let Some(ix_first_relevant) = self.starting_index_after_skipping(from_wft_started_id)
+        else {
+            return false;
+        };
+        self.has_last_wft
+            && matches!(
+                find_end_index_of_next_wft_seq(
+                    &self.events[ix_first_relevant..],
+                    from_wft_started_id,
+                    self.has_last_wft
+                ),
+                NextWFTSeqEndIndex::Incomplete(_)
+            )
+    }
+
     /// Returns the next WFT completed event attributes, if any, starting at (inclusive) the
     /// `from_id`
     pub(crate) fn peek_next_wft_completed(

@@ -247,7 +247,8 @@ impl ManagedRun {
             if is_incremental {
                 self.metrics.sticky_cache_hit();
             }
-            self.wfm.new_work_from_server(work.update, work.messages)?
+            self.wfm
+                .new_work_from_server(work.update, work.messages, was_legacy_query)?
         } else {
             let r = self.wfm.get_next_activation()?;
             if r.jobs.is_empty() {
@@ -1458,8 +1459,10 @@ impl WorkflowManager {
         &mut self,
         update: HistoryUpdate,
         messages: Vec<IncomingProtocolMessage>,
+        preparing_legacy_query: bool,
     ) -> Result<WorkflowActivation> {
-        self.machines.new_work_from_server(update, messages)?;
+        self.machines
+            .new_work_from_server(update, messages, preparing_legacy_query)?;
         self.awaiting_next_wft = false;
         self.apply_deferred_local_resolutions()?;
         self.get_next_activation()
@@ -2416,6 +2419,7 @@ mod tests {
                             .new_work_from_server(
                                 history.get_one_wft(wft_number).unwrap().into(),
                                 vec![],
+                                false,
                             )
                             .unwrap();
                         if activation.jobs.is_empty() {

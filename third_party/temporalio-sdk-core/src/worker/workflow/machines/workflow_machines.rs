@@ -100,6 +100,10 @@ pub(crate) struct WorkflowMachines {
     pub(crate) last_processed_event: i64,
     /// True if the workflow is replaying from history
     pub(crate) replaying: bool,
+    /// True while the current task is a legacy query (casebatch patch, see
+    /// `third_party/README.md`): it may read the workflow as of its last completed workflow
+    /// task, but must not apply the events after it.
+    preparing_legacy_query: bool,
     /// Workflow identifier
     pub(crate) workflow_id: String,
     /// Workflow type identifier. (Function name, class, etc)
@@ -277,6 +281,7 @@ impl WorkflowMachines {
             run_id: basics.run_id,
             drive_me: driven_wf,
             replaying,
+            preparing_legacy_query: false,
             metrics: basics.metrics,
             // In an ideal world one could say ..Default::default() here and it'd still work.
             current_started_event_id: 0,
@@ -325,11 +330,13 @@ impl WorkflowMachines {
         &mut self,
         update: HistoryUpdate,
         protocol_messages: Vec<IncomingProtocolMessage>,
+        preparing_legacy_query: bool,
     ) -> Result<()> {
         if !self.protocol_msgs.is_empty() {
             dbg_panic!("There are unprocessed protocol messages while receiving new work");
         }
         self.protocol_msgs = protocol_messages;
+        self.preparing_legacy_query = preparing_legacy_query;
         self.new_history_from_server(update)?;
         Ok(())
     }
@@ -577,6 +584,21 @@ impl WorkflowMachines {
         }
 
         let last_handled_wft_started_id = self.current_started_event_id;
+        // casebatch patch: the server dispatches a legacy query while no workflow task is
+        // pending, but the worker receives it with the history as of its poll, which can end in
+        // events that arrived in between (an activity result, then WorkflowTaskScheduled).
+        // Applying them here would run the workflow ahead of its history: the commands it
+        // issues for them are sent with the next real task, ahead of results that the same
+        // task delivers, while replay applies them all in one activation, in another order
+        // (TMPRL1100). The query reads the state as of the last completed task; the next real
+        // workflow task applies these events.
+        if self.preparing_legacy_query
+            && self
+                .last_history_from_server
+                .next_wft_sequence_is_unstarted_tail(last_handled_wft_started_id)
+        {
+            return Ok(0);
+        }
         let (events, has_final_event) = match self
             .last_history_from_server
             .take_next_wft_sequence(last_handled_wft_started_id)
