@@ -174,3 +174,23 @@ kill -9 "$RUNNER"; wait "$RUNNER" 2>/dev/null || true
 cb batch resume --batch-id on-agent --output-dir "$WORK/out" > "$WORK/agent-1.log"
 grep -q "8 succeeded" "$WORK/agent-1.log" || { cat "$WORK/agent-1.log"; exit 1; }
 show on-agent "" agent-crashed-runner
+
+# 10. Operated while running: the checked operations (updates, each through its validator),
+# one refused (no event), and set_concurrency once as a plain signal from the stock CLI.
+cat > "$WORK/operated.yaml" <<'YAML'
+batch_id: operated
+defaults: {runtime: local-process, concurrency: 1, harness: 'sleep 1'}
+tasks: [{task_id: a}, {task_id: b}, {task_id: c}, {task_id: d}, {task_id: e}, {task_id: f}]
+YAML
+cb batch run --manifest "$WORK/operated.yaml" --output-dir "$WORK/out" > /dev/null & RUNNER=$!
+op() { cb batch "$1" --batch-id operated --output-dir "$WORK/out" "${@:2}" > /dev/null; }
+for _ in $(seq 1 100); do op status 2>/dev/null && break; sleep 0.1; done
+if op unpause 2>/dev/null; then echo "unpause of a running batch was not refused"; exit 1; fi
+op pause
+op set-concurrency 3
+op unpause
+temporal workflow signal --address "$ADDR" --workflow-id casebatch-operated \
+  --name set_concurrency --input 2 > /dev/null
+op drain
+wait $RUNNER || true
+show operated "" operated

@@ -130,6 +130,15 @@ pub enum BatchCommand {
     Unpause(BatchRef),
     /// Cancel in-flight cases (their cleanup still runs) and end the batch as cancelled.
     Cancel(BatchRef),
+    /// Change the active case limit of a running batch, at once. Lowering it never cancels
+    /// running cases: admissions wait until fewer run. Kept across continue-as-new; a resume
+    /// runs at the plan's limit (or its own --concurrency).
+    SetConcurrency {
+        #[command(flatten)]
+        batch: BatchRef,
+        /// The new limit, 1..=512 (the batch's validator refuses others).
+        limit: u32,
+    },
     /// Re-run a finished batch's failed cases in a new batch. Passing results (and, with
     /// --class, failures of other classes) are carried over verbatim with `retry_of` lineage;
     /// the source batch is never changed. OOM-killed cases get their memory doubled for that

@@ -69,6 +69,7 @@ fn exit_of(e: &ControlError) -> Exit {
         | ControlError::PlanConflict { .. }
         | ControlError::BatchExists { .. }
         | ControlError::NotRunning { .. }
+        | ControlError::Refused { .. }
         | ControlError::StillRunning { .. }
         | ControlError::NotOurBatch { .. }
         | ControlError::EngineMismatch { .. }

@@ -477,6 +477,8 @@ async fn carried_from_result(handle: &Handle) -> Option<Carried> {
         timeline: prev.status.timeline,
         paused: false,
         segment: prev.status.segment,
+        // A resume runs at the plan's limit (or its own --concurrency), not a live-set one.
+        concurrency: None,
     })
 }
 

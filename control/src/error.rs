@@ -49,6 +49,13 @@ pub enum ControlError {
         batch_id: String,
         action: &'static str,
     },
+    /// The batch's validator refused the operation (it would be wrong in this state).
+    #[error("batch {batch_id} refused `{action}`: {reason}")]
+    Refused {
+        batch_id: String,
+        action: &'static str,
+        reason: String,
+    },
     #[error(
         "failed to {action} batch {batch_id}: it is still running; wait for it to finish or drain it"
     )]

@@ -1,5 +1,5 @@
 //! The batch operations as a library: validate and plan, run (a batch or one case), resume
-//! and rerun, retry-failed, status, report, history, signals, and a standalone worker.
+//! and rerun, retry-failed, status, report, history, control operations, and a standalone worker.
 //!
 //! Every operation takes typed inputs and returns a typed outcome or a [`ControlError`]; it
 //! prints nothing. Progress while a batch runs reaches the caller as [`DriveEvent`]s through
@@ -11,17 +11,18 @@ mod drive;
 mod error;
 mod inspect;
 mod location;
+mod operate;
 mod prepare;
 mod replica;
 mod requeue;
 mod retry_failed;
 mod run;
-mod signal;
 
 pub use drive::{DriveEvent, DriveOptions, Observer};
 pub use error::{ControlError, Result};
 pub use inspect::{ReportView, StatusView, history, report, status};
 pub use location::{BatchLocation, EngineChoice};
+pub use operate::{Applied, Control, control};
 pub use replica::Replica;
 pub use requeue::Requeue;
 pub use retry_failed::{PreparedRetry, RetryRequest};
@@ -29,7 +30,6 @@ pub use run::{
     Ending, ManifestInput, Planned, ResumeRequest, RunReport, RunRequest, Verdict, plan, resume,
     run, run_case,
 };
-pub use signal::{Signal, signal};
 
 /// `retry-failed`, in two steps so the caller can show the plan before it runs.
 pub mod retry {

@@ -8,8 +8,8 @@
 
 use std::ops::RangeInclusive;
 
-/// Active case limit.
-pub const CONCURRENCY_RANGE: RangeInclusive<u32> = 1..=512;
+/// Active case limit (the running batch's `set_concurrency` accepts the same).
+pub use casebatch_proto::CONCURRENCY_RANGE;
 /// Extra whole-case attempts after a retryable failure.
 pub const MAX_RETRIES_RANGE: RangeInclusive<u32> = 0..=5;
 

@@ -38,6 +38,9 @@ pub struct BatchInput {
     pub search_attributes: bool,
 }
 
+/// Active case limit: what a manifest may ask for and what `set_concurrency` accepts.
+pub const CONCURRENCY_RANGE: std::ops::RangeInclusive<u32> = 1..=512;
+
 /// Memory escalation stops here: past it the fix is a spec change, not more headroom.
 pub const OOM_BOOST_CAP_MB: u64 = 16 * 1024;
 
@@ -50,6 +53,10 @@ pub struct Carried {
     pub paused: bool,
     /// How many workflow runs (segments) this batch has had.
     pub segment: u32,
+    /// The limit an operator set while the batch ran (`set_concurrency`), kept across
+    /// continue-as-new; `None`: the input's.
+    #[serde(default)]
+    pub concurrency: Option<u32>,
 }
 
 /// Per-case state in the workflow. `Running` never survives a run: a resumed run re-queues it.

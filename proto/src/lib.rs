@@ -29,11 +29,14 @@ pub fn workflow_id(batch_id: &str) -> String {
     format!("casebatch-{batch_id}")
 }
 
-/// Names of the operations, usable from `temporal workflow signal/query` as well as the CLI.
+/// Names of the operations, usable from `temporal workflow signal/update/query` as well as the
+/// CLI. Each control operation is both a signal (accepted unchecked, as the stock CLI sends
+/// it) and an update of the same name, which a validator can refuse.
 pub mod ops {
-    pub const SIGNAL_DRAIN: &str = "drain";
-    pub const SIGNAL_PAUSE: &str = "pause";
-    pub const SIGNAL_UNPAUSE: &str = "unpause";
-    pub const SIGNAL_CANCEL: &str = "cancel";
+    pub const DRAIN: &str = "drain";
+    pub const PAUSE: &str = "pause";
+    pub const UNPAUSE: &str = "unpause";
+    pub const CANCEL: &str = "cancel";
+    pub const SET_CONCURRENCY: &str = "set_concurrency";
     pub const QUERY_STATUS: &str = "status";
 }

@@ -323,3 +323,67 @@ fn large_fake_batch_continues_as_new_and_says_it_is_a_simulation() {
     assert_eq!(summary["simulated"], true);
     assert_eq!(summary["attempts_total"], 300);
 }
+
+#[test]
+fn set_concurrency_changes_a_running_batch_at_once_and_invalid_requests_are_refused() {
+    let sb = Sandbox::engine();
+    let tasks: String = (0..8).map(|i| format!("  - task_id: t{i}\n")).collect();
+    let manifest = sb.write(
+        "widen.yaml",
+        &format!(
+            "batch_id: widen\n\
+             defaults:\n  concurrency: 2\n  pass_env: [SANDBOX]\n  runtime: local-process\n  \
+             harness: 'echo \"$CASEBATCH_CASE_ID\" >> \"$SANDBOX/ran.log\"; \
+             while [ ! -e \"$SANDBOX/go\" ]; do sleep 0.05; done; echo \"{{}}\" > \"$CASEBATCH_RESULT\"'\n\
+             tasks:\n{tasks}"
+        ),
+    );
+    let mut runner = sb.spawn_batch(&manifest, "run.log");
+    wait_until(Duration::from_secs(60), "two cases start", || {
+        sb.lines("ran.log") >= 2
+    });
+
+    // The batch's validators refuse what makes no sense, and change nothing.
+    let o = set_concurrency(&sb, "0");
+    assert_exit(&o, 2);
+    assert!(stderr(&o).contains("outside 1..=512"), "{}", stderr(&o));
+    let o = sb.op("unpause", "widen");
+    assert_exit(&o, 2);
+    assert!(stderr(&o).contains("not paused"), "{}", stderr(&o));
+    assert_eq!(sb.status("widen")["status"]["concurrency"], 2);
+
+    let o = set_concurrency(&sb, "6");
+    assert_exit(&o, 0);
+    assert!(stdout(&o).contains("concurrency 2 → 6"), "{}", stdout(&o));
+    wait_until(Duration::from_secs(60), "six cases run", || {
+        sb.status("widen")["status"]["counts"]["running"] == 6
+    });
+    let status = sb.status("widen");
+    assert_eq!(status["status"]["concurrency"], 6, "{status:#}");
+    assert_eq!(
+        sb.lines("ran.log"),
+        6,
+        "admitted up to the new limit, not past it"
+    );
+    let timeline = status["status"]["timeline"].to_string();
+    assert!(timeline.contains("concurrency 2 → 6"), "{timeline}");
+
+    sb.write("go", "");
+    assert_eq!(wait_child(&mut runner, Duration::from_secs(120)), 0);
+    assert_eq!(sb.lines("ran.log"), 8, "every case ran once");
+}
+
+/// `casebatch batch set-concurrency --batch-id widen LIMIT`.
+fn set_concurrency(sb: &Sandbox, limit: &str) -> std::process::Output {
+    let out = sb.out();
+    let out = out.to_str().unwrap();
+    sb.run(&[
+        "batch",
+        "set-concurrency",
+        "--batch-id",
+        "widen",
+        "--output-dir",
+        out,
+        limit,
+    ])
+}

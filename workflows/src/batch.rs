@@ -1,5 +1,6 @@
-//! `BatchWorkflow`: one workflow per batch. Admits cases up to the concurrency limit, obeys
-//! drain / pause / unpause / cancel signals, answers the `status` query, and continues as new
+//! `BatchWorkflow`: one workflow per batch. Admits cases up to the concurrency limit (which an
+//! operator can change while it runs), obeys drain / pause / unpause / cancel (as signals, or as
+//! updates that a validator can refuse), answers the `status` query, and continues as new
 //! before history grows large.
 //!
 //! Lifecycle of one run:
@@ -21,8 +22,8 @@ use std::task::Poll;
 use std::time::{Duration, UNIX_EPOCH};
 
 use casebatch_proto::{
-    BatchEnd, BatchInput, BatchOutcome, BatchStatus, Carried, CaseSlot, CaseState, Counters,
-    Counts, FinalizeInput, Phase, TimelineStep,
+    BatchEnd, BatchInput, BatchOutcome, BatchStatus, CONCURRENCY_RANGE, Carried, CaseSlot,
+    CaseState, Counters, Counts, FinalizeInput, Phase, TimelineStep,
     visibility::{outcome, outcome_of},
 };
 use futures::future::LocalBoxFuture;
@@ -54,6 +55,8 @@ pub struct BatchWorkflow {
     paused: bool,
     draining: bool,
     cancelling: bool,
+    /// Active case limit: the input's until an operator sets another.
+    concurrency: u32,
     /// Bumped by every control signal so the admission loop wakes up.
     control_gen: u64,
     in_flight: BTreeSet<u32>,
@@ -74,6 +77,7 @@ impl BatchWorkflow {
                 s.state = CaseState::Queued;
             }
         }
+        let concurrency = carried.concurrency.unwrap_or(input.concurrency);
         Self {
             input,
             slots,
@@ -83,6 +87,7 @@ impl BatchWorkflow {
             paused: carried.paused,
             draining: false,
             cancelling: false,
+            concurrency,
             control_gen: 0,
             in_flight: BTreeSet::new(),
             finished: false,
@@ -125,7 +130,9 @@ impl BatchWorkflow {
                 case_cancel.cancel();
             }
             if !paused && !draining && !cancelling && !history_full {
-                let limit = ctx.state(|s| s.input.concurrency.max(1)) as usize;
+                // Read on every pass: a lowered limit lets running cases finish and admits
+                // nothing until fewer run; a raised one admits at once.
+                let limit = ctx.state(|s| s.concurrency.max(1)) as usize;
                 while inflight.len() < limit {
                     let Some(index) = next_queued(ctx, &mut cursor) else {
                         break;
@@ -231,6 +238,126 @@ impl BatchWorkflow {
     /// Admit nothing new; admitted cases finish; the run then ends as drained.
     #[signal(name = "drain")]
     pub fn drain(&mut self, ctx: &mut SyncWorkflowContext<Self>) {
+        self.apply_drain(ctx);
+    }
+
+    /// Stop admissions; the run keeps waiting.
+    #[signal(name = "pause")]
+    pub fn pause(&mut self, ctx: &mut SyncWorkflowContext<Self>) {
+        self.apply_pause(ctx);
+    }
+
+    /// Restart admissions after a pause.
+    #[signal(name = "unpause")]
+    pub fn unpause(&mut self, ctx: &mut SyncWorkflowContext<Self>) {
+        self.apply_unpause(ctx);
+    }
+
+    /// Cancel in-flight cases (their cleanup still runs) and end as cancelled.
+    #[signal(name = "cancel")]
+    pub fn cancel(&mut self, ctx: &mut SyncWorkflowContext<Self>) {
+        self.apply_cancel(ctx);
+    }
+
+    /// `set_concurrency` as a signal (unchecked, so clamped to the accepted range).
+    #[signal(name = "set_concurrency")]
+    pub fn set_concurrency_signal(&mut self, ctx: &mut SyncWorkflowContext<Self>, limit: u32) {
+        let limit = limit.clamp(*CONCURRENCY_RANGE.start(), *CONCURRENCY_RANGE.end());
+        self.apply_concurrency(ctx, limit);
+    }
+
+    /// Sets the active case limit while the batch runs. Returns the previous limit.
+    #[update(name = "set_concurrency")]
+    pub fn set_concurrency(&mut self, ctx: &mut SyncWorkflowContext<Self>, limit: u32) -> u32 {
+        self.apply_concurrency(ctx, limit)
+    }
+
+    #[update_validator(set_concurrency)]
+    fn validate_set_concurrency(&self, _ctx: &WorkflowContextView, limit: &u32) -> Verdict {
+        if !CONCURRENCY_RANGE.contains(limit) {
+            return Err(format!(
+                "concurrency {limit} is outside {}..={}",
+                CONCURRENCY_RANGE.start(),
+                CONCURRENCY_RANGE.end()
+            )
+            .into());
+        }
+        self.still_admitting("set the concurrency")
+    }
+
+    /// `drain`, checked: refused once the batch is cancelling or over. Returns the phase.
+    #[update(name = "drain")]
+    pub fn drain_checked(&mut self, ctx: &mut SyncWorkflowContext<Self>) -> Phase {
+        self.apply_drain(ctx);
+        self.phase()
+    }
+
+    #[update_validator(drain_checked)]
+    fn validate_drain(&self, _ctx: &WorkflowContextView, _: &()) -> Verdict {
+        self.still_admitting("drain")
+    }
+
+    /// `pause`, checked: refused while draining (nothing more is admitted anyway), cancelling
+    /// or over. Returns the phase.
+    #[update(name = "pause")]
+    pub fn pause_checked(&mut self, ctx: &mut SyncWorkflowContext<Self>) -> Phase {
+        self.apply_pause(ctx);
+        self.phase()
+    }
+
+    #[update_validator(pause_checked)]
+    fn validate_pause(&self, _ctx: &WorkflowContextView, _: &()) -> Verdict {
+        self.still_admitting("pause")?;
+        if self.draining {
+            return Err("the batch is draining: it admits nothing more anyway".into());
+        }
+        Ok(())
+    }
+
+    /// `unpause`, checked: refused unless the batch is paused. Returns the phase.
+    #[update(name = "unpause")]
+    pub fn unpause_checked(&mut self, ctx: &mut SyncWorkflowContext<Self>) -> Phase {
+        self.apply_unpause(ctx);
+        self.phase()
+    }
+
+    #[update_validator(unpause_checked)]
+    fn validate_unpause(&self, _ctx: &WorkflowContextView, _: &()) -> Verdict {
+        self.still_admitting("unpause")?;
+        if !self.paused {
+            return Err("the batch is not paused".into());
+        }
+        Ok(())
+    }
+
+    /// `cancel`, checked: refused only once the run is over (cancelling twice is harmless).
+    /// Returns the phase.
+    #[update(name = "cancel")]
+    pub fn cancel_checked(&mut self, ctx: &mut SyncWorkflowContext<Self>) -> Phase {
+        self.apply_cancel(ctx);
+        self.phase()
+    }
+
+    #[update_validator(cancel_checked)]
+    fn validate_cancel(&self, _ctx: &WorkflowContextView, _: &()) -> Verdict {
+        if self.finished {
+            return Err("the batch's run is over".into());
+        }
+        Ok(())
+    }
+
+    /// Per-state counts, in-flight cases, counters and the progress timeline.
+    #[query(name = "status")]
+    pub fn status(&self, _ctx: &WorkflowContextView) -> BatchStatus {
+        self.snapshot()
+    }
+}
+
+/// What an update validator returns: `Err` refuses the update, with the reason.
+type Verdict = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+impl BatchWorkflow {
+    fn apply_drain(&mut self, ctx: &SyncWorkflowContext<Self>) {
         if !self.draining {
             self.draining = true;
             self.push_note(ctx, "drain requested: no new admissions".into());
@@ -238,9 +365,7 @@ impl BatchWorkflow {
         self.control_gen += 1;
     }
 
-    /// Stop admissions; the run keeps waiting.
-    #[signal(name = "pause")]
-    pub fn pause(&mut self, ctx: &mut SyncWorkflowContext<Self>) {
+    fn apply_pause(&mut self, ctx: &SyncWorkflowContext<Self>) {
         if !self.paused {
             self.paused = true;
             self.push_note(ctx, "paused".into());
@@ -248,9 +373,7 @@ impl BatchWorkflow {
         self.control_gen += 1;
     }
 
-    /// Restart admissions after a pause.
-    #[signal(name = "unpause")]
-    pub fn unpause(&mut self, ctx: &mut SyncWorkflowContext<Self>) {
+    fn apply_unpause(&mut self, ctx: &SyncWorkflowContext<Self>) {
         if self.paused {
             self.paused = false;
             self.push_note(ctx, "unpaused".into());
@@ -258,9 +381,7 @@ impl BatchWorkflow {
         self.control_gen += 1;
     }
 
-    /// Cancel in-flight cases (their cleanup still runs) and end as cancelled.
-    #[signal(name = "cancel")]
-    pub fn cancel(&mut self, ctx: &mut SyncWorkflowContext<Self>) {
+    fn apply_cancel(&mut self, ctx: &SyncWorkflowContext<Self>) {
         if !self.cancelling {
             self.cancelling = true;
             self.push_note(
@@ -271,14 +392,30 @@ impl BatchWorkflow {
         self.control_gen += 1;
     }
 
-    /// Per-state counts, in-flight cases, counters and the progress timeline.
-    #[query(name = "status")]
-    pub fn status(&self, _ctx: &WorkflowContextView) -> BatchStatus {
-        self.snapshot()
+    /// Returns the previous limit.
+    fn apply_concurrency(&mut self, ctx: &SyncWorkflowContext<Self>, limit: u32) -> u32 {
+        let before = std::mem::replace(&mut self.concurrency, limit);
+        if before != limit {
+            self.push_note(
+                ctx,
+                format!("concurrency {before} → {limit} (set by operator)"),
+            );
+        }
+        self.control_gen += 1;
+        before
     }
-}
 
-impl BatchWorkflow {
+    /// Refuses an operation that only makes sense while the batch may still admit cases.
+    fn still_admitting(&self, action: &str) -> Verdict {
+        if self.finished {
+            Err(format!("cannot {action}: the batch's run is over").into())
+        } else if self.cancelling {
+            Err(format!("cannot {action}: the batch is being cancelled").into())
+        } else {
+            Ok(())
+        }
+    }
+
     fn phase(&self) -> Phase {
         if self.finished {
             Phase::Finished
@@ -302,7 +439,7 @@ impl BatchWorkflow {
             counters: self.counters.clone(),
             timeline: self.timeline.clone(),
             segment: self.segment,
-            concurrency: self.input.concurrency,
+            concurrency: self.concurrency,
         }
     }
 
@@ -420,6 +557,7 @@ fn continue_as_new(ctx: &WorkflowContext<BatchWorkflow>) -> WorkflowResult<Batch
             timeline: s.timeline.clone(),
             paused: s.paused,
             segment: s.segment,
+            concurrency: (s.concurrency != s.input.concurrency).then_some(s.concurrency),
         });
         input
     });

@@ -28,10 +28,13 @@ pub async fn dispatch(command: Command) -> CliResult {
             BatchCommand::Rerun(args) => run::rerun(args).await,
             BatchCommand::Status(r) => status::status(&r).await,
             BatchCommand::Report(r) => status::report(&r),
-            BatchCommand::Drain(r) => ops::signal(&r, ops::Signal::Drain).await,
-            BatchCommand::Pause(r) => ops::signal(&r, ops::Signal::Pause).await,
-            BatchCommand::Unpause(r) => ops::signal(&r, ops::Signal::Unpause).await,
-            BatchCommand::Cancel(r) => ops::signal(&r, ops::Signal::Cancel).await,
+            BatchCommand::Drain(r) => ops::control(&r, ops::Control::Drain).await,
+            BatchCommand::Pause(r) => ops::control(&r, ops::Control::Pause).await,
+            BatchCommand::Unpause(r) => ops::control(&r, ops::Control::Unpause).await,
+            BatchCommand::Cancel(r) => ops::control(&r, ops::Control::Cancel).await,
+            BatchCommand::SetConcurrency { batch, limit } => {
+                ops::control(&batch, ops::Control::SetConcurrency(limit)).await
+            }
             BatchCommand::RetryFailed(args) => retry::retry_failed(args).await,
             BatchCommand::History { batch, run_id, out } => {
                 status::history(&batch, run_id, &out).await

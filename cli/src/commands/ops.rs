@@ -1,18 +1,33 @@
-//! `batch drain | pause | unpause | cancel`: signals to the running batch workflow.
+//! `batch drain | pause | unpause | cancel | set-concurrency`: operations on the running batch
+//! workflow, checked by its validators (a refusal exits 2).
 
-pub use casebatch_control::Signal;
+use casebatch_control::Applied;
+pub use casebatch_control::Control;
 
 use crate::cli::BatchRef;
 use crate::exit::{CliResult, Exit};
 
-pub async fn signal(r: &BatchRef, signal: Signal) -> CliResult {
+pub async fn control(r: &BatchRef, control: Control) -> CliResult {
     let location = r.location()?;
-    casebatch_control::signal(&location, &r.engine.choice(), signal).await?;
-    let what = match signal {
-        Signal::Drain => "drain requested: admitted cases finish, queued ones wait for resume",
-        Signal::Pause => "paused: no new admissions until unpause",
-        Signal::Unpause => "unpaused: admissions restart",
-        Signal::Cancel => "cancel requested: in-flight cases are cancelled and cleaned up",
+    let applied = casebatch_control::control(&location, &r.engine.choice(), control).await?;
+    let what = match (control, applied) {
+        (_, Applied::Signalled) => {
+            "no worker answered, so it was sent as a signal: it takes effect when a worker runs \
+             the batch (`casebatch batch resume` hosts one)"
+                .to_string()
+        }
+        (Control::SetConcurrency(after), Applied::Concurrency { before }) => {
+            format!("concurrency {before} → {after}; lowering it lets running cases finish")
+        }
+        (Control::Drain, _) => {
+            "drain requested: admitted cases finish, queued ones wait for resume".to_string()
+        }
+        (Control::Pause, _) => "paused: no new admissions until unpause".to_string(),
+        (Control::Unpause, _) => "unpaused: admissions restart".to_string(),
+        (Control::Cancel, _) => {
+            "cancel requested: in-flight cases are cancelled and cleaned up".to_string()
+        }
+        (Control::SetConcurrency(after), _) => format!("concurrency set to {after}"),
     };
     say!("batch {}: {what}", location.batch_id);
     Ok(Exit::Success)

@@ -1,0 +1,141 @@
+//! Drain, pause, unpause, cancel and set-concurrency on a running batch.
+//!
+//! Each is sent as a Temporal update: the batch's validator checks it first, so an invalid
+//! request (unpause a batch that is not paused, a limit outside 1..=512) is refused instead of
+//! silently accepted. The same operations stay accepted as signals, unchecked, for
+//! `temporal workflow signal --name drain` and older CLIs. An update needs a worker to answer;
+//! when none does in time, the operation is sent as a signal, which the batch applies when a
+//! worker next runs it.
+
+use std::time::Duration;
+
+use casebatch_proto::Phase;
+use casebatch_workflows::BatchWorkflow;
+use temporalio_client::{
+    WorkflowExecuteUpdateOptions, WorkflowSignalOptions, errors::WorkflowUpdateError,
+};
+
+use crate::drive::Presence;
+use crate::error::{ControlError, Result};
+use crate::location::{Attached, BatchLocation, EngineChoice};
+
+/// How long an update may wait for a worker before it is sent as a signal instead.
+const ANSWER_WITHIN: Duration = Duration::from_secs(20);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// Admit nothing new; admitted cases finish, queued ones wait for resume.
+    Drain,
+    /// No new admissions until unpause.
+    Pause,
+    Unpause,
+    /// In-flight cases are cancelled and cleaned up.
+    Cancel,
+    /// A new active case limit, taking effect at once.
+    SetConcurrency(u32),
+}
+
+impl Control {
+    fn verb(self) -> &'static str {
+        match self {
+            Control::Drain => "drain",
+            Control::Pause => "pause",
+            Control::Unpause => "unpause",
+            Control::Cancel => "cancel",
+            Control::SetConcurrency(_) => "set the concurrency of",
+        }
+    }
+
+    /// The operation's name (the CLI's subcommand).
+    fn name(self) -> &'static str {
+        match self {
+            Control::SetConcurrency(_) => "set-concurrency",
+            other => other.verb(),
+        }
+    }
+}
+
+/// What the batch did with the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Applied; the batch is now in this phase.
+    Phase(Phase),
+    /// The limit changed from `before`.
+    Concurrency { before: u32 },
+    /// No worker answered within the wait: sent as a signal, applied when one runs the batch.
+    Signalled,
+}
+
+/// Sends the operation to the batch's running workflow; refused when it is not running, or
+/// when its validator says no.
+pub async fn control(
+    location: &BatchLocation,
+    engine: &EngineChoice,
+    control: Control,
+) -> Result<Applied> {
+    let Attached {
+        plan,
+        handle,
+        presence,
+        // Held to the end: dropping the engine stops an embedded server this command started.
+        engine: _engine,
+        ..
+    } = location.attach(engine).await?;
+    if presence != Presence::Running {
+        return Err(ControlError::NotRunning {
+            batch_id: plan.batch_id,
+            action: control.verb(),
+        });
+    }
+    let opts = WorkflowExecuteUpdateOptions::default;
+    let update = async {
+        match control {
+            Control::Drain => handle
+                .execute_update(BatchWorkflow::drain_checked, (), opts())
+                .await
+                .map(Applied::Phase),
+            Control::Pause => handle
+                .execute_update(BatchWorkflow::pause_checked, (), opts())
+                .await
+                .map(Applied::Phase),
+            Control::Unpause => handle
+                .execute_update(BatchWorkflow::unpause_checked, (), opts())
+                .await
+                .map(Applied::Phase),
+            Control::Cancel => handle
+                .execute_update(BatchWorkflow::cancel_checked, (), opts())
+                .await
+                .map(Applied::Phase),
+            Control::SetConcurrency(limit) => handle
+                .execute_update(BatchWorkflow::set_concurrency, limit, opts())
+                .await
+                .map(|before| Applied::Concurrency { before }),
+        }
+    };
+    let wid = handle.info().workflow_id.clone();
+    match tokio::time::timeout(ANSWER_WITHIN, update).await {
+        Ok(Ok(applied)) => Ok(applied),
+        Ok(Err(WorkflowUpdateError::Failed(failure))) => Err(ControlError::Refused {
+            batch_id: plan.batch_id,
+            action: control.name(),
+            reason: failure.message,
+        }),
+        Ok(Err(e)) => Err(ControlError::engine_call(format!("update {wid}"), e)),
+        Err(_elapsed) => {
+            let opts = WorkflowSignalOptions::default;
+            let sent = match control {
+                Control::Drain => handle.signal(BatchWorkflow::drain, (), opts()).await,
+                Control::Pause => handle.signal(BatchWorkflow::pause, (), opts()).await,
+                Control::Unpause => handle.signal(BatchWorkflow::unpause, (), opts()).await,
+                Control::Cancel => handle.signal(BatchWorkflow::cancel, (), opts()).await,
+                Control::SetConcurrency(limit) => {
+                    handle
+                        .signal(BatchWorkflow::set_concurrency_signal, limit, opts())
+                        .await
+                }
+            };
+            sent.map_err(|e| ControlError::engine_call(format!("signal {wid}"), e))?;
+            Ok(Applied::Signalled)
+        }
+    }
+}
