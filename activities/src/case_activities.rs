@@ -455,6 +455,7 @@ impl CaseActivities {
             cleanup_confirmed: confirmed,
             will_retry: input.will_retry,
             runtime: env.case.runtime.as_str().into(),
+            runtime_name: env.case.runtime_name.clone(),
         };
         // Cleanup can run more than once for an attempt (an activity retry, or a local
         // activity re-run on replay): log an attempt only once per distinct record.
@@ -524,6 +525,7 @@ impl CaseActivities {
                     carried: false,
                     recollected: false,
                 }),
+            runtime: Some(env.case.runtime_label().to_owned()),
         };
         write_json_atomic(&env.bundle.case_result(&env.case.case_dir), &result)?;
         let simulated = if result.simulated { " (simulated)" } else { "" };

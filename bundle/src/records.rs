@@ -44,6 +44,10 @@ pub struct CaseResult {
     /// Lineage when this batch re-runs another one's failures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
+    /// The runtime that ran the latest attempt: its runtimes-table name, or the built-in
+    /// (`local-process`, `fake`). Absent in records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 /// A trace source named by the harness: `{"trace": {"url": "http://..."}}` in its result.
@@ -129,7 +133,11 @@ pub struct AttemptRecord {
     pub summary: AttemptSummary,
     pub cleanup_confirmed: bool,
     pub will_retry: bool,
+    /// The runtime's kind (`local-process`, `fake`, `agent`).
     pub runtime: String,
+    /// The runtimes-table entry that ran the attempt (absent for the built-ins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_name: Option<String>,
 }
 
 /// `attempts/<n>/cleanup.json`: the cleanup receipt.

@@ -23,6 +23,9 @@ pub struct BatchSummary {
     /// Failed cases by `stage/class` of their deciding failure.
     pub failures_by_stage_class: BTreeMap<String, usize>,
     pub failures_by_code: BTreeMap<String, usize>,
+    /// Cases by the runtime that ran their latest attempt (provenance; queued cases ran nowhere).
+    #[serde(default)]
+    pub cases_by_runtime: BTreeMap<String, usize>,
     pub cleanup_unconfirmed: usize,
     pub collect_failed: usize,
     pub adopted_attempts: usize,
@@ -54,6 +57,9 @@ pub struct SummaryRow {
     pub failure_stage: Option<String>,
     pub failure_class: Option<String>,
     pub failure_code: Option<String>,
+    /// The runtime that ran the latest attempt (provenance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
     /// Values of `summary.fields`, by dotted path.
     pub fields: BTreeMap<String, serde_json::Value>,
 }
@@ -73,6 +79,7 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut by_stage_class = BTreeMap::new();
     let mut by_code = BTreeMap::new();
+    let mut by_runtime = BTreeMap::new();
     let (mut cleanup_unconfirmed, mut collect_failed, mut adopted) = (0, 0, 0);
     let mut simulated = false;
 
@@ -103,6 +110,9 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
                     *by_stage_class.entry(key).or_default() += 1;
                     *by_code.entry(f.code.to_string()).or_default() += 1;
                 }
+                if let Some(runtime) = &r.runtime {
+                    *by_runtime.entry(runtime.clone()).or_default() += 1;
+                }
                 let json = serde_json::to_value(r).expect("records serialize");
                 SummaryRow {
                     case_id: r.case_id.clone(),
@@ -115,6 +125,7 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
                     failure_stage: r.failure.as_ref().map(|f| f.stage.as_str().into()),
                     failure_class: r.failure.as_ref().map(|f| f.class.as_str().into()),
                     failure_code: r.failure.as_ref().map(|f| f.code.to_string()),
+                    runtime: r.runtime.clone(),
                     fields: plan
                         .summary
                         .fields
@@ -134,6 +145,7 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
                 failure_stage: None,
                 failure_class: None,
                 failure_code: None,
+                runtime: None,
                 fields: BTreeMap::new(),
             },
         };
@@ -148,6 +160,7 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
         counts,
         failures_by_stage_class: by_stage_class,
         failures_by_code: by_code,
+        cases_by_runtime: by_runtime,
         cleanup_unconfirmed,
         collect_failed,
         adopted_attempts: adopted,
@@ -226,7 +239,7 @@ fn lookup(v: &serde_json::Value, path: &str) -> serde_json::Value {
 
 fn write_csv(path: &Path, s: &BatchSummary, fields: &[String]) -> Result<(), BundleError> {
     let mut out = String::from(
-        "case_id,state,attempts,actor_status,verdict,cleanup_confirmed,failure_stage,failure_class,failure_code",
+        "case_id,state,attempts,actor_status,verdict,cleanup_confirmed,failure_stage,failure_class,failure_code,runtime",
     );
     for f in fields {
         out.push(',');
@@ -246,6 +259,7 @@ fn write_csv(path: &Path, s: &BatchSummary, fields: &[String]) -> Result<(), Bun
             r.failure_stage.clone().unwrap_or_default(),
             r.failure_class.clone().unwrap_or_default(),
             r.failure_code.clone().unwrap_or_default(),
+            r.runtime.clone().unwrap_or_default(),
         ];
         let mut line: Vec<String> = cells.iter().map(|c| csv_cell(c)).collect();
         for f in fields {

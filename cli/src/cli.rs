@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use casebatch_control::{BatchLocation, EngineChoice, ManifestInput};
-use casebatch_manifest::{CommandSpec, Defaults, LoadOptions};
+use casebatch_manifest::{CommandSpec, Defaults, LoadOptions, RuntimeChoice};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::exit::{CliError, CliResult};
@@ -172,8 +172,8 @@ pub struct ManifestArgs {
     #[arg(long)]
     pub max_retries: Option<u32>,
     /// Runtime for every case that names none itself: local-process, fake (a simulation),
-    /// or a name from the runtimes table.
-    #[arg(long, value_name = "NAME")]
+    /// or a name from the runtimes table; `a,b` spreads the cases over several.
+    #[arg(long, value_name = "NAME[,NAME...]")]
     pub runtime: Option<String>,
     /// YAML/JSON file whose only key is `runtimes:` (name → kind, endpoint, token source,
     /// TLS CA), merged with the manifest's own table.
@@ -368,6 +368,15 @@ impl AgentArgs {
     }
 }
 
+/// `--runtime a` names one runtime, `--runtime a,b` a list to spread the cases over.
+fn runtime_flag(value: &str) -> RuntimeChoice {
+    if value.contains(',') {
+        RuntimeChoice::Spread(value.split(',').map(|n| n.trim().to_owned()).collect())
+    } else {
+        RuntimeChoice::One(value.to_owned())
+    }
+}
+
 impl ManifestArgs {
     pub fn input(&self) -> CliResult<ManifestInput> {
         // `--runtime` may name a runtimes-table entry, so the manifest crate checks it (exit 2
@@ -377,7 +386,7 @@ impl ManifestArgs {
             overrides: Defaults {
                 concurrency: self.parallelism,
                 max_retries: self.max_retries,
-                runtime: self.runtime.clone(),
+                runtime: self.runtime.as_deref().map(runtime_flag),
                 harness: self.harness.clone().map(CommandSpec::Shell),
                 evaluator: self.evaluator.clone().map(CommandSpec::Shell),
                 ..Defaults::default()

@@ -283,6 +283,14 @@ pub fn report(view: &ReportView) {
         s.cleanup_unconfirmed,
         s.collect_failed
     );
+    if !s.cases_by_runtime.is_empty() {
+        let ran: Vec<String> = s
+            .cases_by_runtime
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        say!("  runtimes: {}", ran.join(" · "));
+    }
     if !s.failures_by_stage_class.is_empty() {
         say!("  failures by stage/class:");
         for (k, v) in &s.failures_by_stage_class {

@@ -61,9 +61,9 @@ pub struct Defaults {
     /// Optional evaluator command; writes `{"verdict": "pass"|"fail"}`.
     pub evaluator: Option<CommandSpec>,
     /// Where cases run: `local-process` (the default when a harness is set), `fake` (a
-    /// simulation), or the name of an entry of `runtimes:`.
-    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9][a-z0-9_-]*$"))]
-    pub runtime: Option<String>,
+    /// simulation), the name of an entry of `runtimes:`, or a list of those names to spread
+    /// the cases over.
+    pub runtime: Option<RuntimeChoice>,
     /// Endpoint used by the batch submitter (passed to harnesses as `CASEBATCH_CONTROLLER_URL`).
     pub controller_url: Option<String>,
     /// Optional worker-facing endpoint; leave empty for local use.
@@ -217,10 +217,9 @@ pub struct Task {
     pub harness: Option<CommandSpec>,
     /// This task's own evaluator command (replaces `defaults.evaluator`).
     pub evaluator: Option<CommandSpec>,
-    /// This task's runtime (replaces `defaults.runtime`): `local-process`, `fake`, or the
-    /// name of an entry of `runtimes:`.
-    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9][a-z0-9_-]*$"))]
-    pub runtime: Option<String>,
+    /// This task's runtime (replaces `defaults.runtime`): `local-process`, `fake`, the name
+    /// of an entry of `runtimes:`, or a list of those names.
+    pub runtime: Option<RuntimeChoice>,
     /// Extra environment variables for the harness and evaluator, as literal values (they are
     /// in the plan: put secrets in `pass_env`, not here). Names are `[A-Za-z_][A-Za-z0-9_]*`
     /// and may not start with `CASEBATCH_`. Merged over `defaults.env` by name.
@@ -312,10 +311,9 @@ pub struct RunSpec {
     pub inputs: BTreeMap<String, serde_json::Value>,
     pub harness: Option<CommandSpec>,
     pub evaluator: Option<CommandSpec>,
-    /// This case's runtime: `local-process`, `fake`, or the name of an entry of the
-    /// runtimes table (`runtimes:` in the batch manifest, or `--runtimes FILE`).
-    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9][a-z0-9_-]*$"))]
-    pub runtime: Option<String>,
+    /// This case's runtime: `local-process`, `fake`, the name of an entry of the runtimes
+    /// table (`runtimes:` in the batch manifest, or `--runtimes FILE`), or a list of those.
+    pub runtime: Option<RuntimeChoice>,
     /// Extra environment variables for the harness and evaluator, as literal values (they are
     /// in the plan: put secrets in `pass_env`, not here). Names are `[A-Za-z_][A-Za-z0-9_]*`
     /// and may not start with `CASEBATCH_`. Merged over `defaults.env` by name.
@@ -377,6 +375,48 @@ pub struct Plan {
     pub warnings: Vec<String>,
 }
 
+/// `runtime:`: one runtime, or a list of runtimes that the cases naming it are spread over.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RuntimeChoice {
+    /// `local-process`, `fake`, or the name of an entry of the runtimes table.
+    One(#[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9][a-z0-9_-]*$"))] String),
+    /// Runtimes the cases naming this list are dealt to in turn, in plan order (a smooth
+    /// weighted round-robin, every runtime weighing the same).
+    Spread(
+        #[schemars(
+            length(min = 1, max = 64),
+            inner(length(min = 1, max = 63), pattern(r"^[a-z0-9][a-z0-9_-]*$"))
+        )]
+        Vec<String>,
+    ),
+}
+
+impl RuntimeChoice {
+    /// The names, in the order written.
+    pub fn names(&self) -> &[String] {
+        match self {
+            RuntimeChoice::One(name) => std::slice::from_ref(name),
+            RuntimeChoice::Spread(names) => names,
+        }
+    }
+}
+
+impl PlannedCase {
+    /// Where the case runs, as people name it: its runtimes-table entry, else the built-in.
+    pub fn runtime_label(&self) -> &str {
+        self.runtime_name
+            .as_deref()
+            .unwrap_or_else(|| self.runtime.as_str())
+    }
+}
+
+impl From<String> for RuntimeChoice {
+    fn from(name: String) -> Self {
+        RuntimeChoice::One(name)
+    }
+}
+
 /// One case, fully resolved: nothing about it depends on defaults any more.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlannedCase {
@@ -390,6 +430,10 @@ pub struct PlannedCase {
     /// `local-process` and `fake`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_name: Option<String>,
+    /// The list this case was dealt from (`runtime: [a, b]`), in the order written; empty when
+    /// it named one runtime. `runtime` and `runtime_name` are its share.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runtime_spread: Vec<String>,
     pub harness: Option<CommandSpec>,
     pub evaluator: Option<CommandSpec>,
     pub sandbox: Option<Sandbox>,

@@ -18,7 +18,7 @@ use crate::case_dir::case_dir_name;
 use crate::model::{
     BatchSettings, CaseSource, CommandSpec, DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT_SECONDS, Defaults, FakeScript, ManifestFormat, PLAN_SCHEMA_VERSION, Plan,
-    PlannedCase, Provenance, Resources, RunSpec, RuntimeKind, Sandbox, SummarySpec,
+    PlannedCase, Provenance, Resources, RunSpec, RuntimeChoice, RuntimeKind, Sandbox, SummarySpec,
 };
 use crate::report::{FieldPath, Report};
 use crate::runtimes::{self, Lookup, Table};
@@ -78,8 +78,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
     );
     check_duplicate_ids(&loaded.cases, r);
 
-    let mut taken = HashSet::new();
-    let mut default_harness_reported = false;
+    let mut earlier = Earlier::default();
     let mut cases = Vec::with_capacity(loaded.cases.len());
     for (index, decl) in loaded.cases.into_iter().enumerate() {
         let Ok(index) = u32::try_from(index) else {
@@ -91,15 +90,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
             );
             break;
         };
-        if let Some(case) = resolve_case(
-            index,
-            decl,
-            &defaults,
-            &runtimes,
-            &mut taken,
-            &mut default_harness_reported,
-            r,
-        ) {
+        if let Some(case) = resolve_case(index, decl, &defaults, &runtimes, &mut earlier, r) {
             cases.push(case);
         }
     }
@@ -292,49 +283,87 @@ fn check_layer_runtimes(
     r: &mut Report,
 ) {
     let file = &input.file_defaults;
-    if let Some(name) = &file.defaults.runtime
-        && let Lookup::Unknown(message, fix) = runtimes.lookup(name)
-    {
-        let place = match file.runtime_line {
-            Some(line) => format!("in defaults file {} line {line}", file.file.display()),
-            None => format!("in defaults file {}", file.file.display()),
-        };
-        r.at_line(None, "defaults.runtime", format!("{place}: {message}"), fix);
+    if let Some(choice) = &file.defaults.runtime {
+        for (_, message, fix) in choice_problems(runtimes, choice) {
+            let place = match file.runtime_line {
+                Some(line) => format!("in defaults file {} line {line}", file.file.display()),
+                None => format!("in defaults file {}", file.file.display()),
+            };
+            r.at_line(None, "defaults.runtime", format!("{place}: {message}"), fix);
+        }
     }
-    if let Some(name) = &manifest_defaults.runtime
-        && let Lookup::Unknown(message, fix) = runtimes.lookup(name)
-    {
-        r.at(
-            &FieldPath::root().key("defaults").key("runtime"),
-            message,
-            fix,
-        );
+    if let Some(choice) = &manifest_defaults.runtime {
+        let path = FieldPath::root().key("defaults").key("runtime");
+        for (at, message, fix) in choice_problems(runtimes, choice) {
+            r.at(&element(&path, choice, at), message, fix);
+        }
     }
-    if let Some(name) = &input.opts.overrides.runtime
-        && let Lookup::Unknown(message, fix) = runtimes.lookup(name)
-    {
-        r.at_line(None, "flags.runtime (--runtime)", message, fix);
+    if let Some(choice) = &input.opts.overrides.runtime {
+        for (_, message, fix) in choice_problems(runtimes, choice) {
+            r.at_line(None, "flags.runtime (--runtime)", message, fix);
+        }
     }
 }
 
-/// The case's runtime: its kind and table name, `Ok(None)` when nothing names one, `Err`
-/// when the name resolves nowhere (reported here if the case itself wrote it).
-fn case_runtime(
+/// The path of a choice's `at`th name: the field itself for one name, `field[at]` in a list.
+fn element(path: &FieldPath, choice: &RuntimeChoice, at: Option<usize>) -> FieldPath {
+    match (choice, at) {
+        (RuntimeChoice::Spread(_), Some(i)) => path.index(i),
+        _ => path.clone(),
+    }
+}
+
+/// What is wrong with a `runtime:` value: an empty list, a name listed twice, names that
+/// resolve nowhere (each with its position in the list). `Reported` lookups say nothing more.
+fn choice_problems(
+    runtimes: &Table,
+    choice: &RuntimeChoice,
+) -> Vec<(Option<usize>, String, String)> {
+    let names = choice.names();
+    if names.is_empty() {
+        return vec![(
+            None,
+            "the list names no runtime".into(),
+            "list at least one runtime, or remove `runtime:` to inherit one".into(),
+        )];
+    }
+    let mut problems = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        if names[..i].contains(name) {
+            problems.push((
+                Some(i),
+                format!("`{name}` is listed twice"),
+                "list each runtime once (every runtime takes the same share)".into(),
+            ));
+        } else if let Lookup::Unknown(message, fix) = runtimes.lookup(name) {
+            problems.push((Some(i), message, fix));
+        }
+    }
+    problems
+}
+
+/// A runtime name resolved: its kind, and its runtimes-table entry (`None` for a built-in).
+type Resolved = (RuntimeKind, Option<String>);
+
+/// The runtimes a case may run on: (kind, table name) for each name of its `runtime:`,
+/// `Ok(None)` when nothing names one, `Err` when a name resolves nowhere (reported here if
+/// the case itself wrote it).
+fn case_runtimes(
     decl: &CaseDecl,
     defaults: &Defaults,
     runtimes: &Table,
     r: &mut Report,
-) -> Result<Option<(RuntimeKind, Option<String>)>, ()> {
-    let Some(name) = decl.spec.runtime.as_ref().or(defaults.runtime.as_ref()) else {
+) -> Result<Option<(RuntimeChoice, Vec<Resolved>)>, ()> {
+    let Some(choice) = decl.spec.runtime.as_ref().or(defaults.runtime.as_ref()) else {
         return Ok(None);
     };
-    match runtimes.lookup(name) {
-        Lookup::Found(kind, table_name) => Ok(Some((kind, table_name))),
-        Lookup::Reported => Err(()),
-        Lookup::Unknown(message, fix) => {
-            // Inherited names were reported once, at the layer that wrote them.
-            if decl.spec.runtime.is_some() {
-                let p = decl.spec_path.key("runtime");
+    let problems = choice_problems(runtimes, choice);
+    if !problems.is_empty() {
+        // Inherited names were reported once, at the layer that wrote them.
+        if decl.spec.runtime.is_some() {
+            let p = decl.spec_path.key("runtime");
+            for (at, message, fix) in problems {
+                let p = element(&p, choice, at);
                 let line = r.line_of(&p).or(decl.line);
                 let message = match &decl.runspec {
                     Some(file) => format!("in {file}: {message}"),
@@ -342,9 +371,59 @@ fn case_runtime(
                 };
                 r.at_line(line, p.to_string(), message, fix);
             }
-            Err(())
+        }
+        return Err(());
+    }
+    let mut found = Vec::with_capacity(choice.names().len());
+    for name in choice.names() {
+        match runtimes.lookup(name) {
+            Lookup::Found(kind, table_name) => found.push((kind, table_name)),
+            Lookup::Reported | Lookup::Unknown(..) => return Err(()),
         }
     }
+    Ok(Some((choice.clone(), found)))
+}
+
+/// Deals the cases naming one list of runtimes to its runtimes, in plan order: a smooth
+/// weighted round-robin (nginx's), every runtime weighing 1 for now, so each takes the next
+/// case in turn and the shares never differ by more than one.
+#[derive(Default)]
+struct Dealer {
+    /// Per list, each runtime's current weight.
+    current: HashMap<Vec<String>, Vec<i64>>,
+}
+
+impl Dealer {
+    /// The index, in `names`, of the runtime that takes the next case.
+    fn deal(&mut self, names: &[String]) -> usize {
+        let weights = vec![1i64; names.len()];
+        let total: i64 = weights.iter().sum();
+        let current = self
+            .current
+            .entry(names.to_vec())
+            .or_insert_with(|| vec![0; names.len()]);
+        for (c, w) in current.iter_mut().zip(&weights) {
+            *c += w;
+        }
+        // The first of the heaviest, so ties go in the order written.
+        let pick = (0..current.len())
+            .rev()
+            .max_by_key(|&i| current[i])
+            .unwrap_or(0);
+        current[pick] -= total;
+        pick
+    }
+}
+
+/// What resolving earlier cases settled for the later ones.
+#[derive(Default)]
+struct Earlier {
+    /// Case directory names already given out.
+    case_dirs: HashSet<String>,
+    /// Turns taken on each `runtime:` list.
+    dealer: Dealer,
+    /// A missing default harness is reported once, not per case.
+    default_harness_reported: bool,
 }
 
 fn resolve_case(
@@ -352,17 +431,28 @@ fn resolve_case(
     decl: CaseDecl,
     defaults: &Defaults,
     runtimes: &Table,
-    taken: &mut HashSet<String>,
-    default_harness_reported: &mut bool,
+    earlier: &mut Earlier,
     r: &mut Report,
 ) -> Option<PlannedCase> {
     let spec = &decl.spec;
     let harness = spec.harness.clone().or_else(|| defaults.harness.clone());
     // A runtime that resolves nowhere is already reported; whether it would need a harness
     // is unknown, so nothing more is said about this case.
-    let named = case_runtime(&decl, defaults, runtimes, r).ok()?;
+    let named = case_runtimes(&decl, defaults, runtimes, r).ok()?;
+    let mut runtime_spread = Vec::new();
     let (runtime, runtime_name) = match named {
-        Some((kind, name)) => (Some(kind), name),
+        Some((choice, mut found)) => {
+            let share = match choice {
+                RuntimeChoice::One(_) => 0,
+                RuntimeChoice::Spread(names) => {
+                    let share = earlier.dealer.deal(&names);
+                    runtime_spread = names;
+                    share
+                }
+            };
+            let (kind, name) = found.swap_remove(share);
+            (Some(kind), name)
+        }
         None => (harness.as_ref().map(|_| RuntimeKind::LocalProcess), None),
     };
     let missing = match (runtime, &runtime_name) {
@@ -390,8 +480,8 @@ fn resolve_case(
             let p = decl.spec_path.key("harness");
             let line = r.line_of(&p).or(decl.line);
             r.at_line(line, p.to_string(), message, fix);
-        } else if !*default_harness_reported {
-            *default_harness_reported = true;
+        } else if !earlier.default_harness_reported {
+            earlier.default_harness_reported = true;
             r.at(
                 &FieldPath::root().key("defaults").key("harness"),
                 message,
@@ -400,7 +490,7 @@ fn resolve_case(
         }
     }
     let input = case_input(&decl, r);
-    let case_dir = case_dir_name(&decl.id, taken);
+    let case_dir = case_dir_name(&decl.id, &mut earlier.case_dirs);
     let mut spec = decl.spec;
     let (env, pass_env) = merge_environment(
         (defaults.env.clone(), defaults.pass_env.clone()),
@@ -412,6 +502,7 @@ fn resolve_case(
         case_dir,
         runtime: runtime?,
         runtime_name,
+        runtime_spread,
         harness,
         evaluator: spec.evaluator.or_else(|| defaults.evaluator.clone()),
         sandbox: spec.sandbox.or_else(|| defaults.sandbox.clone()),

@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::model::{
-    CommandSpec, Defaults, FakeOutcome, FakeScript, Resources, RunSpec, RuntimeKind, Sandbox,
-    SummarySpec, Task,
+    CommandSpec, Defaults, FakeOutcome, FakeScript, Resources, RunSpec, RuntimeChoice, RuntimeKind,
+    Sandbox, SummarySpec, Task,
 };
 use crate::report::{FieldPath, Report};
 
@@ -89,6 +89,7 @@ leaf! {
     BTreeMap<String, Value> => "a mapping of names to values",
     CommandSpec => "a command: a shell string or a list of argv strings",
     RuntimeKind => "`local-process`, `fake` or `agent`",
+    RuntimeChoice => "a runtime name, or a list of runtime names",
     FakeOutcome => "one of `pass`, `fail`, `harness_error`, `infra_error`, `oom_killed`",
 }
 

@@ -324,8 +324,8 @@ fn the_examples_plan() {
         names,
         [
             (RuntimeKind::Agent, "box-a"),
-            (RuntimeKind::Agent, "box-a"),
             (RuntimeKind::Agent, "box-b"),
+            (RuntimeKind::Agent, "box-a"),
             (RuntimeKind::Agent, "box-b"),
         ]
     );

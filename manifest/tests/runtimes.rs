@@ -5,7 +5,9 @@ mod common;
 
 use std::path::Path;
 
-use casebatch_manifest::{LoadOptions, ManifestError, Plan, RuntimeKind, RuntimeSpec, load_plan};
+use casebatch_manifest::{
+    LoadOptions, ManifestError, Plan, RuntimeChoice, RuntimeKind, RuntimeSpec, load_plan,
+};
 use common::*;
 
 const TWO_AGENTS: &str = r#"batch_id: agents
@@ -184,13 +186,13 @@ fn the_runtime_flag_takes_a_table_name() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "m.yaml", TWO_AGENTS);
     let mut opts = LoadOptions::default();
-    opts.overrides.runtime = Some("gpu".into());
+    opts.overrides.runtime = Some(RuntimeChoice::One("gpu".into()));
     let plan = load_plan(&path, &opts).unwrap_or_else(|e| panic!("{e}"));
     // The flag beats defaults.runtime; a case's own runtime beats the flag.
     assert_eq!(plan.cases[1].runtime_name.as_deref(), Some("gpu"));
     assert_eq!(plan.cases[2].runtime, RuntimeKind::LocalProcess);
 
-    opts.overrides.runtime = Some("gpv".into());
+    opts.overrides.runtime = Some(RuntimeChoice::One("gpv".into()));
     let err = load_plan(&path, &opts).unwrap_err();
     let p = says(&err, "flags.runtime (--runtime)", "unknown runtime `gpv`");
     assert!(p.fix.contains("use `gpu`"), "{err}");
@@ -439,4 +441,84 @@ fn json_manifests_take_a_table_too() {
     );
     let p = says(&err, "runtimes.box", "needs an `endpoint`");
     assert_eq!(p.line, Some(2));
+}
+
+const SPREAD: &str = r#"batch_id: spread
+runtimes:
+  box-a: {kind: agent, endpoint: "http://127.0.0.1:7301"}
+  box-b: {kind: agent, endpoint: "http://127.0.0.1:7302"}
+  box-c: {kind: agent, endpoint: "http://127.0.0.1:7303"}
+defaults:
+  runtime: [box-a, box-b]
+  harness: ./run.sh
+tasks:
+  - {task_id: t1}
+  - {task_id: t2}
+  - {task_id: t3, runtime: box-c}
+  - {task_id: t4}
+  - {task_id: t5, runtime: [box-c, box-a, box-b]}
+  - {task_id: t6}
+  - {task_id: t7, runtime: [box-c, box-a, box-b]}
+"#;
+
+#[test]
+fn a_list_of_runtimes_deals_its_cases_to_them_in_turn_and_records_the_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = load(&write(dir.path(), "m.yaml", SPREAD)).unwrap_or_else(|e| panic!("{e}"));
+    let names: Vec<&str> = plan
+        .cases
+        .iter()
+        .map(|c| c.runtime_name.as_deref().unwrap())
+        .collect();
+    // The defaults' list deals t1 t2 t4 t6 alternately; t3 names one runtime and takes no
+    // turn; the three-runtime list deals its own cases from its first runtime.
+    assert_eq!(
+        names,
+        [
+            "box-a", "box-b", "box-c", "box-a", "box-c", "box-b", "box-a"
+        ]
+    );
+    assert_eq!(plan.cases[0].runtime_spread, ["box-a", "box-b"]);
+    assert!(plan.cases[2].runtime_spread.is_empty());
+    assert_eq!(plan.cases[4].runtime_spread, ["box-c", "box-a", "box-b"]);
+
+    // Where the cases run is not what they are: spreading them keeps the fingerprint.
+    let one = load(&write(
+        dir.path(),
+        "one.yaml",
+        &SPREAD.replace("runtime: [box-a, box-b]", "runtime: box-a"),
+    ))
+    .unwrap();
+    assert_eq!(plan.fingerprint, one.fingerprint);
+
+    // The flag spreads too: `--runtime box-b,box-a`.
+    let mut opts = LoadOptions::default();
+    opts.overrides.runtime = Some(RuntimeChoice::Spread(vec!["box-b".into(), "box-a".into()]));
+    let flagged = load_plan(&write(dir.path(), "f.yaml", SPREAD), &opts).unwrap();
+    assert_eq!(flagged.cases[0].runtime_name.as_deref(), Some("box-b"));
+    assert_eq!(flagged.cases[1].runtime_name.as_deref(), Some("box-a"));
+}
+
+#[test]
+fn a_list_with_an_unknown_a_repeated_or_no_runtime_is_refused_where_written() {
+    let err = refuse(
+        "m.yaml",
+        &SPREAD
+            .replace("runtime: [box-a, box-b]", "runtime: [box-a, box-q]")
+            .replace(
+                "{task_id: t5, runtime: [box-c, box-a, box-b]}",
+                "{task_id: t5, runtime: [box-c, box-c]}",
+            )
+            .replace(
+                "{task_id: t7, runtime: [box-c, box-a, box-b]}",
+                "{task_id: t7, runtime: []}",
+            ),
+    );
+    let p = says(&err, "defaults.runtime[1]", "unknown runtime `box-q`");
+    assert_eq!(p.line, Some(7));
+    let p = says(&err, "tasks[4].runtime[1]", "`box-c` is listed twice");
+    assert_eq!(p.line, Some(14));
+    says(&err, "tasks[6].runtime", "the list names no runtime");
+    // The defaults' typo is reported once, not again for each case inheriting it.
+    assert_eq!(err.problems.len(), 3, "{err}");
 }

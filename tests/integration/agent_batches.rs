@@ -93,13 +93,15 @@ fn manifest(batch: &str, agents: &[&Agent], cases: usize, harness: &str, extra: 
             a.endpoint()
         ));
     }
+    // Several agents: the cases are dealt to them in turn (`runtime: [a, b]`).
+    let names: Vec<&str> = agents.iter().map(|a| a.name.as_str()).collect();
     m.push_str(&format!(
-        "defaults:\n  concurrency: {cases}\n  pass_env: [SANDBOX, AGENT_NAME]\n  harness: '{}'\n{extra}tasks:\n",
+        "defaults:\n  concurrency: {cases}\n  runtime: [{}]\n  pass_env: [SANDBOX, AGENT_NAME]\n  harness: '{}'\n{extra}tasks:\n",
+        names.join(", "),
         harness.replace('\'', "''")
     ));
     for i in 0..cases {
-        let agent = &agents[i % agents.len()].name;
-        m.push_str(&format!("  - {{task_id: c{i}, runtime: {agent}}}\n"));
+        m.push_str(&format!("  - {{task_id: c{i}}}\n"));
     }
     m
 }
@@ -145,7 +147,11 @@ fn a_batch_spreads_over_two_agents_and_two_worker_replicas() {
     sb.write("go", "");
     // Wider than the 32 eager starts a workflow task hands to its own worker, so the batch
     // has to go through matching, where both replicas poll.
-    let m = sb.write("spread.yaml", &manifest("spread", &[&a, &b], 40, GATED, ""));
+    let csv = "summary:\n  write_csv: true\n";
+    let m = sb.write(
+        "spread.yaml",
+        &manifest("spread", &[&a, &b], 40, GATED, csv),
+    );
     let mut runner = spawn_no_worker_run(&sb, &cluster, &m);
     assert_eq!(
         wait_child(&mut runner, Duration::from_secs(180)),
@@ -158,10 +164,25 @@ fn a_batch_spreads_over_two_agents_and_two_worker_replicas() {
     }
     let started = lines(&sb, "started.log");
     assert_eq!(started.len(), 40, "each case started once: {started:?}");
-    let agents: BTreeSet<&str> = started.iter().filter_map(|l| l.split(' ').nth(1)).collect();
-    assert_eq!(agents, BTreeSet::from(["box-a", "box-b"]), "{started:?}");
+    // `runtime: [box-a, box-b]` dealt the cases in turn, and every case's records name the
+    // agent that really ran it.
+    for line in &started {
+        let (case, agent) = line.split_once(' ').unwrap();
+        let i: usize = case.trim_start_matches('c').parse().unwrap();
+        assert_eq!(agent, ["box-a", "box-b"][i % 2], "{started:?}");
+        assert_eq!(sb.case_result("spread", case)["runtime"], agent);
+    }
     let summary = sb.json(&sb.bundle("spread").join("batch_summary.json"));
     assert_eq!(summary["counts"]["succeeded"], 40, "{summary:#}");
+    assert_eq!(summary["cases_by_runtime"]["box-a"], 20, "{summary:#}");
+    assert_eq!(summary["cases_by_runtime"]["box-b"], 20, "{summary:#}");
+    let csv = std::fs::read_to_string(sb.bundle("spread").join("batch_summary.csv")).unwrap();
+    assert!(csv.lines().next().unwrap().ends_with(",runtime"), "{csv}");
+    assert!(
+        csv.lines()
+            .any(|l| l.starts_with("c1,") && l.ends_with(",box-b")),
+        "{csv}"
+    );
     // The artifacts came back from the agents into the bundle.
     assert!(sb.attempt_file("spread", "c0", 1, "result.json").exists());
     let workers = activity_workers(&sb, "spread", &cluster.address);
