@@ -194,3 +194,20 @@ temporal workflow signal --address "$ADDR" --workflow-id casebatch-operated \
 op drain
 wait $RUNNER || true
 show operated "" operated
+
+# 11. Runtime envelopes: two simulated runtimes declaring max_concurrent and a memory budget,
+# the cases dealt to them in turn; the workflow holds back what does not fit.
+cat > "$WORK/enveloped.yaml" <<'YAML'
+batch_id: enveloped
+runtimes:
+  sim-a: {kind: fake, max_concurrent: 1}
+  sim-b: {kind: fake, memory_budget_mb: 600}
+defaults:
+  runtime: [sim-a, sim-b]
+  concurrency: 4
+  resources: {memory_mb: 512}
+  fake: {duration_ms: 300}
+tasks: [{task_id: a}, {task_id: b}, {task_id: c}, {task_id: d}, {task_id: e}, {task_id: f}]
+YAML
+cb batch run --manifest "$WORK/enveloped.yaml" --output-dir "$WORK/out" > /dev/null
+show enveloped "" enveloped

@@ -163,6 +163,17 @@ pub struct RuntimeSpec {
     /// directory of the file that declares it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_ca: Option<String>,
+    /// The runtime's envelope: most of a batch's cases in flight on it at once (1..=512). The
+    /// batch queues the rest instead of over-committing the runtime.
+    #[schemars(range(min = 1, max = 512))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
+    /// The runtime's envelope: the most declared `resources.memory_mb` of a batch's cases in
+    /// flight on it at once (1 to 1048576). Cases declaring no memory are admitted outside it;
+    /// a case declaring more than the whole budget is refused when the batch is planned.
+    #[schemars(range(min = 1, max = crate::limits::MAX_MEMORY_MB))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_budget_mb: Option<u64>,
 }
 
 /// What the `fake` runtime pretends happened.

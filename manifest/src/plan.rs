@@ -491,6 +491,12 @@ fn resolve_case(
     }
     let input = case_input(&decl, r);
     let case_dir = case_dir_name(&decl.id, &mut earlier.case_dirs);
+    let resources = spec
+        .resources
+        .clone()
+        .or_else(|| defaults.resources.clone())
+        .unwrap_or_default();
+    check_fits_budget(&decl, runtime_name.as_deref(), &resources, runtimes, r);
     let mut spec = decl.spec;
     let (env, pass_env) = merge_environment(
         (defaults.env.clone(), defaults.pass_env.clone()),
@@ -506,10 +512,7 @@ fn resolve_case(
         harness,
         evaluator: spec.evaluator.or_else(|| defaults.evaluator.clone()),
         sandbox: spec.sandbox.or_else(|| defaults.sandbox.clone()),
-        resources: spec
-            .resources
-            .or_else(|| defaults.resources.clone())
-            .unwrap_or_default(),
+        resources,
         timeout_seconds: spec
             .timeout_seconds
             .or(defaults.timeout_seconds)
@@ -523,6 +526,37 @@ fn resolve_case(
             runspec: decl.runspec,
         },
     })
+}
+
+/// A case declaring more memory than its runtime's whole budget could never be admitted there.
+fn check_fits_budget(
+    decl: &CaseDecl,
+    runtime_name: Option<&str>,
+    resources: &Resources,
+    runtimes: &Table,
+    r: &mut Report,
+) {
+    let Some(name) = runtime_name else { return };
+    let (Some(memory), Some(budget)) = (
+        resources.memory_mb,
+        runtimes.spec(name).and_then(|s| s.memory_budget_mb),
+    ) else {
+        return;
+    };
+    if memory > budget {
+        let p = decl.spec_path.key("resources").key("memory_mb");
+        let line = r.line_of(&p).or(decl.line);
+        r.at_line(
+            line,
+            p.to_string(),
+            format!(
+                "case `{}` declares {memory} MB, more than runtime `{name}`'s whole memory \
+                 budget ({budget} MB): it could never be admitted there",
+                decl.id
+            ),
+            format!("lower its memory_mb, or raise runtimes.{name}.memory_budget_mb"),
+        );
+    }
 }
 
 /// The harness's `CASEBATCH_INPUT`: task fields that are set, free-form inputs, the id.

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::limits::MAX_RUNTIME_NAME_LEN;
+use crate::limits::{CONCURRENCY_RANGE, MAX_MEMORY_MB, MAX_RUNTIME_NAME_LEN};
 use crate::model::{RuntimeKind, RuntimeSpec};
 use crate::report::{FieldPath, Report};
 use crate::source::{self, Syntax};
@@ -20,7 +20,15 @@ use crate::validate::env_name_syntax_error;
 use crate::walk::{self, Obj};
 
 /// Fields of one entry; a unit test compares them with [`RuntimeSpec`]'s schema.
-pub(crate) const ENTRY_FIELDS: &[&str] = &["kind", "endpoint", "token_env", "token_file", "tls_ca"];
+pub(crate) const ENTRY_FIELDS: &[&str] = &[
+    "kind",
+    "endpoint",
+    "token_env",
+    "token_file",
+    "tls_ca",
+    "max_concurrent",
+    "memory_budget_mb",
+];
 /// The only top-level key of a `--runtimes` file.
 const FILE_FIELDS: &[&str] = &["runtimes"];
 /// Names that need no table entry.
@@ -55,6 +63,11 @@ impl Table {
             broken: true,
             ..Table::default()
         }
+    }
+
+    /// A valid entry's spec.
+    pub(crate) fn spec(&self, name: &str) -> Option<&RuntimeSpec> {
+        self.entries.get(name)?.spec.as_ref()
     }
 
     /// The valid entries, as the plan holds them.
@@ -208,6 +221,28 @@ fn entry(value: &Value, path: &FieldPath, base: &Path, r: &mut Report) -> Option
     let token_env: Option<String> = o.opt("token_env", r);
     let token_file: Option<String> = o.opt("token_file", r);
     let tls_ca: Option<String> = o.opt("tls_ca", r);
+    let max_concurrent: Option<u32> = o.opt("max_concurrent", r);
+    let memory_budget_mb: Option<u64> = o.opt("memory_budget_mb", r);
+    if let Some(n) = max_concurrent
+        && !CONCURRENCY_RANGE.contains(&n)
+    {
+        r.at(
+            &path.key("max_concurrent"),
+            format!("max_concurrent {n} is outside 1..=512"),
+            format!("set {path}.max_concurrent to how many cases may run there at once"),
+        );
+    }
+    if let Some(mb) = memory_budget_mb
+        && !(1..=MAX_MEMORY_MB).contains(&mb)
+    {
+        r.at(
+            &path.key("memory_budget_mb"),
+            format!("memory_budget_mb {mb} is outside 1..={MAX_MEMORY_MB}"),
+            format!(
+                "set {path}.memory_budget_mb to the memory, in MiB, its cases may declare in all"
+            ),
+        );
+    }
     let kind = kind?;
     let agent_only = [
         ("endpoint", endpoint.is_some()),
@@ -285,6 +320,8 @@ fn entry(value: &Value, path: &FieldPath, base: &Path, r: &mut Report) -> Option
         token_env,
         token_file: token_file.map(|f| absolute(base, &f)),
         tls_ca: tls_ca.map(|f| absolute(base, &f)),
+        max_concurrent,
+        memory_budget_mb,
     })
 }
 

@@ -63,6 +63,8 @@ fn cases_carry_the_kind_and_the_table_name_and_built_ins_still_work() {
             token_file: None,
             // Relative to the manifest's directory, stored absolute.
             tls_ca: Some(base.join("certs/ca.pem").display().to_string()),
+            max_concurrent: None,
+            memory_budget_mb: None,
         }
     );
     assert_eq!(plan.runtimes.len(), 2);
@@ -521,4 +523,38 @@ fn a_list_with_an_unknown_a_repeated_or_no_runtime_is_refused_where_written() {
     says(&err, "tasks[6].runtime", "the list names no runtime");
     // The defaults' typo is reported once, not again for each case inheriting it.
     assert_eq!(err.problems.len(), 3, "{err}");
+}
+
+#[test]
+fn envelopes_are_checked_and_a_case_that_could_never_fit_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = SPREAD.replace(
+        r#"box-a: {kind: agent, endpoint: "http://127.0.0.1:7301"}"#,
+        r#"box-a: {kind: agent, endpoint: "http://127.0.0.1:7301", max_concurrent: 2, memory_budget_mb: 600}"#,
+    );
+    let plan = load(&write(dir.path(), "m.yaml", &text)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plan.runtimes["box-a"].max_concurrent, Some(2));
+    assert_eq!(plan.runtimes["box-a"].memory_budget_mb, Some(600));
+
+    let err = refuse(
+        "m.yaml",
+        &text.replace("max_concurrent: 2", "max_concurrent: 0"),
+    );
+    says(&err, "runtimes.box-a.max_concurrent", "outside 1..=512");
+
+    // t4 is dealt to box-a, whose whole budget is 600 MB.
+    let err = refuse(
+        "m.yaml",
+        &text.replace(
+            "{task_id: t4}",
+            "{task_id: t4, resources: {memory_mb: 1024}}",
+        ),
+    );
+    let p = says(
+        &err,
+        "tasks[3].resources.memory_mb",
+        "more than runtime `box-a`'s whole",
+    );
+    assert_eq!(p.line, Some(13));
+    assert_eq!(err.problems.len(), 1, "{err}");
 }

@@ -36,7 +36,33 @@ pub struct BatchInput {
     /// the workflow task and would wedge the batch. Runs recorded without it never upsert.
     #[serde(default)]
     pub search_attributes: bool,
+    /// Runtimes that declare an envelope. Empty, as in every batch started before envelopes
+    /// existed: cases are admitted by the concurrency limit alone, in plan order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub envelopes: Vec<Envelope>,
+    /// Per case, by index, when `envelopes` is set: the envelope it counts against and the
+    /// memory it declares.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub case_loads: Vec<CaseLoad>,
 }
+
+/// What a runtime lets one batch run on it at once (a runtimes-table entry's
+/// `max_concurrent` and `memory_budget_mb`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The runtimes-table name, for the timeline.
+    pub runtime: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_budget_mb: Option<u64>,
+}
+
+/// One case's load, compact (`[envelope, memory_mb]` in history): the index into
+/// `BatchInput::envelopes` it counts against (`None`: its runtime has no envelope), and its
+/// declared memory in MiB (0: none declared, admitted outside the budget).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaseLoad(pub Option<u16>, pub u64);
 
 /// Active case limit: what a manifest may ask for and what `set_concurrency` accepts.
 pub const CONCURRENCY_RANGE: std::ops::RangeInclusive<u32> = 1..=512;

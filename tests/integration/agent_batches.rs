@@ -95,9 +95,12 @@ fn manifest(batch: &str, agents: &[&Agent], cases: usize, harness: &str, extra: 
     }
     // Several agents: the cases are dealt to them in turn (`runtime: [a, b]`).
     let names: Vec<&str> = agents.iter().map(|a| a.name.as_str()).collect();
+    let runtime = match names.as_slice() {
+        [one] => one.to_string(),
+        many => format!("[{}]", many.join(", ")),
+    };
     m.push_str(&format!(
-        "defaults:\n  concurrency: {cases}\n  runtime: [{}]\n  pass_env: [SANDBOX, AGENT_NAME]\n  harness: '{}'\n{extra}tasks:\n",
-        names.join(", "),
+        "defaults:\n  concurrency: {cases}\n  runtime: {runtime}\n  pass_env: [SANDBOX, AGENT_NAME]\n  harness: '{}'\n{extra}tasks:\n",
         harness.replace('\'', "''")
     ));
     for i in 0..cases {
@@ -346,21 +349,53 @@ fn an_agent_killed_mid_batch_and_restarted_reattaches_every_job() {
 fn an_agent_memory_budget_never_lets_declared_memory_overlap() {
     let sb = Sandbox::engine();
     let a = Agent::start(&sb, "box-a", &["--memory-budget-mb", "600"]);
-    // Each job records its start and end on a shared clock.
+    let m = sb.write("budget.yaml", &heavy_manifest("budget", &a));
+    assert_exit(&sb.run_batch(&m), 0);
+    assert_one_job_at_a_time(&sb);
+    // Nothing told the batch about the budget: the agent refused the extra jobs and `start`
+    // waited them out.
+    let events = std::fs::read_to_string(sb.bundle("budget").join("events.jsonl")).unwrap();
+    assert!(events.contains("runtime_full"), "{events}");
+}
+
+#[test]
+fn a_declared_envelope_queues_cases_in_the_batch_instead_of_the_runtime_refusing_them() {
+    let sb = Sandbox::engine();
+    let a = Agent::start(&sb, "box-a", &["--memory-budget-mb", "600"]);
+    let declared = heavy_manifest("envelope", &a)
+        .replace("kind: agent,", "kind: agent, memory_budget_mb: 600,");
+    let m = sb.write("envelope.yaml", &declared);
+    assert_exit(&sb.run_batch(&m), 0);
+    assert_one_job_at_a_time(&sb);
+    // The workflow admitted one 512 MB case at a time: the agent never had to refuse one.
+    let events = std::fs::read_to_string(sb.bundle("envelope").join("events.jsonl")).unwrap();
+    assert!(!events.contains("runtime_full"), "{events}");
+
+    // Without the agent's own limit, the same four cases overlap: the envelope is what held
+    // them back, not the harness.
+    let b = Agent::start(&sb, "box-b", &[]);
+    let unbounded = sb.write("unbounded.yaml", &heavy_manifest("unbounded", &b));
+    std::fs::remove_file(sb.path("spans.log")).unwrap();
+    assert_exit(&sb.run_batch(&unbounded), 0);
+    assert!(most_jobs_at_once(&sb) > 1, "{:?}", lines(&sb, "spans.log"));
+}
+
+/// Four cases declaring 512 MB each, all allowed in flight by the batch, on one agent. Each
+/// job records its start and end on a shared clock.
+fn heavy_manifest(batch: &str, agent: &Agent) -> String {
     let harness = r#"echo "start $(date +%s%N)" >> "$SANDBOX/spans.log"; sleep 0.5; echo "end $(date +%s%N)" >> "$SANDBOX/spans.log"; echo '{}' > "$CASEBATCH_RESULT""#;
-    let m = sb.write(
-        "budget.yaml",
-        &manifest(
-            "budget",
-            &[&a],
-            4,
-            harness,
-            "  resources: {memory_mb: 512}\n",
-        ),
-    );
-    let o = sb.run_batch(&m);
-    assert_exit(&o, 0);
-    let events: Vec<(u128, bool)> = lines(&sb, "spans.log")
+    manifest(
+        batch,
+        &[agent],
+        4,
+        harness,
+        "  resources: {memory_mb: 512}\n",
+    )
+}
+
+/// The most jobs that ran at once, from `spans.log`.
+fn most_jobs_at_once(sb: &Sandbox) -> i32 {
+    let mut events: Vec<(u128, bool)> = lines(sb, "spans.log")
         .iter()
         .map(|l| {
             let (kind, t) = l.split_once(' ').unwrap();
@@ -368,18 +403,22 @@ fn an_agent_memory_budget_never_lets_declared_memory_overlap() {
         })
         .collect();
     assert_eq!(events.len(), 8, "4 jobs, each started and ended once");
-    let mut sorted = events.clone();
-    sorted.sort();
+    events.sort();
     let mut running = 0;
-    for (_, start) in sorted {
+    let mut most = 0;
+    for (_, start) in events {
         running += if start { 1 } else { -1 };
-        assert!(
-            running <= 1,
-            "two 512 MB jobs overlapped under a 600 MB budget"
-        );
+        most = most.max(running);
     }
-    let summary = sb.json(&sb.bundle("budget").join("batch_summary.json"));
-    assert_eq!(summary["counts"]["succeeded"], 4, "{summary:#}");
+    most
+}
+
+fn assert_one_job_at_a_time(sb: &Sandbox) {
+    assert_eq!(
+        most_jobs_at_once(sb),
+        1,
+        "two 512 MB jobs overlapped under a 600 MB budget"
+    );
 }
 
 #[test]

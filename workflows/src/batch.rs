@@ -34,6 +34,7 @@ use temporalio_sdk::{
     WorkflowContext, WorkflowContextView, WorkflowResult,
 };
 
+use crate::admission::Envelopes;
 use crate::case::{CaseDone, CaseParams, Pipeline, run_case};
 use crate::contracts::Finalize;
 use crate::visibility;
@@ -120,6 +121,8 @@ impl BatchWorkflow {
         let budget = ctx.state(|s| s.input.history_budget.unwrap_or(DEFAULT_HISTORY_BUDGET));
         let mut inflight: Vec<(u32, LocalBoxFuture<'static, CaseDone>)> = Vec::new();
         let mut cursor = 0usize;
+        // Runtimes with an envelope take no more than it at once; the rest wait here.
+        let mut envelopes = ctx.state(|s| Envelopes::new(&s.input, &s.slots));
 
         loop {
             let (paused, draining, cancelling, gen_seen) =
@@ -134,7 +137,11 @@ impl BatchWorkflow {
                 // nothing until fewer run; a raised one admits at once.
                 let limit = ctx.state(|s| s.concurrency.max(1)) as usize;
                 while inflight.len() < limit {
-                    let Some(index) = next_queued(ctx, &mut cursor) else {
+                    let next = match envelopes.as_mut() {
+                        Some(envelopes) => envelopes.next(),
+                        None => next_queued(ctx, &mut cursor),
+                    };
+                    let Some(index) = next else {
                         break;
                     };
                     let params = ctx.state_mut(|s| {
@@ -223,6 +230,9 @@ impl BatchWorkflow {
                 Some((i, done)) => {
                     // Remove in place: keeps the admission order of the rest.
                     drop(inflight.remove(i));
+                    if let Some(envelopes) = envelopes.as_mut() {
+                        envelopes.finished(done.case_index);
+                    }
                     record_case(ctx, done);
                     unpublished = visible;
                 }

@@ -6,6 +6,7 @@
 //! SDK's: everything that touches the world is an activity, declared here only as a contract
 //! ([`contracts`]) and implemented in `casebatch-activities`.
 
+mod admission;
 pub mod batch;
 mod case;
 pub mod contracts;

@@ -285,6 +285,8 @@ mod tests {
             token_env: None,
             token_file: None,
             tls_ca: None,
+            max_concurrent: None,
+            memory_budget_mb: None,
         }
     }
 

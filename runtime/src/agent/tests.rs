@@ -43,6 +43,8 @@ fn env(root: &std::path::Path, endpoint: &str, token_file: Option<String>) -> At
         token_env: None,
         token_file,
         tls_ca: None,
+        max_concurrent: None,
+        memory_budget_mb: None,
     })
 }
 
