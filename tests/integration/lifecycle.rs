@@ -344,7 +344,7 @@ fn set_concurrency_changes_a_running_batch_at_once_and_invalid_requests_are_refu
     });
 
     // The batch's validators refuse what makes no sense, and change nothing.
-    let o = set_concurrency(&sb, "0");
+    let o = set_concurrency(&sb, "widen", "0");
     assert_exit(&o, 2);
     assert!(stderr(&o).contains("outside 1..=512"), "{}", stderr(&o));
     let o = sb.op("unpause", "widen");
@@ -352,7 +352,7 @@ fn set_concurrency_changes_a_running_batch_at_once_and_invalid_requests_are_refu
     assert!(stderr(&o).contains("not paused"), "{}", stderr(&o));
     assert_eq!(sb.status("widen")["status"]["concurrency"], 2);
 
-    let o = set_concurrency(&sb, "6");
+    let o = set_concurrency(&sb, "widen", "6");
     assert_exit(&o, 0);
     assert!(stdout(&o).contains("concurrency 2 → 6"), "{}", stdout(&o));
     wait_until(Duration::from_secs(60), "six cases run", || {
@@ -373,15 +373,39 @@ fn set_concurrency_changes_a_running_batch_at_once_and_invalid_requests_are_refu
     assert_eq!(sb.lines("ran.log"), 8, "every case ran once");
 }
 
-/// `casebatch batch set-concurrency --batch-id widen LIMIT`.
-fn set_concurrency(sb: &Sandbox, limit: &str) -> std::process::Output {
+#[test]
+fn an_operation_no_worker_answers_is_sent_as_a_signal_and_applied_when_one_runs_the_batch() {
+    let sb = Sandbox::engine();
+    let manifest = gated_manifest(&sb, "orphaned");
+    let mut runner = sb.spawn_batch(std::path::Path::new(&manifest), "run.log");
+    wait_until(Duration::from_secs(60), "first case starts", || {
+        sb.lines("ran.log") >= 1
+    });
+    // The runner hosted the only worker: nothing can answer an update now.
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    let o = set_concurrency(&sb, "orphaned", "3");
+    assert_exit(&o, 0);
+    assert!(stdout(&o).contains("sent as a signal"), "{}", stdout(&o));
+
+    // A resume re-attaches to the still-running batch and hosts a worker: the signal applies.
+    sb.write("go", "");
+    assert_exit(&sb.op("resume", "orphaned"), 0);
+    let status = sb.status("orphaned");
+    let timeline = status["status"]["timeline"].to_string();
+    assert!(timeline.contains("concurrency 1 → 3"), "{timeline}");
+    assert_eq!(sb.lines("ran.log"), 4, "every case ran once");
+}
+
+/// `casebatch batch set-concurrency --batch-id BATCH LIMIT`.
+fn set_concurrency(sb: &Sandbox, batch: &str, limit: &str) -> std::process::Output {
     let out = sb.out();
     let out = out.to_str().unwrap();
     sb.run(&[
         "batch",
         "set-concurrency",
         "--batch-id",
-        "widen",
+        batch,
         "--output-dir",
         out,
         limit,

@@ -3,9 +3,11 @@
 //! in the workflow instead of being refused by the runtime (`RUNTIME_FULL`).
 //!
 //! Queued cases are grouped by the envelope they count against, each group in plan order; the
-//! next case admitted is the lowest-indexed group head that fits. A case whose runtime has no
-//! envelope, or that declares no memory, is admitted outside it (the batch's own concurrency
-//! limit still holds). Pure and deterministic: it sees only the input and the slots.
+//! next case admitted is the lowest-indexed group head that fits. Cases that declare no memory
+//! form their own group per envelope, so they never wait behind a heavy case for memory they
+//! do not use (they still count against `max_concurrent`). A case whose runtime has no
+//! envelope is admitted outside it; the batch's own concurrency limit always holds. Pure and
+//! deterministic: it sees only the input and the slots.
 
 use std::collections::VecDeque;
 
@@ -14,7 +16,8 @@ use casebatch_proto::{BatchInput, CaseLoad, CaseSlot, CaseState, Envelope};
 pub(crate) struct Envelopes {
     limits: Vec<Envelope>,
     loads: Vec<CaseLoad>,
-    /// Queued cases per envelope, in plan order; the last group counts against none.
+    /// Queued cases in plan order: per envelope, those declaring memory then those declaring
+    /// none; the last group counts against no envelope.
     groups: Vec<VecDeque<u32>>,
     /// Per envelope: cases in flight and the memory they declare.
     in_flight: Vec<(u32, u64)>,
@@ -28,7 +31,7 @@ impl Envelopes {
             return None;
         }
         let limits = input.envelopes.clone();
-        let mut groups = vec![VecDeque::new(); limits.len() + 1];
+        let mut groups = vec![VecDeque::new(); 2 * limits.len() + 1];
         for (i, slot) in slots.iter().enumerate() {
             if slot.state == CaseState::Queued {
                 let load = input.case_loads.get(i).copied().unwrap_or_default();
@@ -95,8 +98,11 @@ impl Envelopes {
     }
 }
 
-fn group_of(CaseLoad(envelope, _): CaseLoad, envelopes: usize) -> usize {
-    envelope.map_or(envelopes, |e| usize::from(e).min(envelopes))
+fn group_of(CaseLoad(envelope, memory): CaseLoad, envelopes: usize) -> usize {
+    match envelope.map(usize::from).filter(|&e| e < envelopes) {
+        Some(e) => 2 * e + usize::from(memory == 0),
+        None => 2 * envelopes,
+    }
 }
 
 #[cfg(test)]
