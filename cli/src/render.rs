@@ -232,6 +232,18 @@ pub fn status(view: &StatusView) {
         c.failed,
         c.cancelled
     );
+    for e in &s.envelopes {
+        let of = |limit: Option<u64>| limit.map_or(String::new(), |l| format!("/{l}"));
+        say!(
+            "  runtime {}: running {}{} · {}{} MB declared · {} waiting",
+            e.runtime,
+            e.running,
+            of(e.max_concurrent.map(u64::from)),
+            e.memory_mb,
+            of(e.memory_budget_mb),
+            e.waiting
+        );
+    }
     say!("{}", counters_line(&s.counters));
     if !s.in_flight.is_empty() {
         let ids: Vec<&str> = s

@@ -211,6 +211,26 @@ pub struct BatchStatus {
     pub timeline: Vec<TimelineStep>,
     pub segment: u32,
     pub concurrency: u32,
+    /// Per runtime envelope: what the batch has in flight there and what waits for room.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub envelopes: Vec<EnvelopeUse>,
+}
+
+/// One runtime envelope's use by the batch, in `status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvelopeUse {
+    pub runtime: String,
+    /// The batch's cases in flight on the runtime.
+    pub running: u32,
+    /// The memory they declare, in MiB.
+    pub memory_mb: u64,
+    /// Queued cases of the runtime: they wait for room in its envelope (or for the batch's
+    /// own limit).
+    pub waiting: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_budget_mb: Option<u64>,
 }
 
 /// The workflow's result: final status plus the per-case slots a resume starts from.

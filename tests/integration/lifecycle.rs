@@ -411,3 +411,44 @@ fn set_concurrency(sb: &Sandbox, batch: &str, limit: &str) -> std::process::Outp
         limit,
     ])
 }
+
+#[test]
+fn status_shows_what_a_runtime_envelope_holds_back() {
+    let sb = Sandbox::engine();
+    // A simulated runtime that takes one case at a time; each case would take ten minutes.
+    let manifest = sb.write(
+        "held.yaml",
+        "batch_id: held\n\
+         runtimes:\n  sim: {kind: fake, max_concurrent: 1}\n\
+         defaults: {runtime: sim, concurrency: 4, fake: {duration_ms: 600000}}\n\
+         tasks: [{task_id: a}, {task_id: b}, {task_id: c}, {task_id: d}]\n",
+    );
+    let mut runner = sb.spawn_batch(&manifest, "run.log");
+    // The first case's attempt directory appears once the batch is running on its worker.
+    let first = sb.bundle("held").join("cases/a/attempts/1");
+    wait_until(Duration::from_secs(60), "the first case starts", || {
+        first.exists()
+    });
+    wait_until(Duration::from_secs(60), "one case runs, three wait", || {
+        let s = &sb.status("held")["status"];
+        s["envelopes"][0]["running"] == 1 && s["envelopes"][0]["waiting"] == 3
+    });
+    let s = sb.status("held");
+    assert_eq!(s["status"]["counts"]["running"], 1, "{s:#}");
+    let out = sb.out();
+    let text = sb.run(&[
+        "batch",
+        "status",
+        "--batch-id",
+        "held",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        stdout(&text).contains("runtime sim: running 1/1 · 0 MB declared · 3 waiting"),
+        "{}",
+        stdout(&text)
+    );
+    assert_exit(&sb.op("cancel", "held"), 0);
+    assert_eq!(wait_child(&mut runner, Duration::from_secs(120)), 4);
+}

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 
-use casebatch_proto::{BatchInput, CaseLoad, CaseSlot, CaseState, Envelope};
+use casebatch_proto::{BatchInput, CaseLoad, CaseSlot, CaseState, Envelope, EnvelopeUse};
 
 pub(crate) struct Envelopes {
     limits: Vec<Envelope>,
@@ -74,6 +74,23 @@ impl Envelopes {
             *count = count.saturating_sub(1);
             *mb = mb.saturating_sub(memory);
         }
+    }
+
+    /// What each envelope holds now and what waits for it, for `status`.
+    pub(crate) fn usage(&self) -> Vec<EnvelopeUse> {
+        self.limits
+            .iter()
+            .zip(&self.in_flight)
+            .enumerate()
+            .map(|(e, (limit, &(running, memory_mb)))| EnvelopeUse {
+                runtime: limit.runtime.clone(),
+                running,
+                memory_mb,
+                waiting: (self.groups[2 * e].len() + self.groups[2 * e + 1].len()) as u32,
+                max_concurrent: limit.max_concurrent,
+                memory_budget_mb: limit.memory_budget_mb,
+            })
+            .collect()
     }
 
     fn load(&self, case: u32) -> CaseLoad {
@@ -145,6 +162,8 @@ mod tests {
         let mut e =
             Envelopes::new(&input(vec![budget("box", None, Some(600))], loads), &slots).unwrap();
         assert_eq!(admit_all(&mut e), [0, 2, 3], "one 512 MB case at a time");
+        let usage = &e.usage()[0];
+        assert_eq!((usage.running, usage.memory_mb, usage.waiting), (2, 512, 2));
         e.finished(0);
         assert_eq!(admit_all(&mut e), [1]);
         e.finished(1);

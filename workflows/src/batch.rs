@@ -58,6 +58,8 @@ pub struct BatchWorkflow {
     cancelling: bool,
     /// Active case limit: the input's until an operator sets another.
     concurrency: u32,
+    /// Admission against runtime envelopes; `None` when no runtime declares one.
+    admission: Option<Envelopes>,
     /// Bumped by every control signal so the admission loop wakes up.
     control_gen: u64,
     in_flight: BTreeSet<u32>,
@@ -79,6 +81,8 @@ impl BatchWorkflow {
             }
         }
         let concurrency = carried.concurrency.unwrap_or(input.concurrency);
+        // Runtimes with an envelope take no more than it at once; the rest wait here.
+        let admission = Envelopes::new(&input, &slots);
         Self {
             input,
             slots,
@@ -89,6 +93,7 @@ impl BatchWorkflow {
             draining: false,
             cancelling: false,
             concurrency,
+            admission,
             control_gen: 0,
             in_flight: BTreeSet::new(),
             finished: false,
@@ -121,8 +126,6 @@ impl BatchWorkflow {
         let budget = ctx.state(|s| s.input.history_budget.unwrap_or(DEFAULT_HISTORY_BUDGET));
         let mut inflight: Vec<(u32, LocalBoxFuture<'static, CaseDone>)> = Vec::new();
         let mut cursor = 0usize;
-        // Runtimes with an envelope take no more than it at once; the rest wait here.
-        let mut envelopes = ctx.state(|s| Envelopes::new(&s.input, &s.slots));
 
         loop {
             let (paused, draining, cancelling, gen_seen) =
@@ -137,8 +140,8 @@ impl BatchWorkflow {
                 // nothing until fewer run; a raised one admits at once.
                 let limit = ctx.state(|s| s.concurrency.max(1)) as usize;
                 while inflight.len() < limit {
-                    let next = match envelopes.as_mut() {
-                        Some(envelopes) => envelopes.next(),
+                    let next = match ctx.state_mut(|s| s.admission.as_mut().map(Envelopes::next)) {
+                        Some(next) => next,
                         None => next_queued(ctx, &mut cursor),
                     };
                     let Some(index) = next else {
@@ -230,9 +233,11 @@ impl BatchWorkflow {
                 Some((i, done)) => {
                     // Remove in place: keeps the admission order of the rest.
                     drop(inflight.remove(i));
-                    if let Some(envelopes) = envelopes.as_mut() {
-                        envelopes.finished(done.case_index);
-                    }
+                    ctx.state_mut(|s| {
+                        if let Some(admission) = s.admission.as_mut() {
+                            admission.finished(done.case_index);
+                        }
+                    });
                     record_case(ctx, done);
                     unpublished = visible;
                 }
@@ -450,6 +455,11 @@ impl BatchWorkflow {
             timeline: self.timeline.clone(),
             segment: self.segment,
             concurrency: self.concurrency,
+            envelopes: self
+                .admission
+                .as_ref()
+                .map(Envelopes::usage)
+                .unwrap_or_default(),
         }
     }
 
