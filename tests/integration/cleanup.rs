@@ -30,7 +30,12 @@ tasks:
         !receipt["killed"].as_array().unwrap().is_empty(),
         "the detached grandchild was found by its marker and killed: {receipt:#}"
     );
-    assert!(no_process_matches("sleep 400"), "the grandchild is gone");
+    // Killed is not yet gone: the orphan is reaped by init a moment later.
+    wait_until(
+        std::time::Duration::from_secs(10),
+        "the grandchild is gone",
+        || no_process_matches("sleep 400"),
+    );
     let result = sb.case_result("leak", "leaky");
     assert_eq!(
         result["state"], "succeeded",
