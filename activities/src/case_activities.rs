@@ -9,7 +9,7 @@ use casebatch_bundle::{
     AttemptRecord, Bundle, CaseResult, EvaluationRecord, Event, RECORD_SCHEMA_VERSION,
     append_jsonl, layout::attempt_files, read_json, write_batch_files, write_json_atomic,
 };
-use casebatch_manifest::model::{Plan, RuntimeKind};
+use casebatch_manifest::model::{Plan, RuntimeKind, RuntimeSpec};
 use casebatch_proto::{
     ActorReport, ActorStatus, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation,
     Failure, FailureCode, FinalizeInput, JobRef, SettleInput, Settled, Stage, StageResult,
@@ -20,6 +20,7 @@ use temporalio_macros::activities;
 use temporalio_sdk::ApplicationFailure;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
+use crate::breakers::{BreakerOf, Breakers};
 use crate::evaluator;
 use casebatch_runtime::agent::AgentRuntime;
 use casebatch_runtime::attempt_io;
@@ -37,6 +38,8 @@ pub struct CaseActivities {
     fake: Fake,
     agent: AgentRuntime,
     plans: Mutex<HashMap<String, Arc<Plan>>>,
+    /// Without a client (unit tests) every breaker reads as closed.
+    breakers: Breakers,
 }
 
 /// Heartbeats through the activity context.
@@ -78,6 +81,14 @@ macro_rules! with_runtime {
 }
 
 impl CaseActivities {
+    /// Activities that consult the runtimes' circuit breakers through `client`.
+    pub fn with_breakers(client: temporalio_client::Client) -> Self {
+        Self {
+            breakers: Breakers::new(client),
+            ..Self::default()
+        }
+    }
+
     fn plan(&self, bundle_dir: &str) -> Result<Arc<Plan>, ActivityError> {
         if let Some(p) = self.plans.lock().expect("lock").get(bundle_dir) {
             return Ok(p.clone());
@@ -109,6 +120,24 @@ impl CaseActivities {
                 ),
             ))
         })?;
+        let mut case = case.clone();
+        // A routed attempt runs where the workflow sent it, one of the case's list.
+        if let Some(name) = &key.runtime {
+            let (kind, spec) = plan.runtime_named(name).ok_or_else(|| {
+                classified(&Failure::config(
+                    Stage::Provision,
+                    FailureCode::RuntimeUnreachable,
+                    format!(
+                        "runtime `{name}` is not in the runtimes table of {}: the bundle \
+                         does not match the batch",
+                        key.bundle_dir
+                    ),
+                ))
+            })?;
+            case.runtime = kind;
+            case.runtime_name = spec.map(|_| name.clone());
+        }
+        let case = &case;
         let env = AttemptEnv::new(key.clone(), case.clone());
         // The agent's entry of the runtimes table; a missing one is the runtime's to report
         // (a config failure of the stage, an unconfirmed cleanup), not an activity error.
@@ -124,6 +153,25 @@ impl CaseActivities {
                 _ => env,
             },
         )
+    }
+
+    /// The breaker a routed attempt consults; `None` for a case on one runtime.
+    fn breaker_of(&self, env: &AttemptEnv) -> Option<BreakerOf> {
+        let runtime = env.key.runtime.clone()?;
+        let plan = self.plan(&env.key.bundle_dir).ok()?;
+        let spec = plan.runtime_named(&runtime).and_then(|(_, spec)| spec);
+        let location = spec.and_then(|s| s.endpoint.clone()).unwrap_or_default();
+        let settings = spec.map(RuntimeSpec::breaker).unwrap_or_default();
+        // local-process runs on this host: its breaker is this host's.
+        let location = match env.case.runtime {
+            RuntimeKind::LocalProcess => hostname(),
+            RuntimeKind::Fake | RuntimeKind::Agent => location,
+        };
+        Some(BreakerOf {
+            runtime,
+            location,
+            settings,
+        })
     }
 
     fn event(env: &AttemptEnv, kind: &str, message: String) {
@@ -325,9 +373,24 @@ impl CaseActivities {
         key: AttemptKey,
     ) -> Result<StartResult, ActivityError> {
         let env = self.env(&key)?;
+        // A routed case consults its runtime's breaker first: an open circuit sends it
+        // elsewhere before anything is provisioned.
+        let breaker = self.breaker_of(&env);
+        let mut pass = None;
+        if let Some(of) = &breaker {
+            match self.breakers.before(of).await {
+                Ok(p) => pass = Some(p),
+                Err(circuit) => {
+                    let message = format!("runtime {}: circuit open, not dispatched", of.runtime);
+                    Self::event(&env, "circuit_open", message);
+                    return Ok(StartResult::Skipped { circuit });
+                }
+            }
+        }
         let failed = |failure| StartResult::Failed {
             failure,
             host_queue: Self::host_queue(&env),
+            circuit: None,
         };
         let start = async {
             if let StageResult::Failed(f) = self.provision_stage(&env).await? {
@@ -355,7 +418,22 @@ impl CaseActivities {
                 }
             }
         };
-        heartbeating(&ctx, (), start).await
+        let mut result = heartbeating(&ctx, (), start).await?;
+        if let (Some(of), Some(pass)) = (&breaker, pass) {
+            match &mut result {
+                StartResult::Started(_) => {
+                    self.breakers.after(of, pass, true).await;
+                }
+                // Only the runtime's own failures count against it.
+                StartResult::Failed {
+                    failure, circuit, ..
+                } if decide::spills(failure) => {
+                    *circuit = self.breakers.after(of, pass, false).await;
+                }
+                StartResult::Failed { .. } | StartResult::Skipped { .. } => {}
+            }
+        }
+        Ok(result)
     }
 
     #[activity(definition = contracts::Settle)]

@@ -173,6 +173,7 @@ impl JobRow {
                 case_index: self.case_index,
                 attempt: self.attempt,
                 memory_boost_mb: self.memory_boost_mb,
+                runtime: None,
             },
             case,
         ))
@@ -315,6 +316,7 @@ impl Jobs {
                 case_index: key.case_index,
                 attempt: key.attempt,
                 memory_boost_mb: key.memory_boost_mb,
+                runtime: None,
             },
             case,
         );

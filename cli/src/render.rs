@@ -191,6 +191,9 @@ fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
     if k.adopted + k.redispatched + k.retries + k.oom_boosts + k.cleanup_unconfirmed > 0 {
         say!("{}", counters_line(k));
     }
+    if let Some(line) = spread_line(k) {
+        say!("{line}");
+    }
     if c.queued > 0 {
         say!(
             "  queued work remains: casebatch batch resume --batch-id {} --output-dir {}",
@@ -203,6 +206,16 @@ fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
         );
     }
     say!("  bundle: {}", bundle.root().display());
+}
+
+/// Spillovers and circuit effects, when a batch had any.
+fn spread_line(k: &Counters) -> Option<String> {
+    (k.spillovers + k.circuit_skips + k.width_changes > 0).then(|| {
+        format!(
+            "  spillovers {} · dispatches skipped on open circuits {} · width changes {}",
+            k.spillovers, k.circuit_skips, k.width_changes
+        )
+    })
 }
 
 fn counters_line(k: &Counters) -> String {
@@ -244,7 +257,23 @@ pub fn status(view: &StatusView) {
             e.waiting
         );
     }
+    if let Some(width) = s.width {
+        say!(
+            "  width {width} of {} while circuits are open",
+            s.concurrency
+        );
+    }
+    for c in &s.open_circuits {
+        say!(
+            "  runtime {}: circuit open (a probe may go at {})",
+            c.runtime,
+            clock(c.retry_at_ms)
+        );
+    }
     say!("{}", counters_line(&s.counters));
+    if let Some(line) = spread_line(&s.counters) {
+        say!("{line}");
+    }
     if !s.in_flight.is_empty() {
         let ids: Vec<&str> = s
             .in_flight
@@ -267,6 +296,12 @@ pub fn status(view: &StatusView) {
         };
         say!("  last run ended: {how}");
     }
+}
+
+/// A workflow time (ms since the epoch) as `HH:MM:SS UTC`.
+fn clock(at_ms: u64) -> String {
+    let s = at_ms / 1000;
+    format!("{:02}:{:02}:{:02} UTC", s / 3600 % 24, s / 60 % 60, s % 60)
 }
 
 /// History names cases by plan index to stay compact; people read ids.

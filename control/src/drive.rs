@@ -7,8 +7,8 @@ use casebatch_bundle::{Bundle, CaseRecordState, CaseResult, Lineage, read_json};
 use casebatch_manifest::Plan;
 use casebatch_proto::visibility::{memo, outcome, search_attr};
 use casebatch_proto::{
-    BatchInput, BatchOutcome, BatchStatus, Carried, CaseLoad, CaseSlot, CaseState, Counts,
-    Envelope, TASK_QUEUE, workflow_id,
+    BatchInput, BatchOutcome, BatchStatus, Carried, CaseSlot, CaseState, Counts, TASK_QUEUE,
+    workflow_id,
 };
 use casebatch_runtime::local_process::hostname;
 use casebatch_worker::{Engine, build_worker, run_worker_until};
@@ -34,6 +34,7 @@ use temporalio_common::search_attributes::{SearchAttributeKey, SearchAttributes}
 use crate::error::{ControlError, Result};
 use crate::prepare::RETRY_BACKOFF_MS;
 use crate::requeue::Requeue;
+use crate::scheduling;
 
 /// How long a runner waits for an unreachable engine before giving up.
 const ENGINE_OUTAGE: Duration = Duration::from_secs(600);
@@ -93,7 +94,7 @@ pub struct DriveOptions {
 #[derive(Debug)]
 pub enum Finished {
     /// The workflow ran to this outcome.
-    Ran(BatchOutcome),
+    Ran(Box<BatchOutcome>),
     /// Every case was already terminal: nothing was started.
     AlreadyComplete,
 }
@@ -178,7 +179,9 @@ async fn drive(
             concurrency: plan.settings.concurrency,
         });
     }
-    follow(&handle, observer).await.map(Finished::Ran)
+    follow(&handle, observer)
+        .await
+        .map(|o| Finished::Ran(Box::new(o)))
 }
 
 /// Waits for the workflow's result, reporting status as it goes. The engine may restart under
@@ -260,7 +263,7 @@ fn batch_input(
     history_budget: Option<u32>,
     search_attributes: bool,
 ) -> BatchInput {
-    let (envelopes, case_loads) = envelopes(plan);
+    let (envelopes, case_loads) = scheduling::envelopes(plan);
     BatchInput {
         batch_id: plan.batch_id.clone(),
         bundle_dir: bundle.root().display().to_string(),
@@ -282,37 +285,8 @@ fn batch_input(
         search_attributes,
         envelopes,
         case_loads,
+        routes: scheduling::routes(plan),
     }
-}
-
-/// The envelopes the plan's runtimes declare, and each case's load against them; nothing
-/// when no runtime declares one (the batch then admits as it always has).
-fn envelopes(plan: &Plan) -> (Vec<Envelope>, Vec<CaseLoad>) {
-    let envelopes: Vec<Envelope> = plan
-        .runtimes
-        .iter()
-        .filter(|(_, s)| s.max_concurrent.is_some() || s.memory_budget_mb.is_some())
-        .map(|(name, s)| Envelope {
-            runtime: name.clone(),
-            max_concurrent: s.max_concurrent,
-            memory_budget_mb: s.memory_budget_mb,
-        })
-        .collect();
-    if envelopes.is_empty() {
-        return (Vec::new(), Vec::new());
-    }
-    let case_loads = plan
-        .cases
-        .iter()
-        .map(|c| {
-            let envelope = c.runtime_name.as_ref().and_then(|name| {
-                let i = envelopes.iter().position(|e| &e.runtime == name)?;
-                u16::try_from(i).ok()
-            });
-            CaseLoad(envelope, c.resources.memory_mb.unwrap_or(0))
-        })
-        .collect();
-    (envelopes, case_loads)
 }
 
 /// Start options: the memo (who started what, from where) and, where the namespace has them,

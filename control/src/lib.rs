@@ -17,6 +17,7 @@ mod replica;
 mod requeue;
 mod retry_failed;
 mod run;
+mod scheduling;
 
 pub use drive::{DriveEvent, DriveOptions, Observer};
 pub use error::{ControlError, Result};

@@ -168,7 +168,7 @@ pub(crate) async fn follow(
     observer: &mut dyn Observer,
 ) -> Result<RunReport> {
     let ending = match drive::execute(engine, &bundle, &plan, opts, observer).await? {
-        Finished::Ran(outcome) => Ending::Ran(outcome),
+        Finished::Ran(outcome) => Ending::Ran(*outcome),
         Finished::AlreadyComplete => Ending::AlreadyComplete(write_batch_files(&bundle, &plan)?),
     };
     Ok(RunReport {

@@ -174,6 +174,34 @@ pub struct RuntimeSpec {
     #[schemars(range(min = 1, max = crate::limits::MAX_MEMORY_MB))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_budget_mb: Option<u64>,
+    /// Consecutive infra dispatch failures that open the runtime's circuit, for cases dealt
+    /// from a `runtime:` list (1..=100, default 3). The circuit is shared by every batch.
+    #[schemars(range(min = 1, max = 100))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker_failures: Option<u32>,
+    /// Seconds an open circuit refuses dispatches before one probe goes through (1..=3600,
+    /// default 30).
+    #[schemars(range(min = 1, max = 3600))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker_cooldown_s: Option<u64>,
+    /// `agent` only: seconds a worker keeps retrying an unreachable agent (submit, watch,
+    /// cleanup) before the attempt fails as `RUNTIME_UNREACHABLE` (1..=600; default 20 to
+    /// submit, 60 to watch a job, 40 to clean up). Lower it where a list gives cases
+    /// somewhere else to go.
+    #[schemars(range(min = 1, max = 600))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreachable_grace_s: Option<u64>,
+}
+
+impl RuntimeSpec {
+    /// The breaker settings of this runtime.
+    pub fn breaker(&self) -> casebatch_proto::BreakerSettings {
+        let default = casebatch_proto::BreakerSettings::default();
+        casebatch_proto::BreakerSettings {
+            failures: self.breaker_failures.unwrap_or(default.failures),
+            cooldown_s: self.breaker_cooldown_s.unwrap_or(default.cooldown_s),
+        }
+    }
 }
 
 /// What the `fake` runtime pretends happened.
@@ -410,6 +438,17 @@ impl RuntimeChoice {
             RuntimeChoice::One(name) => std::slice::from_ref(name),
             RuntimeChoice::Spread(names) => names,
         }
+    }
+}
+
+impl Plan {
+    /// A runtime by the name a `runtime:` list gives it: a built-in (`local-process`,
+    /// `fake`) or an entry of the runtimes table, as its kind and table name.
+    pub fn runtime_named(&self, name: &str) -> Option<(RuntimeKind, Option<&RuntimeSpec>)> {
+        if let Some((_, kind)) = crate::runtimes::BUILT_IN.iter().find(|(n, _)| *n == name) {
+            return Some((*kind, None));
+        }
+        self.runtimes.get(name).map(|spec| (spec.kind, Some(spec)))
     }
 }
 

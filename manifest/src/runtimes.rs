@@ -28,7 +28,14 @@ pub(crate) const ENTRY_FIELDS: &[&str] = &[
     "tls_ca",
     "max_concurrent",
     "memory_budget_mb",
+    "breaker_failures",
+    "breaker_cooldown_s",
+    "unreachable_grace_s",
 ];
+/// Accepted `breaker_failures`, `breaker_cooldown_s` and `unreachable_grace_s`.
+const BREAKER_FAILURES: std::ops::RangeInclusive<u32> = 1..=100;
+const BREAKER_COOLDOWN_S: std::ops::RangeInclusive<u64> = 1..=3600;
+const UNREACHABLE_GRACE_S: std::ops::RangeInclusive<u64> = 1..=600;
 /// The only top-level key of a `--runtimes` file.
 const FILE_FIELDS: &[&str] = &["runtimes"];
 /// Names that need no table entry.
@@ -243,12 +250,52 @@ fn entry(value: &Value, path: &FieldPath, base: &Path, r: &mut Report) -> Option
             ),
         );
     }
+    let breaker_failures: Option<u32> = o.opt("breaker_failures", r);
+    let breaker_cooldown_s: Option<u64> = o.opt("breaker_cooldown_s", r);
+    let unreachable_grace_s: Option<u64> = o.opt("unreachable_grace_s", r);
+    let mut outside = |field: &str, value: u64, range: (u64, u64), fix: &str| {
+        if !(range.0..=range.1).contains(&value) {
+            r.at(
+                &path.key(field),
+                format!("{field} {value} is outside {}..={}", range.0, range.1),
+                format!("set {path}.{field} to {fix}"),
+            );
+        }
+    };
+    if let Some(n) = breaker_failures {
+        let range = (*BREAKER_FAILURES.start(), *BREAKER_FAILURES.end());
+        outside(
+            "breaker_failures",
+            n.into(),
+            (range.0.into(), range.1.into()),
+            "how many consecutive infra failures open its circuit",
+        );
+    }
+    if let Some(s) = breaker_cooldown_s {
+        let range = (*BREAKER_COOLDOWN_S.start(), *BREAKER_COOLDOWN_S.end());
+        outside(
+            "breaker_cooldown_s",
+            s,
+            range,
+            "the seconds an open circuit waits before one probe",
+        );
+    }
+    if let Some(s) = unreachable_grace_s {
+        let range = (*UNREACHABLE_GRACE_S.start(), *UNREACHABLE_GRACE_S.end());
+        outside(
+            "unreachable_grace_s",
+            s,
+            range,
+            "the seconds a worker keeps retrying the unreachable agent",
+        );
+    }
     let kind = kind?;
     let agent_only = [
         ("endpoint", endpoint.is_some()),
         ("token_env", token_env.is_some()),
         ("token_file", token_file.is_some()),
         ("tls_ca", tls_ca.is_some()),
+        ("unreachable_grace_s", unreachable_grace_s.is_some()),
     ];
     if kind != RuntimeKind::Agent {
         for (field, _) in agent_only.iter().filter(|(_, set)| *set) {
@@ -322,6 +369,9 @@ fn entry(value: &Value, path: &FieldPath, base: &Path, r: &mut Report) -> Option
         tls_ca: tls_ca.map(|f| absolute(base, &f)),
         max_concurrent,
         memory_budget_mb,
+        breaker_failures,
+        breaker_cooldown_s,
+        unreachable_grace_s,
     })
 }
 

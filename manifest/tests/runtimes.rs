@@ -65,6 +65,9 @@ fn cases_carry_the_kind_and_the_table_name_and_built_ins_still_work() {
             tls_ca: Some(base.join("certs/ca.pem").display().to_string()),
             max_concurrent: None,
             memory_budget_mb: None,
+            breaker_failures: None,
+            breaker_cooldown_s: None,
+            unreachable_grace_s: None,
         }
     );
     assert_eq!(plan.runtimes.len(), 2);

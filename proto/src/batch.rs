@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Start (or continue-as-new) input of `BatchWorkflow`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct BatchInput {
     pub batch_id: String,
     /// Absolute path of the batch's bundle directory.
@@ -44,7 +44,37 @@ pub struct BatchInput {
     /// memory it declares.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub case_loads: Vec<CaseLoad>,
+    /// Where cases dealt from a `runtime:` list may go. `None` when no case names a list of
+    /// two or more runtimes: no breaker is consulted and nothing spills over, as in every
+    /// batch started before spillover existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes: Option<Routes>,
 }
+
+/// The runtime lists of a batch, compact: runtimes are named once, lists and cases refer to
+/// them by index.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Routes {
+    /// Every runtime some list names, with its breaker settings.
+    pub runtimes: Vec<RouteRuntime>,
+    /// The distinct lists, each as indices into `runtimes` in the order written.
+    pub lists: Vec<Vec<u16>>,
+    /// Per case, by index: its list and the position of its share in it; `None` for a case
+    /// on one runtime.
+    pub cases: Vec<Option<CaseRoute>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteRuntime {
+    pub name: String,
+    #[serde(default)]
+    pub breaker: crate::BreakerSettings,
+}
+
+/// `[list, home]`: the index into `Routes::lists` and the position, in that list, of the
+/// runtime the plan dealt the case to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaseRoute(pub u16, pub u16);
 
 /// What a runtime lets one batch run on it at once (a runtimes-table entry's
 /// `max_concurrent` and `memory_budget_mb`).
@@ -128,6 +158,15 @@ pub struct Counters {
     /// In-batch OOM auto-boosts (re-runs with doubled memory).
     #[serde(default)]
     pub oom_boosts: u32,
+    /// Attempts moved to another runtime of the case's list after an infra dispatch failure.
+    #[serde(default)]
+    pub spillovers: u32,
+    /// Dispatches sent elsewhere without trying because the runtime's circuit was open.
+    #[serde(default)]
+    pub circuit_skips: u32,
+    /// Changes of the effective width (concurrency) because circuits opened or closed.
+    #[serde(default)]
+    pub width_changes: u32,
 }
 
 /// One step of the progress timeline.
@@ -214,6 +253,12 @@ pub struct BatchStatus {
     /// Per runtime envelope: what the batch has in flight there and what waits for room.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub envelopes: Vec<EnvelopeUse>,
+    /// Cases admitted at once now, when open circuits hold it below `concurrency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub width: Option<u32>,
+    /// The batch's runtimes whose circuit it last saw open.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub open_circuits: Vec<crate::Circuit>,
 }
 
 /// One runtime envelope's use by the batch, in `status`.

@@ -6,12 +6,14 @@
 //! fields are `#[serde(default)]`. This crate must not do I/O or depend on the engine.
 
 pub mod batch;
+pub mod breaker;
 pub mod failure;
 pub mod runtime_v1;
 pub mod stage;
 pub mod visibility;
 
 pub use batch::*;
+pub use breaker::{BreakerSettings, Circuit};
 pub use failure::{Failure, FailureClass, FailureCode, Stage};
 pub use stage::*;
 

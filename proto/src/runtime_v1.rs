@@ -31,6 +31,8 @@ impl From<AttemptKey> for crate::AttemptKey {
             case_index: k.case_index,
             attempt: k.attempt,
             memory_boost_mb: k.memory_boost_mb,
+            // The agent is the runtime: it needs no route.
+            runtime: None,
         }
     }
 }

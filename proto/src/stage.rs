@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::breaker::Circuit;
 use crate::failure::Failure;
 
 /// Identity of one attempt of one case, plus where its bundle lives.
@@ -19,6 +20,11 @@ pub struct AttemptKey {
     /// Extra memory granted to this attempt only (OOM escalation); the manifest is unchanged.
     #[serde(default)]
     pub memory_boost_mb: Option<u64>,
+    /// The runtime this attempt is routed to, for a case dealt from a `runtime:` list (the
+    /// plan's share, or another runtime of the list after a spillover). `None`: the plan's
+    /// runtime, and no circuit breaker is consulted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 impl AttemptKey {
@@ -201,7 +207,14 @@ pub enum StartResult {
     Failed {
         failure: Failure,
         host_queue: Option<String>,
+        /// The runtime's circuit after this failure was reported to its breaker (routed
+        /// attempts only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        circuit: Option<Circuit>,
     },
+    /// The runtime's circuit is open: nothing was provisioned or started, and nothing needs
+    /// cleaning up. The attempt goes elsewhere (or waits for the circuit).
+    Skipped { circuit: Circuit },
 }
 
 /// Input of `settle`: the attempt and the job `start` started.

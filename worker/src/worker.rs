@@ -1,4 +1,5 @@
-//! The worker: registers `BatchWorkflow` and `CaseActivities` on the casebatch task queue.
+//! The worker: registers `BatchWorkflow`, the runtimes' `RuntimeBreaker`s and `CaseActivities`
+//! on the casebatch task queue.
 //! Several replicas on one task queue share batches safely: the workflow owns continuation.
 
 use std::future::Future;
@@ -7,7 +8,7 @@ use std::time::Duration;
 use casebatch_activities::CaseActivities;
 use casebatch_proto::{TASK_QUEUE, host_task_queue};
 use casebatch_runtime::local_process::hostname;
-use casebatch_workflows::BatchWorkflow;
+use casebatch_workflows::{BatchWorkflow, RuntimeBreaker};
 use temporalio_client::Client;
 use temporalio_sdk::runtime::PollerBehavior;
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
@@ -31,7 +32,9 @@ pub struct Workers {
 pub fn build_worker(runtime: &Runtime, client: Client) -> anyhow::Result<Workers> {
     let shared = WorkerOptions::new(TASK_QUEUE)
         .register_workflow::<BatchWorkflow>()?
-        .register_activities(CaseActivities::default())
+        .register_workflow::<RuntimeBreaker>()?
+        // `start` runs here, and consults the runtimes' breakers through the client.
+        .register_activities(CaseActivities::with_breakers(client.clone()))
         // A crashed worker's sticky queue is abandoned quickly.
         .sticky_queue_schedule_to_start_timeout(Duration::from_secs(3))
         .graceful_shutdown_period(Duration::from_secs(2))

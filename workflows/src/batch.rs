@@ -36,6 +36,7 @@ use temporalio_sdk::{
 
 use crate::admission::Envelopes;
 use crate::case::{CaseDone, CaseParams, Pipeline, run_case};
+use crate::circuits::Circuits;
 use crate::contracts::Finalize;
 use crate::visibility;
 
@@ -60,8 +61,13 @@ pub struct BatchWorkflow {
     concurrency: u32,
     /// Admission against runtime envelopes; `None` when no runtime declares one.
     admission: Option<Envelopes>,
-    /// Bumped by every control signal so the admission loop wakes up.
-    control_gen: u64,
+    /// The batch's view of its runtimes' circuits; `None` when no case names a list.
+    pub(crate) circuits: Option<Circuits>,
+    /// Cases admitted at once while open circuits hold the batch below `concurrency`.
+    width: Option<u32>,
+    /// Bumped by every control signal (and every circuit seen opening or closing) so the
+    /// admission loop wakes up.
+    pub(crate) control_gen: u64,
     in_flight: BTreeSet<u32>,
     finished: bool,
 }
@@ -83,6 +89,7 @@ impl BatchWorkflow {
         let concurrency = carried.concurrency.unwrap_or(input.concurrency);
         // Runtimes with an envelope take no more than it at once; the rest wait here.
         let admission = Envelopes::new(&input, &slots);
+        let circuits = Circuits::new(&input);
         Self {
             input,
             slots,
@@ -94,6 +101,8 @@ impl BatchWorkflow {
             cancelling: false,
             concurrency,
             admission,
+            circuits,
+            width: None,
             control_gen: 0,
             in_flight: BTreeSet::new(),
             finished: false,
@@ -137,8 +146,9 @@ impl BatchWorkflow {
             }
             if !paused && !draining && !cancelling && !history_full {
                 // Read on every pass: a lowered limit lets running cases finish and admits
-                // nothing until fewer run; a raised one admits at once.
-                let limit = ctx.state(|s| s.concurrency.max(1)) as usize;
+                // nothing until fewer run; a raised one admits at once. Open circuits narrow
+                // it the same way, never cancelling what runs.
+                let limit = width(ctx) as usize;
                 while inflight.len() < limit {
                     let next = match ctx.state_mut(|s| s.admission.as_mut().map(Envelopes::next)) {
                         Some(next) => next,
@@ -460,6 +470,12 @@ impl BatchWorkflow {
                 .as_ref()
                 .map(Envelopes::usage)
                 .unwrap_or_default(),
+            width: self.width,
+            open_circuits: self
+                .circuits
+                .as_ref()
+                .map(Circuits::open_circuits)
+                .unwrap_or_default(),
         }
     }
 
@@ -484,12 +500,42 @@ fn push_step(timeline: &mut Vec<TimelineStep>, at_ms: u64, case: Option<u32>, me
     }
 }
 
-fn note(ctx: &WorkflowContext<BatchWorkflow>, case: Option<u32>, message: String) {
+/// Adds a timeline step now (case steps are mostly added when the case ends).
+pub(crate) fn note(ctx: &WorkflowContext<BatchWorkflow>, case: Option<u32>, message: String) {
     let at_ms = ctx
         .workflow_time()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_millis() as u64);
     ctx.state_mut(|s| push_step(&mut s.timeline, at_ms, case, message));
+}
+
+/// The number of cases admitted at once: the concurrency limit, narrowed while circuits are
+/// open ([`Circuits::width`]). Each change is a timeline step and counted.
+fn width(ctx: &WorkflowContext<BatchWorkflow>) -> u32 {
+    let (limit, before, now, open) = ctx.state(|s| {
+        let limit = s.concurrency.max(1);
+        let (now, open) = match &s.circuits {
+            Some(c) => (c.width(limit), c.open_names()),
+            None => (limit, String::new()),
+        };
+        (limit, s.width, now, open)
+    });
+    let now = (now < limit).then_some(now);
+    if now != before {
+        let from = before.unwrap_or(limit);
+        let to = now.unwrap_or(limit);
+        let why = if now.is_some() {
+            format!("circuit open on {open}")
+        } else {
+            "circuits closed".to_string()
+        };
+        note(ctx, None, format!("concurrency {from} → {to}: {why}"));
+        ctx.state_mut(|s| {
+            s.width = now;
+            s.counters.width_changes += 1;
+        });
+    }
+    now.unwrap_or(limit)
 }
 
 /// The next queued case at or after the cursor (cases are admitted in plan order).
@@ -520,6 +566,8 @@ fn record_case(ctx: &WorkflowContext<BatchWorkflow>, done: CaseDone) {
         s.counters.retries += done.retries;
         s.counters.cleanup_unconfirmed += done.cleanup_unconfirmed;
         s.counters.oom_boosts += done.oom_boosts;
+        s.counters.spillovers += done.spillovers;
+        s.counters.circuit_skips += done.circuit_skips;
     });
 }
 

@@ -20,6 +20,25 @@ pub enum Next {
     Redispatch,
     /// Run another attempt with this much memory (in-batch OOM auto-boost).
     Boost(u64),
+    /// Run another attempt on another runtime of the case's list (the runtime failed it).
+    /// Chosen by the pipeline, which knows the list, from [`spills`]; never by [`next`].
+    Spill,
+}
+
+/// Whether a failure is the runtime's, so the case may move to another runtime of its list:
+/// a retryable infra failure of the dispatch (provision, submit), or a runtime that became
+/// unreachable or lost the job. Never an OOM kill (the case's own size), config, harness or
+/// agent failures: those would fail the same way anywhere.
+pub fn spills(f: &casebatch_proto::Failure) -> bool {
+    use casebatch_proto::Stage;
+    f.class == FailureClass::Infra
+        && f.retryable
+        && f.code != FailureCode::OomKilled
+        && (matches!(f.stage, Stage::Provision | Stage::Submit)
+            || matches!(
+                f.code,
+                FailureCode::RuntimeUnreachable | FailureCode::JobLost
+            ))
 }
 
 /// What the batch allows beyond a first attempt.
@@ -269,5 +288,37 @@ mod tests {
             next(&cancelled, true, retries(5), none),
             Next::Finish(CaseState::Cancelled)
         );
+    }
+
+    #[test]
+    fn only_the_runtime_s_own_failures_spill_to_another_runtime() {
+        let unreachable = Failure::infra(Stage::Submit, FailureCode::RuntimeUnreachable, "refused");
+        assert!(spills(&unreachable));
+        assert!(spills(&Failure::infra(
+            Stage::Provision,
+            FailureCode::ProvisionIo,
+            "disk"
+        )));
+        assert!(spills(&Failure::infra(
+            Stage::Await,
+            FailureCode::JobLost,
+            "gone"
+        )));
+        // A job that failed on a healthy runtime would fail the same way elsewhere.
+        assert!(!spills(&Failure::infra(
+            Stage::Await,
+            FailureCode::ActivityError,
+            "x"
+        )));
+        assert!(!spills(&Failure::oom(Some(64))));
+        assert!(!spills(&Failure::config(
+            Stage::Submit,
+            FailureCode::SpawnFailed,
+            "no such harness"
+        )));
+        assert!(!spills(&Failure::agent("the agent gave up")));
+        let mut fatal = unreachable;
+        fatal.retryable = false;
+        assert!(!spills(&fatal));
     }
 }

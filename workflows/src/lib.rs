@@ -8,9 +8,12 @@
 
 mod admission;
 pub mod batch;
+pub mod breaker;
 mod case;
+mod circuits;
 pub mod contracts;
 pub mod decide;
 mod visibility;
 
 pub use batch::BatchWorkflow;
+pub use breaker::RuntimeBreaker;

@@ -128,6 +128,7 @@ mod tests {
             endpoint: "https://agent.example:7070".into(),
             token,
             tls_ca: None,
+            unreachable_grace: None,
         }
     }
 

@@ -144,7 +144,7 @@ impl AgentRuntime {
         key: &str,
         job: &Mutex<JobRef>,
     ) -> Result<wire::Job, Failure> {
-        let mut outage = self.outage(self.timing.unreachable_grace);
+        let mut outage = self.outage(t.grace_or(self.timing.unreachable_grace));
         loop {
             let err = match self.watch_once(t, key, job, &mut outage).await {
                 Ok(ended) => return Ok(ended),
@@ -158,7 +158,7 @@ impl AgentRuntime {
 
     /// The ended job's files into the bundle, retried while the agent is unreachable.
     async fn fetch(&self, t: &AgentTarget, env: &AttemptEnv) -> Result<(), Failure> {
-        let mut outage = self.outage(self.timing.unreachable_grace);
+        let mut outage = self.outage(t.grace_or(self.timing.unreachable_grace));
         let fetched = loop {
             match self.fetch_once(t, env).await {
                 Ok(Ok(f)) => break f,
@@ -261,7 +261,7 @@ impl Runtime for AgentRuntime {
     async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, Failure> {
         let t = AgentTarget::of(env).map_err(|e| e.failure(Stage::Submit))?;
         // Idempotent by key, so a submit whose answer was lost is simply sent again.
-        let mut outage = self.outage(self.timing.submit_grace);
+        let mut outage = self.outage(t.grace_or(self.timing.submit_grace));
         loop {
             match self.submit_once(&t, env).await {
                 Ok(job) => return Ok(job_ref(&t, env.marker(), Some(&job))),
@@ -362,7 +362,7 @@ impl Runtime for AgentRuntime {
             Ok(t) => t,
             Err(e) => return receipt(false, format!("the agent could not be asked: {e}")),
         };
-        let mut outage = self.outage(self.timing.cleanup_grace);
+        let mut outage = self.outage(t.grace_or(self.timing.cleanup_grace));
         loop {
             let err = match self.cleanup_once(&t, &key).await {
                 Ok(r) => {

@@ -83,6 +83,8 @@ pub struct AgentTarget {
     pub endpoint: String,
     pub token: TokenSource,
     pub tls_ca: Option<PathBuf>,
+    /// The entry's `unreachable_grace_s`: replaces every outage grace of the client.
+    pub unreachable_grace: Option<std::time::Duration>,
 }
 
 impl AgentTarget {
@@ -171,7 +173,14 @@ impl AgentTarget {
             endpoint: endpoint.trim_end_matches('/').to_string(),
             token,
             tls_ca: spec.tls_ca.as_ref().map(PathBuf::from),
+            unreachable_grace: spec.unreachable_grace_s.map(std::time::Duration::from_secs),
         })
+    }
+
+    /// How long to keep retrying this agent while it is unreachable: its entry's
+    /// `unreachable_grace_s`, else the client's `default` for the call.
+    pub fn grace_or(&self, default: std::time::Duration) -> std::time::Duration {
+        self.unreachable_grace.unwrap_or(default)
     }
 
     /// `runtime `NAME` at ENDPOINT`, the way every message names the agent.
@@ -287,6 +296,9 @@ mod tests {
             tls_ca: None,
             max_concurrent: None,
             memory_budget_mb: None,
+            breaker_failures: None,
+            breaker_cooldown_s: None,
+            unreachable_grace_s: None,
         }
     }
 

@@ -36,6 +36,7 @@ fn env(root: &std::path::Path, endpoint: &str, token_file: Option<String>) -> At
         case_index: 0,
         attempt: 1,
         memory_boost_mb: None,
+        runtime: None,
     };
     AttemptEnv::new(key, case).with_runtime_spec(RuntimeSpec {
         kind: RuntimeKind::Agent,
@@ -45,6 +46,9 @@ fn env(root: &std::path::Path, endpoint: &str, token_file: Option<String>) -> At
         tls_ca: None,
         max_concurrent: None,
         memory_budget_mb: None,
+        breaker_failures: None,
+        breaker_cooldown_s: None,
+        unreachable_grace_s: None,
     })
 }
 

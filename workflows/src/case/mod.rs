@@ -33,7 +33,8 @@ use temporalio_sdk::{
     WorkflowCancellationToken, WorkflowContext,
 };
 
-use crate::batch::BatchWorkflow;
+use crate::batch::{BatchWorkflow, note};
+use crate::circuits::Pick;
 use crate::contracts::{Cleanup, Settle, Start};
 use crate::decide::{self, Next, Spent};
 
@@ -95,6 +96,8 @@ pub(crate) struct CaseDone {
     pub retries: u32,
     pub cleanup_unconfirmed: u32,
     pub oom_boosts: u32,
+    pub spillovers: u32,
+    pub circuit_skips: u32,
     /// Timeline messages about this case (the case is named by the step, not the text).
     pub notes: Vec<String>,
 }
@@ -188,10 +191,17 @@ pub(crate) async fn run_case(
         retries: 0,
         cleanup_unconfirmed: 0,
         oom_boosts: 0,
+        spillovers: 0,
+        circuit_skips: 0,
         notes: Vec::new(),
     };
     let mut spent = Spent::default();
     let mut memory_boost_mb = p.memory_boost_mb;
+    // A case dealt from a runtime list is routed over it; the frozen pipeline never is.
+    let mut route = match p.pipeline {
+        Pipeline::Activities => Route::of(&ctx, p.case_index),
+        Pipeline::LocalActivities => None,
+    };
     loop {
         done.attempts += 1;
         let key = AttemptKey {
@@ -200,10 +210,17 @@ pub(crate) async fn run_case(
             case_index: p.case_index,
             attempt: done.attempts,
             memory_boost_mb,
+            runtime: None,
         };
         let spent_before = spent;
         let (summary, next) = match p.pipeline {
-            Pipeline::Activities => run_attempt(&ctx, &p, &key, &cancel, spent_before).await,
+            Pipeline::Activities => {
+                let routed = Routed {
+                    route: route.as_mut(),
+                    done: &mut done,
+                };
+                run_attempt(&ctx, &p, key, &cancel, spent_before, routed).await
+            }
             Pipeline::LocalActivities => {
                 legacy::run_attempt(&ctx, &p, &key, &cancel, spent_before).await
             }
@@ -223,6 +240,8 @@ pub(crate) async fn run_case(
                     .push(format!("OOM auto-boost {from} → {mb} MB (in-batch retry)"));
                 memory_boost_mb = Some(mb);
             }
+            // The note was written when the spillover was decided.
+            Next::Spill => done.spillovers += 1,
             Next::Redispatch => {
                 spent.redispatches += 1;
                 done.redispatched += 1;
@@ -294,40 +313,39 @@ fn stage_options(
 async fn run_attempt(
     ctx: &WorkflowContext<BatchWorkflow>,
     p: &CaseParams,
-    key: &AttemptKey,
+    mut key: AttemptKey,
     cancel: &WorkflowCancellationToken,
     spent: Spent,
+    mut routed: Routed<'_>,
 ) -> (AttemptSummary, Next) {
+    let key = &mut key;
     let mut s = AttemptSummary::new(key);
-    let short = Duration::from_secs(60);
 
-    // start: provision + submit, on any worker
+    // start: provision + submit, on any worker (routed over the case's runtime list)
     let mut host_queue = None;
     let mut job = None;
-    match ctx
-        .execute_activity(
-            Start,
-            key.clone(),
-            stage_options("start", key, short, None, cancel),
-        )
-        .await
-    {
-        Ok(StartResult::Started(j)) => {
+    match dispatch(ctx, key, cancel, &mut routed).await {
+        Some(Ok(StartResult::Started(j))) => {
             host_queue = j.host_queue.clone();
             job = Some(j);
         }
-        Ok(StartResult::Failed {
+        Some(Ok(StartResult::Failed {
             failure,
             host_queue: queue,
-        }) => {
+            ..
+        })) => {
             host_queue = queue;
             if failure.stage == Stage::Submit {
                 s.actor = Some(ActorStatus::Failed);
             }
             s.failure = Some(failure);
         }
-        Err(e) => mark_error(&mut s, cancel, Stage::Provision, &e),
+        // Only a cancel ends the dispatch without a start (it waited for a circuit).
+        Some(Ok(StartResult::Skipped { .. })) | None => s.actor = Some(ActorStatus::Cancelled),
+        Some(Err(e)) => mark_error(&mut s, cancel, Stage::Provision, &e),
     }
+    let key = &*key;
+    let short = Duration::from_secs(60);
 
     // settle: await + evaluate + collect where the job runs; a retry adopts the job
     if let Some(job) = job {
@@ -350,7 +368,11 @@ async fn run_attempt(
     }
 
     // Decide once, before cleanup: the bundle records exactly what the workflow decides.
-    let next = decide_attempt(&mut s, cancel, p.policy, spent);
+    let mut next = decide_attempt(&mut s, cancel, p.policy, spent);
+    if let Some(to) = spill_over(ctx, &s, cancel, &mut routed) {
+        next = Next::Spill;
+        routed.done.notes.push(to);
+    }
 
     // cleanup: always, where the attempt ran
     let input = CleanupInput {
@@ -372,6 +394,175 @@ async fn run_attempt(
     };
     s.cleanup_confirmed = Some(confirmed);
     (s, next)
+}
+
+/// Where a case dealt from a runtime list is: its list, the runtime it is on (its share
+/// until it spills over), and how often it moved.
+pub(crate) struct Route {
+    list: Vec<u16>,
+    current: u16,
+    spills: u32,
+}
+
+impl Route {
+    fn of(ctx: &WorkflowContext<BatchWorkflow>, case: u32) -> Option<Self> {
+        let (list, home) = ctx.state(|s| s.circuits.as_ref()?.route_of(case))?;
+        Some(Self {
+            list,
+            current: home,
+            spills: 0,
+        })
+    }
+}
+
+/// What an attempt of a routed case updates besides its summary.
+struct Routed<'a> {
+    route: Option<&'a mut Route>,
+    done: &'a mut CaseDone,
+}
+
+fn workflow_ms(ctx: &WorkflowContext<BatchWorkflow>) -> u64 {
+    ctx.workflow_time()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Runs `start`. A routed case goes where the batch's view of the circuits says (setting
+/// the key's runtime); a runtime whose breaker refuses the dispatch (`Skipped`) costs no
+/// attempt, and the case goes to the next of its list, or waits for the soonest cooldown
+/// when every circuit is open. `None`: cancelled while waiting.
+async fn dispatch(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    key: &mut AttemptKey,
+    cancel: &WorkflowCancellationToken,
+    routed: &mut Routed<'_>,
+) -> Option<Result<StartResult, ActivityExecutionError>> {
+    let short = Duration::from_secs(60);
+    let mut skips = 0u32;
+    loop {
+        let mut target = None;
+        if let Some(route) = routed.route.as_deref_mut() {
+            let now = workflow_ms(ctx);
+            let (pick, avoided) = ctx.state_mut(|s| {
+                let Some(c) = s.circuits.as_mut() else {
+                    return (None, false);
+                };
+                let avoided = c.is_open(route.current);
+                (Some(c.pick(&route.list, route.current, now)), avoided)
+            });
+            match pick {
+                Some(Pick::To { runtime, probe }) => {
+                    // Sent elsewhere, untried, because the batch knows its circuit is open.
+                    if avoided && runtime != route.current {
+                        routed.done.circuit_skips += 1;
+                    }
+                    route.current = runtime;
+                    key.runtime =
+                        ctx.state(|s| s.circuits.as_ref().map(|c| c.name(runtime).to_string()));
+                    target = Some((runtime, probe));
+                }
+                Some(Pick::WaitUntil(at)) => {
+                    let wait = Duration::from_millis(at.saturating_sub(now));
+                    temporalio_sdk::workflows::select! {
+                        _ = ctx.timer(wait) => {}
+                        _ = cancel.cancelled() => {}
+                    }
+                    if cancel.is_cancelled() {
+                        return None;
+                    }
+                    continue;
+                }
+                None => {}
+            }
+        }
+        // Every dispatch of an attempt has its own activity id; the first keeps the id
+        // recorded before routing existed.
+        let stage = match skips {
+            0 => "start".to_string(),
+            n => format!("start.{n}"),
+        };
+        let result = ctx
+            .execute_activity(
+                Start,
+                key.clone(),
+                stage_options(&stage, key, short, None, cancel),
+            )
+            .await;
+        let Some((runtime, probe)) = target else {
+            return Some(result);
+        };
+        let now = workflow_ms(ctx);
+        let (news, name) = ctx.state_mut(|s| {
+            let c = s.circuits.as_mut().expect("a routed case has circuits");
+            let news = match &result {
+                Ok(StartResult::Started(_)) => c.started(runtime).then_some(false),
+                Ok(
+                    StartResult::Skipped { circuit }
+                    | StartResult::Failed {
+                        circuit: Some(circuit),
+                        ..
+                    },
+                ) => c.saw(circuit, now).then_some(circuit.open),
+                _ => None,
+            };
+            if probe {
+                c.probe_done(runtime);
+            }
+            if news.is_some() {
+                // The width may change: wake the admission loop.
+                s.control_gen += 1;
+            }
+            (news, c.name(runtime).to_string())
+        });
+        // A circuit is the runtime's news, not the case's: on the timeline at once.
+        match news {
+            Some(true) => note(ctx, None, format!("runtime {name}: circuit open")),
+            Some(false) => note(
+                ctx,
+                None,
+                format!("runtime {name}: circuit closed (a dispatch reached it)"),
+            ),
+            None => {}
+        }
+        if let Ok(StartResult::Skipped { .. }) = result {
+            skips += 1;
+            routed.done.circuit_skips += 1;
+            continue;
+        }
+        return Some(result);
+    }
+}
+
+/// Moves a routed case whose attempt the runtime failed ([`decide::spills`]) to the next
+/// runtime of its list not seen open, at most once per runtime of the list. Returns the
+/// timeline note.
+fn spill_over(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    s: &AttemptSummary,
+    cancel: &WorkflowCancellationToken,
+    routed: &mut Routed<'_>,
+) -> Option<String> {
+    let route = routed.route.as_deref_mut()?;
+    let failure = s.failure.as_ref()?;
+    if cancel.is_cancelled() || !decide::spills(failure) || route.spills >= route.list.len() as u32
+    {
+        return None;
+    }
+    let (to, from_name, to_name) = ctx.state(|st| {
+        let c = st.circuits.as_ref()?;
+        let to = c.spill_target(&route.list, route.current)?;
+        Some((
+            to,
+            c.name(route.current).to_string(),
+            c.name(to).to_string(),
+        ))
+    })?;
+    route.current = to;
+    route.spills += 1;
+    Some(format!(
+        "runtime spillover {from_name} → {to_name} ({})",
+        failure.code.as_str()
+    ))
 }
 
 /// Folds `settle`'s report into the summary.
