@@ -8,6 +8,9 @@
 #   2. SIGKILL a single-case run (`casebatch run`), then run it again: it adopts, no re-run.
 #   3. SIGKILL the embedded Temporal dev server mid-batch: the runner brings it back on the
 #      same database and the batch completes.
+#   4. SIGKILL one of two runtime agents of a `runtime: [a, b]` batch mid-batch and leave it
+#      down: its cases spill to the other, its circuit opens after 3 failed dispatches (later
+#      cases skip it without failing), the width halves, and every case completes.
 #
 #   scripts/chaos-drill.sh                 # uses target/release/casebatch
 #   CASEBATCH_BIN=... WORK=dir N=12 scripts/chaos-drill.sh
@@ -118,7 +121,63 @@ for f in "$WORK"/side/engine.*.started; do [ "$(lines "$f")" -gt 1 ] && engine_r
 [ "$engine_reran" -eq 0 ] || fail "engine restart: $engine_reran case(s) ran twice"
 [ "$(lines "$WORK"/side/engine.*.done)" -eq "$N" ] || fail "engine restart: not every case finished"
 
+# --- 4. a runtime agent SIGKILLed mid-batch and left down --------------------------------------
+# Enough cases that box-a's share outlasts the 3 failures that open its circuit.
+FO_N=${FO_N:-24}
+agent() { # name -> starts it, prints its address
+  mkdir -p "$WORK/agent-$1"
+  "$BIN" agent --listen 127.0.0.1:0 --data-dir "$WORK/agent-$1" > "$WORK/agent-$1.log" 2>&1 &
+  echo $! > "$WORK/agent-$1.pid"
+  wait_for 30 "agent $1 to listen" test -s "$WORK/agent-$1/agent.addr"
+}
+agent a; agent b
+trap 'cleanup; kill "$(cat "$WORK/agent-a.pid")" "$(cat "$WORK/agent-b.pid")" 2>/dev/null || true' EXIT
+{
+  echo "batch_id: failover"
+  echo "runtimes:"
+  for a in a b; do
+    echo "  box-$a: {kind: agent, endpoint: 'http://$(cat "$WORK/agent-$a/agent.addr")', unreachable_grace_s: 2}"
+  done
+  echo "defaults:"
+  echo "  concurrency: 4"
+  echo "  runtime: [box-a, box-b]"
+  echo "  harness: 'echo x >> \"$WORK/side/\$CASEBATCH_BATCH_ID.\$CASEBATCH_CASE_ID.started\"; sleep 1; echo x >> \"$WORK/side/\$CASEBATCH_BATCH_ID.\$CASEBATCH_CASE_ID.done\"; echo {} > \"\$CASEBATCH_RESULT\"'"
+  echo "tasks:"
+  for i in $(seq 1 "$FO_N"); do echo "  - task_id: c$i"; done
+} > "$WORK/failover.yaml"
+t_start=$(now)
+"$BIN" batch run --manifest "$WORK/failover.yaml" --output-dir "$WORK/failover-out" > "$WORK/failover-run.log" 2>&1 &
+RUNNER=$!
+wait_for 60 "the first cases to start" started_at_least failover 4
+kill -9 "$(cat "$WORK/agent-a.pid")"
+t_kill=$(now)
+wait "$RUNNER" || fail "the batch did not complete with box-a dead (see $WORK/failover-run.log)"
+t_end=$(now)
+status=$("$BIN" batch status --batch-id failover --output-dir "$WORK/failover-out" --json)
+field() { echo "$status" | python3 -c "import json,sys; s=json.load(sys.stdin)['status']; print($1)"; }
+fo_succeeded=$(field "s['counts']['succeeded']")
+fo_spilled=$(field "s['counters']['spillovers']")
+fo_skipped=$(field "s['counters']['circuit_skips']")
+fo_width=$(field "s['counters']['width_changes']")
+fo_opened=$(field "any('box-a: circuit open' in t['message'] for t in s['timeline'])")
+fo_halved=$(field "any('concurrency 4 → 2: circuit open on box-a' in t['message'] for t in s['timeline'])")
+fo_dead=$(cat "$WORK"/failover-out/failover/cases/*/attempts/*/attempt.json | python3 -c '
+import json, sys
+text = sys.stdin.read().replace("}{", "}\n{")
+print(sum(1 for line in text.splitlines() if line.strip()
+          and (r := json.loads(line))["runtime_name"] == "box-a"
+          and ((r["summary"].get("failure") or {}).get("stage") == "submit")))')
+[ "$fo_succeeded" -eq "$FO_N" ] || fail "failover: $fo_succeeded of $FO_N succeeded"
+[ "$fo_spilled" -ge 1 ] || fail "failover: nothing spilled over"
+[ "$fo_opened" = True ] || fail "failover: box-a's circuit never opened"
+[ "$fo_halved" = True ] || fail "failover: the width never halved"
+[ "$fo_skipped" -ge 1 ] || fail "failover: no dispatch skipped the open circuit"
+[ "$fo_dead" -le 6 ] || fail "failover: $fo_dead dispatches went to the dead runtime"
+fo_after_kill=$(awk "BEGIN { printf \"%.1f\", $t_end - $t_kill }")
+fo_total=$(awk "BEGIN { printf \"%.1f\", $t_end - $t_start }")
+
 echo "drill worker-kill: cases $N, finished before kill $finished_before, adopted $adopted, re-dispatched $redispatched (job purged: $lost), finished cases re-run 0, first progress ${first_progress_s}s after restart"
 echo "drill single-run-kill: runs 1, adopted $single_adopted"
 echo "drill engine-kill: cases $N completed, re-run 0"
+echo "drill dead-runtime: cases $FO_N succeeded, spillovers $fo_spilled, dispatches to the dead runtime $fo_dead, skipped on its open circuit $fo_skipped, width changes $fo_width, batch ${fo_total}s (${fo_after_kill}s after the kill)"
 echo "drill: ok"

@@ -211,3 +211,28 @@ tasks: [{task_id: a}, {task_id: b}, {task_id: c}, {task_id: d}, {task_id: e}, {t
 YAML
 cb batch run --manifest "$WORK/enveloped.yaml" --output-dir "$WORK/out" > /dev/null
 show enveloped "" enveloped
+
+# 12. Failover: a runtime list whose first runtime is dead (nothing listens there). Its cases
+# fail to dispatch and spill to the live agent, its circuit opens (later cases skip it), the
+# batch runs at half width, and after the cooldown a probe fails and re-arms the circuit. The
+# history of the dead runtime's breaker (a `RuntimeBreaker` workflow) is recorded too.
+python3 - "$WORK/failover.yaml" "$(cat "$AGENT_DIR/agent.addr")" <<'PY'
+import sys
+with open(sys.argv[1], "w") as f:
+    f.write("batch_id: failover\nruntimes:\n")
+    f.write("  dead: {kind: agent, endpoint: 'http://127.0.0.1:1', unreachable_grace_s: 1, breaker_failures: 2, breaker_cooldown_s: 3}\n")
+    f.write(f"  box: {{kind: agent, endpoint: 'http://{sys.argv[2]}'}}\n")
+    f.write("defaults: {runtime: [dead, box], concurrency: 2}\ntasks:\n")
+    for i in range(16):
+        f.write(f"  - {{task_id: f{i}, harness: 'sleep 0.5; echo {{}} > \"$CASEBATCH_RESULT\"'}}\n")
+PY
+cb batch run --manifest "$WORK/failover.yaml" --output-dir "$WORK/out" > "$WORK/failover.log"
+grep -q "16 succeeded" "$WORK/failover.log" || { cat "$WORK/failover.log"; exit 1; }
+show failover "" failover
+BREAKER=$(temporal workflow list --address "$ADDR" --query "WorkflowType='RuntimeBreaker'" -o json \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["execution"]["workflowId"])')
+if [ ! -f "$OUT/breaker-failover.json" ] || [ -n "${FORCE:-}" ]; then
+  temporal workflow terminate --address "$ADDR" --workflow-id "$BREAKER" --reason recorded > /dev/null
+  temporal workflow show --address "$ADDR" --workflow-id "$BREAKER" -o json > "$OUT/breaker-failover.json"
+  echo "recorded breaker-failover"
+fi

@@ -472,3 +472,158 @@ fn a_wrong_token_fails_the_case_as_config_naming_where_the_worker_read_it() {
     assert!(!message.contains("not-the-token"), "{message}");
     assert_exit(&run("right-token", AGENT_TOKEN), 0);
 }
+
+/// A runtimes table for `runtime: [box-a, box-b]` with a quick failover: a worker gives an
+/// unreachable agent 2 s, 3 failures open a circuit for 15 s.
+fn failover_manifest(batch: &str, agents: &[&Agent], cases: usize, harness: &str) -> String {
+    manifest(batch, agents, cases, harness, "").replace(
+        "kind: agent,",
+        "kind: agent, unreachable_grace_s: 2, breaker_failures: 3, breaker_cooldown_s: 15,",
+    )
+}
+
+/// Every attempt record of a case, in order.
+fn attempts(sb: &Sandbox, batch: &str, case: &str) -> Vec<serde_json::Value> {
+    (1..)
+        .map(|n| sb.attempt_file(batch, case, n, "attempt.json"))
+        .take_while(|p| p.exists())
+        .map(|p| sb.json(&p))
+        .collect()
+}
+
+fn timeline(status: &serde_json::Value) -> Vec<String> {
+    status["status"]["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["message"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The failover drill: a runtime of the list dies mid-batch and stays down a while. Cases
+/// spill to the other runtime, its circuit opens after 3 failures and later cases skip it
+/// without failing, the batch runs at half width, and a batch started during the outage
+/// skips it from its first case; once it is back, one probe closes the circuit and the
+/// width is restored.
+#[test]
+fn a_dead_runtime_spills_its_cases_and_its_shared_circuit_opens_then_closes() {
+    let sb = Sandbox::engine();
+    let mut a = Agent::start(&sb, "box-a", &[]);
+    let b = Agent::start(&sb, "box-b", &[]);
+    // Every case waits for `go`; c18 and later also for `go2`, so the batch outlasts the
+    // circuit's cooldown.
+    let harness = r#"echo "$CASEBATCH_CASE_ID $AGENT_NAME" >> "$SANDBOX/started.log"; while [ ! -e "$SANDBOX/go" ]; do sleep 0.1; done; n=${CASEBATCH_CASE_ID#c}; if [ "$n" -ge 18 ]; then while [ ! -e "$SANDBOX/go2" ]; do sleep 0.1; done; fi; echo '{}' > "$CASEBATCH_RESULT""#;
+    let text = failover_manifest("failover", &[&a, &b], 24, harness)
+        .replace("concurrency: 24", "concurrency: 4");
+    let m = sb.write("failover.yaml", &text);
+    let mut runner = sb.spawn_batch(&m, "run.log");
+    wait_until(Duration::from_secs(90), "the first 4 jobs run", || {
+        lines(&sb, "started.log").len() == 4
+    });
+    a.kill();
+    sb.write("go", "");
+    let mut status = serde_json::Value::Null;
+    wait_until(Duration::from_secs(90), "box-a's circuit opens", || {
+        status = sb.status("failover");
+        status["status"]["open_circuits"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty())
+    });
+    assert_eq!(status["status"]["width"], 2, "{status:#}");
+    let retry_at_ms = status["status"]["open_circuits"][0]["retry_at_ms"]
+        .as_u64()
+        .unwrap();
+
+    // A second batch during the outage skips box-a from its first case, failing nothing.
+    let quick = r#"echo "$CASEBATCH_CASE_ID $AGENT_NAME" >> "$SANDBOX/second.log"; echo '{}' > "$CASEBATCH_RESULT""#;
+    let second = sb.write(
+        "second.yaml",
+        &failover_manifest("second", &[&a, &b], 4, quick),
+    );
+    assert_exit(&sb.run_batch(&second), 0);
+    assert!(
+        lines(&sb, "second.log")
+            .iter()
+            .all(|l| l.ends_with(" box-b")),
+        "{:?}",
+        lines(&sb, "second.log")
+    );
+    for i in 0..4 {
+        let tries = attempts(&sb, "second", &format!("c{i}"));
+        assert_eq!(tries.len(), 1, "c{i}: {tries:#?}");
+        assert_eq!(tries[0]["runtime_name"], "box-b");
+    }
+
+    // box-a comes back; once its cooldown is over, the next dispatch probes it.
+    a.restart(&sb);
+    wait_until(Duration::from_secs(60), "the cooldown is over", || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+            > retry_at_ms
+    });
+    sb.write("go2", "");
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(180)),
+        0,
+        "{}",
+        sb.read("run.log")
+    );
+
+    let summary = sb.json(&sb.bundle("failover").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], 24, "{summary:#}");
+    let status = sb.status("failover");
+    let steps = timeline(&status);
+    let has = |text: &str| steps.iter().any(|s| s.contains(text));
+    assert!(has("runtime spillover box-a → box-b ("), "{steps:#?}");
+    assert!(has("runtime box-a: circuit open"), "{steps:#?}");
+    assert!(
+        has("concurrency 4 → 2: circuit open on box-a"),
+        "{steps:#?}"
+    );
+    assert!(has("runtime box-a: circuit closed"), "{steps:#?}");
+    assert!(has("concurrency 2 → 4: circuits closed"), "{steps:#?}");
+    let counters = &status["status"]["counters"];
+    assert!(counters["spillovers"].as_u64().unwrap() >= 1, "{counters}");
+    let ran: Vec<String> = (0..24)
+        .map(|i| {
+            let tries: Vec<String> = attempts(&sb, "failover", &format!("c{i}"))
+                .iter()
+                .map(|t| format!("{} {}", t["runtime_name"], t["summary"]["failure"]["code"]))
+                .collect();
+            format!("c{i}: {}", tries.join(", "))
+        })
+        .collect();
+    assert!(
+        counters["circuit_skips"].as_u64().unwrap() >= 1,
+        "{counters}\n{ran:#?}\n{steps:#?}"
+    );
+
+    // Dispatches that found box-a dead: the 3 that opened the circuit, plus at most those
+    // already on their way (4 wide); the rest of its share never tried it.
+    let mut dead_dispatches = 0;
+    let mut skipped_clean = 0;
+    for i in 0..24 {
+        let case = format!("c{i}");
+        let tries = attempts(&sb, "failover", &case);
+        dead_dispatches += tries
+            .iter()
+            .filter(|t| {
+                t["runtime_name"] == "box-a"
+                    && t["summary"]["failure"]["code"] == "RUNTIME_UNREACHABLE"
+                    && t["summary"]["failure"]["stage"] == "submit"
+            })
+            .count();
+        // A share of box-a that ran once, on box-b, never failed there.
+        if i % 2 == 0 && tries.len() == 1 && tries[0]["runtime_name"] == "box-b" {
+            skipped_clean += 1;
+        }
+        assert_eq!(sb.case_result("failover", &case)["state"], "succeeded");
+    }
+    assert!(
+        (3..=6).contains(&dead_dispatches),
+        "{dead_dispatches} dispatches reached the dead box-a"
+    );
+    assert!(skipped_clean >= 1, "no case of box-a's share skipped it");
+}

@@ -109,7 +109,8 @@ tasks: [{task_id: r1}, {task_id: r2}, {task_id: r3}, {task_id: r4}, {task_id: r5
 }
 
 /// The chaos drill script (scripts/chaos-drill.sh), exactly as operators run it: worker
-/// SIGKILL with one job purged, SIGKILL of a single-case run, dev-server SIGKILL.
+/// SIGKILL with one job purged, SIGKILL of a single-case run, dev-server SIGKILL, and a
+/// runtime agent SIGKILLed and left down under a `runtime: [a, b]` batch.
 #[test]
 fn the_chaos_drill_passes() {
     let sb = Sandbox::engine();
@@ -124,8 +125,13 @@ fn the_chaos_drill_passes() {
     let text = format!("{}{}", stdout(&o), stderr(&o));
     assert!(o.status.success(), "the drill failed:\n{text}");
     assert!(text.contains("finished cases re-run 0"), "{text}");
+    assert!(
+        text.contains("drill dead-runtime: cases 24 succeeded"),
+        "{text}"
+    );
     assert!(text.contains("drill: ok"), "{text}");
     // Leave no dev server behind (the drill's killed runner orphaned one).
     kill_engine(&sb.path("drill/out"));
     kill_engine(&sb.path("drill/engine-out"));
+    kill_engine(&sb.path("drill/failover-out"));
 }

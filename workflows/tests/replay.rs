@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use casebatch_workflows::BatchWorkflow;
+use casebatch_workflows::{BatchWorkflow, RuntimeBreaker};
 use temporalio_client::WorkflowHistory;
 use temporalio_sdk::workflow_replayer::{WorkflowReplayer, WorkflowReplayerOptions};
 
@@ -15,6 +15,8 @@ fn replayer() -> WorkflowReplayer {
     let options = WorkflowReplayerOptions::new()
         .register_workflow::<BatchWorkflow>()
         .expect("BatchWorkflow registers")
+        .register_workflow::<RuntimeBreaker>()
+        .expect("RuntimeBreaker registers")
         .build();
     WorkflowReplayer::new(options).expect("replayer")
 }
@@ -52,6 +54,10 @@ async fn recorded_histories_replay_deterministically() {
             .any(|n| n.starts_with("activities-searchattr-")),
         "no history with search-attribute upserts: {names:?}"
     );
+    // A batch that spilled over a dead runtime, and that runtime's breaker.
+    for needed in ["activities-failover.json", "breaker-failover.json"] {
+        assert!(names.iter().any(|n| n == needed), "{needed} missing");
+    }
     let replayer = replayer();
     for name in &names {
         replayer
