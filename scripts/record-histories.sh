@@ -236,3 +236,41 @@ if [ ! -f "$OUT/breaker-failover.json" ] || [ -n "${FORCE:-}" ]; then
   temporal workflow show --address "$ADDR" --workflow-id "$BREAKER" -o json > "$OUT/breaker-failover.json"
   echo "recorded breaker-failover"
 fi
+
+# 12b. A batch started while a runtime's circuit is already open: its dispatches there are
+# skipped by the breaker (`Skipped`) and go to the next runtime of the list untried.
+python3 - "$WORK/late.yaml" "$(cat "$AGENT_DIR/agent.addr")" <<'PY'
+import sys
+for batch, n in (("trip", 1), ("late", 4)):
+    with open(sys.argv[1].replace("late", batch), "w") as f:
+        f.write(f"batch_id: {batch}\nruntimes:\n")
+        f.write("  dead2: {kind: agent, endpoint: 'http://127.0.0.1:2', unreachable_grace_s: 1, breaker_failures: 1, breaker_cooldown_s: 600}\n")
+        f.write(f"  box: {{kind: agent, endpoint: 'http://{sys.argv[2]}'}}\n")
+        f.write("defaults: {runtime: [dead2, box], concurrency: 2}\ntasks:\n")
+        for i in range(n):
+            f.write(f"  - {{task_id: l{i}, harness: 'echo {{}} > \"$CASEBATCH_RESULT\"'}}\n")
+PY
+cb batch run --manifest "$WORK/trip.yaml" --output-dir "$WORK/out" > /dev/null
+cb batch run --manifest "$WORK/late.yaml" --output-dir "$WORK/out" > "$WORK/late.log"
+grep -q "4 succeeded" "$WORK/late.log" || { cat "$WORK/late.log"; exit 1; }
+show late "" breaker-skipped
+
+# 13. Superseded: a batch of sleeping jobs on the agent, superseded mid-run (kill by batch),
+# then replaced by a new run (`batch run --supersede`) that re-runs the killed cases.
+cat > "$WORK/stale.yaml" <<YAML
+batch_id: stale
+runtimes: {box: {kind: agent, endpoint: 'http://$(cat "$AGENT_DIR/agent.addr")'}}
+defaults: {runtime: box, concurrency: 3}
+tasks:
+  - {task_id: quick, harness: 'echo {} > "\$CASEBATCH_RESULT"'}
+  - {task_id: s1, harness: 'test -e $WORK/fast || sleep 30; echo {} > "\$CASEBATCH_RESULT"'}
+  - {task_id: s2, harness: 'test -e $WORK/fast || sleep 30; echo {} > "\$CASEBATCH_RESULT"'}
+YAML
+cb batch run --manifest "$WORK/stale.yaml" --output-dir "$WORK/out" > /dev/null & RUNNER=$!
+for _ in $(seq 1 300); do [ "$(done_cases stale)" -ge 1 ] && [ "$(ls -d "$WORK"/out/stale/cases/s*/attempts/1 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.1; done
+sleep 1
+touch "$WORK/fast"
+cb batch run --manifest "$WORK/stale.yaml" --output-dir "$WORK/out" --supersede > "$WORK/stale.log"
+wait $RUNNER || true
+grep -q "3 succeeded" "$WORK/stale.log" || { cat "$WORK/stale.log"; exit 1; }
+show stale "$(first_run casebatch-stale)" superseded

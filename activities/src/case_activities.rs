@@ -13,7 +13,7 @@ use casebatch_manifest::model::{Plan, RuntimeKind, RuntimeSpec};
 use casebatch_proto::{
     ActorReport, ActorStatus, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation,
     Failure, FailureCode, FinalizeInput, JobRef, SettleInput, Settled, Stage, StageResult,
-    StartResult, SubmitResult, host_task_queue,
+    StartResult, SubmitResult, SweepInput, SweepReport, host_task_queue,
 };
 use casebatch_workflows::{contracts, decide};
 use temporalio_macros::activities;
@@ -508,6 +508,51 @@ impl CaseActivities {
     ) -> Result<Option<Failure>, ActivityError> {
         let env = self.env(&key)?;
         Ok(self.collect_stage(&env).await)
+    }
+
+    /// `supersede`'s force-kill: every agent of the plan kills the batch's jobs at once. The
+    /// cases' own cancel and cleanup still run after it (and stop local processes, which
+    /// live with a worker); this only makes sure no job keeps burning compute meanwhile.
+    #[activity(definition = contracts::Sweep)]
+    pub async fn sweep(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        input: SweepInput,
+    ) -> Result<SweepReport, ActivityError> {
+        let plan = self.plan(&input.bundle_dir)?;
+        let mut report = SweepReport::default();
+        let agents = plan
+            .runtimes
+            .iter()
+            .filter(|(_, spec)| spec.kind == RuntimeKind::Agent);
+        for (name, spec) in agents {
+            match self.agent.kill_batch(name, spec, &input.batch_id).await {
+                Ok(keys) => report
+                    .killed
+                    .extend(keys.into_iter().map(|k| format!("{name}: {k}"))),
+                Err(why) => report.unreachable.push(format!("{name}: {why}")),
+            }
+        }
+        let message = format!(
+            "superseded: {} job(s) killed on the agents{}",
+            report.killed.len(),
+            if report.unreachable.is_empty() {
+                String::new()
+            } else {
+                format!("; not reached: {}", report.unreachable.join("; "))
+            }
+        );
+        let _ = append_jsonl(
+            &Bundle::at(&input.bundle_dir).events(),
+            &Event {
+                ts_ms: now_ms(),
+                kind: "superseded".into(),
+                case_id: None,
+                attempt: None,
+                message,
+            },
+        );
+        Ok(report)
     }
 
     #[activity(definition = contracts::Cleanup)]

@@ -130,6 +130,9 @@ pub enum BatchCommand {
     Unpause(BatchRef),
     /// Cancel in-flight cases (their cleanup still runs) and end the batch as cancelled.
     Cancel(BatchRef),
+    /// Stop the batch's admissions and kill its running jobs on every runtime at once; it
+    /// ends as superseded, its finished results kept and its killed cases queued again.
+    Supersede(BatchRef),
     /// Change the active case limit of a running batch, at once. Lowering it never cancels
     /// running cases: admissions wait until fewer run. Kept across continue-as-new; a resume
     /// runs at the plan's limit (or its own --concurrency).
@@ -220,6 +223,11 @@ pub struct RunArgs {
     /// Do not run an in-process worker (standalone `casebatch worker` replicas do the work).
     #[arg(long)]
     pub no_worker: bool,
+    /// When this batch is still running (an older run of the same plan, for example a
+    /// re-fire), supersede that run (kill its jobs, keep its finished results) and replace
+    /// it, instead of following it.
+    #[arg(long)]
+    pub supersede: bool,
     /// Continue-as-new after this many history events (default 10000).
     #[arg(long, hide = true)]
     pub history_budget: Option<u32>,

@@ -56,6 +56,10 @@ impl Observer for Progress {
             DriveEvent::Reattached => {
                 self.line(&format!("re-attaching to running batch {}", self.batch_id));
             }
+            DriveEvent::Superseding => self.line(&format!(
+                "superseding the running batch {}: killing its jobs, then replacing it",
+                self.batch_id
+            )),
             DriveEvent::Requeued(n) => {
                 self.line(&format!("{n} finished case(s) get a new attempt"))
             }
@@ -180,6 +184,7 @@ fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
             BatchEnd::Completed => "completed",
             BatchEnd::Drained => "drained",
             BatchEnd::Cancelled => "cancelled",
+            BatchEnd::Superseded => "superseded",
         },
         c.succeeded,
         c.failed,
@@ -293,6 +298,7 @@ pub fn status(view: &StatusView) {
             BatchEnd::Completed => "completed",
             BatchEnd::Drained => "drained (resume continues it)",
             BatchEnd::Cancelled => "cancelled",
+            BatchEnd::Superseded => "superseded (its killed cases wait for the run replacing it)",
         };
         say!("  last run ended: {how}");
     }

@@ -50,6 +50,9 @@ pub enum DriveEvent<'a> {
     Batch(&'a Plan),
     /// The batch was running already: this runner follows it.
     Reattached,
+    /// The batch was running already: that run is superseded, and this one replaces it once
+    /// it has ended.
+    Superseding,
     /// This many finished cases get a new attempt.
     Requeued(usize),
     /// A new run of the batch's workflow started.
@@ -88,6 +91,9 @@ pub struct DriveOptions {
     pub history_budget: Option<u32>,
     /// Finished cases that get a new attempt.
     pub requeue: Requeue,
+    /// A run of the batch that is still going is superseded (its jobs killed, its
+    /// unfinished cases queued) and this run replaces it, instead of following it.
+    pub supersede: bool,
 }
 
 /// How a run of `execute` ended.
@@ -139,7 +145,12 @@ async fn drive(
     observer.on(DriveEvent::Batch(plan));
     let wid = workflow_id(&plan.batch_id);
     let handle: Handle = client.get_workflow_handle(wid.clone());
-    let presence = presence(&handle, bundle, plan).await?;
+    let mut presence = presence(&handle, bundle, plan).await?;
+    if presence == Presence::Running && opts.supersede {
+        observer.on(DriveEvent::Superseding);
+        crate::operate::supersede_and_wait(&handle, &plan.batch_id).await?;
+        presence = Presence::Closed;
+    }
     if presence == Presence::Running {
         if opts.requeue != Requeue::None {
             return Err(ControlError::StillRunning {

@@ -12,10 +12,11 @@ use std::time::Duration;
 use casebatch_proto::Phase;
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::{
-    WorkflowExecuteUpdateOptions, WorkflowSignalOptions, errors::WorkflowUpdateError,
+    WorkflowExecuteUpdateOptions, WorkflowGetResultOptions, WorkflowSignalOptions,
+    errors::{WorkflowGetResultError, WorkflowUpdateError},
 };
 
-use crate::drive::Presence;
+use crate::drive::{Handle, Presence};
 use crate::error::{ControlError, Result};
 use crate::location::{Attached, BatchLocation, EngineChoice};
 
@@ -33,6 +34,9 @@ pub enum Control {
     Cancel,
     /// A new active case limit, taking effect at once.
     SetConcurrency(u32),
+    /// Admissions stop, the batch's running jobs are killed on every runtime, finished work
+    /// stays and killed cases are queued again; the run ends as superseded.
+    Supersede,
 }
 
 impl Control {
@@ -42,6 +46,7 @@ impl Control {
             Control::Pause => "pause",
             Control::Unpause => "unpause",
             Control::Cancel => "cancel",
+            Control::Supersede => "supersede",
             Control::SetConcurrency(_) => "set the concurrency of",
         }
     }
@@ -87,6 +92,25 @@ pub async fn control(
             action: control.verb(),
         });
     }
+    apply(&handle, &plan.batch_id, control).await
+}
+
+/// Supersedes the running run of a batch (already checked to be this plan's), then waits
+/// until that run has ended: its jobs killed, its cleanups done.
+pub(crate) async fn supersede_and_wait(handle: &Handle, batch_id: &str) -> Result<()> {
+    apply(handle, batch_id, Control::Supersede).await?;
+    let wid = handle.info().workflow_id.clone();
+    match handle.get_result(WorkflowGetResultOptions::default()).await {
+        Ok(_) | Err(WorkflowGetResultError::Terminated { .. }) => Ok(()),
+        Err(e) => Err(ControlError::engine_call(
+            format!("wait for the superseded run of {wid}"),
+            e,
+        )),
+    }
+}
+
+/// The operation as a checked update; as a signal when no worker answers in time.
+async fn apply(handle: &Handle, batch_id: &str, control: Control) -> Result<Applied> {
     let opts = WorkflowExecuteUpdateOptions::default;
     let update = async {
         match control {
@@ -106,6 +130,10 @@ pub async fn control(
                 .execute_update(BatchWorkflow::cancel_checked, (), opts())
                 .await
                 .map(Applied::Phase),
+            Control::Supersede => handle
+                .execute_update(BatchWorkflow::supersede_checked, (), opts())
+                .await
+                .map(Applied::Phase),
             Control::SetConcurrency(limit) => handle
                 .execute_update(BatchWorkflow::set_concurrency, limit, opts())
                 .await
@@ -116,7 +144,7 @@ pub async fn control(
     match tokio::time::timeout(ANSWER_WITHIN, update).await {
         Ok(Ok(applied)) => Ok(applied),
         Ok(Err(WorkflowUpdateError::Failed(failure))) => Err(ControlError::Refused {
-            batch_id: plan.batch_id,
+            batch_id: batch_id.to_string(),
             action: control.name(),
             reason: failure.message,
         }),
@@ -128,6 +156,7 @@ pub async fn control(
                 Control::Pause => handle.signal(BatchWorkflow::pause, (), opts()).await,
                 Control::Unpause => handle.signal(BatchWorkflow::unpause, (), opts()).await,
                 Control::Cancel => handle.signal(BatchWorkflow::cancel, (), opts()).await,
+                Control::Supersede => handle.signal(BatchWorkflow::supersede, (), opts()).await,
                 Control::SetConcurrency(limit) => {
                     handle
                         .signal(BatchWorkflow::set_concurrency_signal, limit, opts())

@@ -71,7 +71,7 @@ pub enum Ending {
 pub enum Verdict {
     /// Every case succeeded (verified by its evaluator where one is configured).
     AllSucceeded,
-    /// Drained or paused with queued work remaining: deliberately incomplete.
+    /// Drained, paused or superseded with queued work remaining: deliberately incomplete.
     Incomplete,
     /// Failed, cancelled or mixed outcomes (all outputs still written).
     Failures,
@@ -83,7 +83,8 @@ impl RunReport {
             Ending::Ran(o) => {
                 let c = &o.status.counts;
                 match o.end {
-                    BatchEnd::Drained if c.queued > 0 => Verdict::Incomplete,
+                    // Superseded: its unfinished cases wait for the run that replaces it.
+                    BatchEnd::Drained | BatchEnd::Superseded if c.queued > 0 => Verdict::Incomplete,
                     BatchEnd::Cancelled => Verdict::Failures,
                     _ if c.succeeded == c.total() => Verdict::AllSucceeded,
                     _ => Verdict::Failures,

@@ -561,3 +561,44 @@ fn envelopes_are_checked_and_a_case_that_could_never_fit_is_refused() {
     assert_eq!(p.line, Some(13));
     assert_eq!(err.problems.len(), 1, "{err}");
 }
+
+#[test]
+fn breaker_settings_and_the_unreachable_grace_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = SPREAD.replace(
+        r#"box-a: {kind: agent, endpoint: "http://127.0.0.1:7301"}"#,
+        r#"box-a: {kind: agent, endpoint: "http://127.0.0.1:7301", breaker_failures: 5, breaker_cooldown_s: 60, unreachable_grace_s: 4}"#,
+    );
+    let plan = load(&write(dir.path(), "m.yaml", &text)).unwrap_or_else(|e| panic!("{e}"));
+    let spec = &plan.runtimes["box-a"];
+    assert_eq!(spec.breaker().failures, 5);
+    assert_eq!(spec.breaker().cooldown_s, 60);
+    assert_eq!(spec.unreachable_grace_s, Some(4));
+    // Unset: the defaults the README names.
+    assert_eq!(plan.runtimes["box-b"].breaker().failures, 3);
+    assert_eq!(plan.runtimes["box-b"].breaker().cooldown_s, 30);
+
+    for (from, to, field, says_what) in [
+        (
+            "breaker_failures: 5",
+            "breaker_failures: 0",
+            "breaker_failures",
+            "outside 1..=100",
+        ),
+        (
+            "breaker_cooldown_s: 60",
+            "breaker_cooldown_s: 0",
+            "breaker_cooldown_s",
+            "outside 1..=3600",
+        ),
+        (
+            "unreachable_grace_s: 4",
+            "unreachable_grace_s: 601",
+            "unreachable_grace_s",
+            "outside 1..=600",
+        ),
+    ] {
+        let err = refuse("m.yaml", &text.replace(from, to));
+        says(&err, &format!("runtimes.box-a.{field}"), says_what);
+    }
+}

@@ -236,6 +236,10 @@ pub enum BatchEnd {
     Drained,
     /// Cancelled: in-flight cases were cancelled (cleanup ran); done work is kept.
     Cancelled,
+    /// Superseded: admissions stopped and every running job of the batch was killed on every
+    /// runtime (cleanup ran); done work is kept and the killed cases are queued again, for the
+    /// run that replaces this one (`batch run --supersede`) or `resume`.
+    Superseded,
 }
 
 /// Answer of the `status` query, and (with `end`) the workflow's result.

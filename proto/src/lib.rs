@@ -39,6 +39,7 @@ pub mod ops {
     pub const PAUSE: &str = "pause";
     pub const UNPAUSE: &str = "unpause";
     pub const CANCEL: &str = "cancel";
+    pub const SUPERSEDE: &str = "supersede";
     pub const SET_CONCURRENCY: &str = "set_concurrency";
     pub const QUERY_STATUS: &str = "status";
 }

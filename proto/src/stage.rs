@@ -236,3 +236,19 @@ pub struct Settled {
     /// A trace-collection failure that kept the work.
     pub collect_failure: Option<Failure>,
 }
+
+/// Input of `sweep`: kill every job of a batch on every runtime of its plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SweepInput {
+    pub batch_id: String,
+    pub bundle_dir: String,
+}
+
+/// What `sweep` did, per runtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SweepReport {
+    /// Jobs killed, as `<runtime>: <job key>`.
+    pub killed: Vec<String>,
+    /// Runtimes that could not be asked, with why (their jobs end with their cases' cleanup).
+    pub unreachable: Vec<String>,
+}

@@ -39,7 +39,8 @@ pub mod outcome {
     pub const DRAINED: &str = "drained";
     /// Cancelled: in-flight cases were cancelled.
     pub const CANCELLED: &str = "cancelled";
-    /// Reserved: a run replaced by a newer run of the same batch id.
+    /// A run stopped by `supersede`, its running jobs killed (usually replaced by a newer
+    /// run of the same batch).
     pub const SUPERSEDED: &str = "superseded";
 }
 
@@ -50,6 +51,7 @@ pub fn outcome_of(end: BatchEnd, counts: &Counts) -> &'static str {
         BatchEnd::Completed => outcome::COMPLETED,
         BatchEnd::Drained => outcome::DRAINED,
         BatchEnd::Cancelled => outcome::CANCELLED,
+        BatchEnd::Superseded => outcome::SUPERSEDED,
     }
 }
 

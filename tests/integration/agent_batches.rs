@@ -627,3 +627,80 @@ fn a_dead_runtime_spills_its_cases_and_its_shared_circuit_opens_then_closes() {
     );
     assert!(skipped_clean >= 1, "no case of box-a's share skipped it");
 }
+
+/// A re-fire supersedes a stale batch: `batch run --supersede` stops its admissions and kills
+/// its running jobs on the agent at once (kill by batch), the stale run ends as superseded
+/// with its finished result intact, and the new run re-runs only the killed cases.
+#[test]
+fn supersede_kills_a_stale_batch_s_running_jobs_and_a_new_run_replaces_it() {
+    let sb = Sandbox::engine();
+    let a = Agent::start(&sb, "box-a", &[]);
+    // c0 ends at once; the others sleep until the re-fire (`fast`) makes them quick.
+    let harness = r#"echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/started.log"; if [ "$CASEBATCH_CASE_ID" != c0 ] && [ ! -e "$SANDBOX/fast" ]; then sleep 31; fi; echo '{}' > "$CASEBATCH_RESULT""#;
+    let m = sb.write("stale.yaml", &manifest("stale", &[&a], 4, harness, ""));
+    let mut stale = sb.spawn_batch(&m, "stale.log");
+    wait_until(
+        Duration::from_secs(90),
+        "3 sleeping jobs and c0 done",
+        || {
+            lines(&sb, "started.log").len() == 4
+                && sb.bundle("stale").join("cases/c0/result.json").exists()
+        },
+    );
+    assert!(!processes_matching("sleep 31").is_empty());
+    sb.write("fast", "");
+    let out = sb.out();
+    let mut refire = sb.spawn(
+        &[
+            "batch",
+            "run",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--output-dir",
+            out.to_str().unwrap(),
+            "--supersede",
+        ],
+        "refire.log",
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "the superseded jobs are killed",
+        || no_process_matches("sleep 31"),
+    );
+    assert_eq!(
+        wait_child(&mut stale, Duration::from_secs(60)),
+        1,
+        "the superseded runner ends incomplete: {}",
+        sb.read("stale.log")
+    );
+    assert_eq!(
+        wait_child(&mut refire, Duration::from_secs(120)),
+        0,
+        "{}",
+        sb.read("refire.log")
+    );
+    assert!(
+        sb.read("stale.log").contains("superseded"),
+        "{}",
+        sb.read("stale.log")
+    );
+    // c0's result stood; only the killed cases ran again.
+    let started = lines(&sb, "started.log");
+    assert_eq!(
+        started.iter().filter(|c| *c == "c0").count(),
+        1,
+        "{started:?}"
+    );
+    for c in ["c1", "c2", "c3"] {
+        assert_eq!(started.iter().filter(|l| *l == c).count(), 2, "{started:?}");
+        let receipt = sb.json(&sb.attempt_file("stale", c, 1, "cleanup.json"));
+        assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
+    }
+    let summary = sb.json(&sb.bundle("stale").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], 4, "{summary:#}");
+    let events = std::fs::read_to_string(sb.bundle("stale").join("events.jsonl")).unwrap();
+    assert!(
+        events.contains("superseded: 3 job(s) killed on the agents"),
+        "{events}"
+    );
+}

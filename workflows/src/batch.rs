@@ -11,6 +11,7 @@
 //!  start → Running ⇄ Paused    (unpause)
 //!            │ drain → Draining ──(in-flight done)──→ end: Drained   (queued work kept)
 //!            │ cancel → Cancelling ─(cleanup done)──→ end: Cancelled (done work kept)
+//!            │ supersede → sweep (kill by batch) + Cancelling → end: Superseded (killed cases queued)
 //!            │ history budget → stop admitting ─────→ continue-as-new (state carried)
 //!            └─ every case terminal ────────────────→ end: Completed
 //! ```
@@ -23,21 +24,21 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use casebatch_proto::{
     BatchEnd, BatchInput, BatchOutcome, BatchStatus, CONCURRENCY_RANGE, Carried, CaseSlot,
-    CaseState, Counters, Counts, FinalizeInput, Phase, TimelineStep,
+    CaseState, Counters, Counts, FinalizeInput, Phase, SweepInput, TimelineStep,
     visibility::{outcome, outcome_of},
 };
 use futures::future::LocalBoxFuture;
 use temporalio_common::RetryPolicy;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::{
-    ContinueAsNewOptions, LocalActivityOptions, SyncWorkflowContext, WorkflowCancellationToken,
-    WorkflowContext, WorkflowContextView, WorkflowResult,
+    ActivityOptions, ContinueAsNewOptions, LocalActivityOptions, SyncWorkflowContext,
+    WorkflowCancellationToken, WorkflowContext, WorkflowContextView, WorkflowResult,
 };
 
 use crate::admission::Envelopes;
 use crate::case::{CaseDone, CaseParams, Pipeline, run_case};
 use crate::circuits::Circuits;
-use crate::contracts::Finalize;
+use crate::contracts::{Finalize, Sweep};
 use crate::visibility;
 
 /// The timeline keeps its newest steps only, so history stays compact.
@@ -57,6 +58,9 @@ pub struct BatchWorkflow {
     paused: bool,
     draining: bool,
     cancelling: bool,
+    /// Cancelling because the batch is superseded: its jobs are force-killed on every runtime
+    /// and the killed cases go back to the queue.
+    superseding: bool,
     /// Active case limit: the input's until an operator sets another.
     concurrency: u32,
     /// Admission against runtime envelopes; `None` when no runtime declares one.
@@ -99,6 +103,7 @@ impl BatchWorkflow {
             paused: carried.paused,
             draining: false,
             cancelling: false,
+            superseding: false,
             concurrency,
             admission,
             circuits,
@@ -143,6 +148,9 @@ impl BatchWorkflow {
 
             if cancelling && !case_cancel.is_cancelled() {
                 case_cancel.cancel();
+                if ctx.state(|s| s.superseding) {
+                    sweep(ctx).await;
+                }
             }
             if !paused && !draining && !cancelling && !history_full {
                 // Read on every pass: a lowered limit lets running cases finish and admits
@@ -183,7 +191,12 @@ impl BatchWorkflow {
             if inflight.is_empty() {
                 let queued = ctx.state(|s| s.slots.iter().any(|c| !c.state.is_terminal()));
                 if cancelling {
-                    return finish(ctx, BatchEnd::Cancelled, visible).await;
+                    let end = if ctx.state(|s| s.superseding) {
+                        BatchEnd::Superseded
+                    } else {
+                        BatchEnd::Cancelled
+                    };
+                    return finish(ctx, end, visible).await;
                 }
                 if !queued {
                     return finish(ctx, BatchEnd::Completed, visible).await;
@@ -282,6 +295,28 @@ impl BatchWorkflow {
     #[signal(name = "cancel")]
     pub fn cancel(&mut self, ctx: &mut SyncWorkflowContext<Self>) {
         self.apply_cancel(ctx);
+    }
+
+    /// Stop admissions, force-kill the batch's running jobs on every runtime and end as
+    /// superseded; finished work stays, killed cases are queued again.
+    #[signal(name = "supersede")]
+    pub fn supersede(&mut self, ctx: &mut SyncWorkflowContext<Self>) {
+        self.apply_supersede(ctx);
+    }
+
+    /// `supersede`, checked: refused only once the run is over. Returns the phase.
+    #[update(name = "supersede")]
+    pub fn supersede_checked(&mut self, ctx: &mut SyncWorkflowContext<Self>) -> Phase {
+        self.apply_supersede(ctx);
+        self.phase()
+    }
+
+    #[update_validator(supersede_checked)]
+    fn validate_supersede(&self, _ctx: &WorkflowContextView, _: &()) -> Verdict {
+        if self.finished {
+            return Err("the batch's run is over".into());
+        }
+        Ok(())
     }
 
     /// `set_concurrency` as a signal (unchecked, so clamped to the accepted range).
@@ -412,6 +447,18 @@ impl BatchWorkflow {
             self.push_note(
                 ctx,
                 "cancel requested: in-flight cases are being cancelled".into(),
+            );
+        }
+        self.control_gen += 1;
+    }
+
+    fn apply_supersede(&mut self, ctx: &SyncWorkflowContext<Self>) {
+        if !self.superseding {
+            self.superseding = true;
+            self.cancelling = true;
+            self.push_note(
+                ctx,
+                "superseded: admissions stopped, running jobs are being killed".into(),
             );
         }
         self.control_gen += 1;
@@ -558,7 +605,11 @@ fn record_case(ctx: &WorkflowContext<BatchWorkflow>, done: CaseDone) {
     }
     ctx.state_mut(|s| {
         let slot = &mut s.slots[done.case_index as usize];
-        slot.state = done.state;
+        // A case killed because the batch is superseded is unfinished work, not a cancel.
+        slot.state = match done.state {
+            CaseState::Cancelled if s.superseding => CaseState::Queued,
+            state => state,
+        };
         slot.attempts = done.attempts;
         s.in_flight.remove(&done.case_index);
         s.counters.adopted += done.adopted;
@@ -569,6 +620,32 @@ fn record_case(ctx: &WorkflowContext<BatchWorkflow>, done: CaseDone) {
         s.counters.spillovers += done.spillovers;
         s.counters.circuit_skips += done.circuit_skips;
     });
+}
+
+/// `supersede`'s force-kill: every runtime that can kill by batch does so now, before the
+/// cases' own cancels (which still run cleanup and write receipts).
+async fn sweep(ctx: &WorkflowContext<BatchWorkflow>) {
+    let input = ctx.state(|s| SweepInput {
+        batch_id: s.input.batch_id.clone(),
+        bundle_dir: s.input.bundle_dir.clone(),
+    });
+    let opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(120))
+        .activity_id("sweep".to_string())
+        .retry_policy(RetryPolicy::builder().maximum_attempts(3).build())
+        .cancellation_token(WorkflowCancellationToken::new())
+        .build();
+    let message = match ctx.execute_activity(Sweep, input, opts).await {
+        Ok(r) if r.unreachable.is_empty() => {
+            format!("supersede: {} job(s) killed by batch", r.killed.len())
+        }
+        Ok(r) => format!(
+            "supersede: {} job(s) killed by batch; not reached: {}",
+            r.killed.len(),
+            r.unreachable.join("; ")
+        ),
+        Err(e) => format!("supersede: the kill by batch failed ({e}); cases' cleanup still runs"),
+    };
+    note(ctx, None, message);
 }
 
 /// Upserts `running` with the current counts.

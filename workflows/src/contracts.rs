@@ -10,7 +10,8 @@
 
 use casebatch_proto::{
     ActorReport, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation, Failure,
-    FinalizeInput, SettleInput, Settled, StageResult, StartResult, SubmitResult,
+    FinalizeInput, SettleInput, Settled, StageResult, StartResult, SubmitResult, SweepInput,
+    SweepReport,
 };
 use temporalio_common::ActivityDefinition;
 
@@ -69,4 +70,9 @@ contract!(
 contract!(
     /// Write the batch-level files of the bundle (results, attempts, summary).
     Finalize, "casebatch.finalize", FinalizeInput => bool
+);
+contract!(
+    /// Kill every job of the batch on every runtime of its plan that can kill by batch (the
+    /// agents), without waiting for each case's own cancel: `supersede`'s force-kill.
+    Sweep, "casebatch.sweep", SweepInput => SweepReport
 );

@@ -54,8 +54,14 @@ async fn recorded_histories_replay_deterministically() {
             .any(|n| n.starts_with("activities-searchattr-")),
         "no history with search-attribute upserts: {names:?}"
     );
-    // A batch that spilled over a dead runtime, and that runtime's breaker.
-    for needed in ["activities-failover.json", "breaker-failover.json"] {
+    // A batch that spilled over a dead runtime and that runtime's breaker, a batch whose
+    // dispatches an open circuit skipped, and a superseded batch.
+    for needed in [
+        "activities-failover.json",
+        "breaker-failover.json",
+        "activities-breaker-skipped.json",
+        "activities-superseded.json",
+    ] {
         assert!(names.iter().any(|n| n == needed), "{needed} missing");
     }
     let replayer = replayer();

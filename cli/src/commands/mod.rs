@@ -32,6 +32,7 @@ pub async fn dispatch(command: Command) -> CliResult {
             BatchCommand::Pause(r) => ops::control(&r, ops::Control::Pause).await,
             BatchCommand::Unpause(r) => ops::control(&r, ops::Control::Unpause).await,
             BatchCommand::Cancel(r) => ops::control(&r, ops::Control::Cancel).await,
+            BatchCommand::Supersede(r) => ops::control(&r, ops::Control::Supersede).await,
             BatchCommand::SetConcurrency { batch, limit } => {
                 ops::control(&batch, ops::Control::SetConcurrency(limit)).await
             }

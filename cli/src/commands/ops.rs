@@ -1,4 +1,4 @@
-//! `batch drain | pause | unpause | cancel | set-concurrency`: operations on the running batch
+//! `batch drain | pause | unpause | cancel | supersede | set-concurrency`: operations on the running batch
 //! workflow, checked by its validators (a refusal exits 2).
 
 use casebatch_control::Applied;
@@ -27,6 +27,10 @@ pub async fn control(r: &BatchRef, control: Control) -> CliResult {
         (Control::Cancel, _) => {
             "cancel requested: in-flight cases are cancelled and cleaned up".to_string()
         }
+        (Control::Supersede, _) => "superseded: admissions stopped and its running jobs are being \
+             killed; finished work stays, killed cases wait for `batch resume` or \
+             `batch run --supersede`"
+            .to_string(),
         (Control::SetConcurrency(after), _) => format!("concurrency set to {after}"),
     };
     say!("batch {}: {what}", location.batch_id);

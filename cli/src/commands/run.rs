@@ -26,6 +26,7 @@ pub async fn run(args: RunArgs) -> CliResult {
         drive: DriveOptions {
             without_worker: args.no_worker,
             history_budget: args.history_budget,
+            supersede: args.supersede,
             ..DriveOptions::default()
         },
     };

@@ -223,6 +223,25 @@ impl AgentRuntime {
         kill(self.client(t)?, t, key).await
     }
 
+    /// Stops every job of the batch on the agent; returns the keys of the jobs it stopped.
+    pub(crate) async fn kill_batch_once(
+        &self,
+        t: &AgentTarget,
+        batch_id: &str,
+    ) -> Result<Vec<String>, AgentError> {
+        let what = format!("kill of the jobs of batch {batch_id}");
+        let request = KillRequest {
+            target: Some(kill_request::Target::BatchId(batch_id.to_string())),
+        };
+        let request = t.request(request, Some(CALL_TIMEOUT))?;
+        let reply = self
+            .client(t)?
+            .kill(request)
+            .await
+            .map_err(status(t, &what))?;
+        Ok(reply.into_inner().killed_job_keys)
+    }
+
     pub(crate) async fn cleanup_once(
         &self,
         t: &AgentTarget,

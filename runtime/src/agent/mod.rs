@@ -30,6 +30,7 @@ use casebatch_bundle::{
     CleanupReceipt, Event, RECORD_SCHEMA_VERSION, append_jsonl, layout::attempt_files,
     write_json_atomic,
 };
+use casebatch_manifest::model::RuntimeSpec;
 use casebatch_proto::runtime_v1::{self as wire, runtime_client::RuntimeClient};
 use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
 use tonic::transport::Channel;
@@ -244,6 +245,31 @@ impl AgentRuntime {
             tracing::warn!(job = key, agent = %t.named(), "the cancelled job did not end in time");
         }
         ActorReport::cancelled()
+    }
+}
+
+impl AgentRuntime {
+    /// Kills every job of a batch on the agent of a runtimes-table entry (`supersede`), retried
+    /// while the agent is unreachable, within its grace. Returns the killed jobs' keys, or why
+    /// the agent could not be asked.
+    pub async fn kill_batch(
+        &self,
+        name: &str,
+        spec: &RuntimeSpec,
+        batch_id: &str,
+    ) -> Result<Vec<String>, String> {
+        let t = AgentTarget::from_spec(name, spec).map_err(|e| e.to_string())?;
+        let mut outage = self.outage(t.grace_or(self.timing.submit_grace));
+        loop {
+            match self.kill_batch_once(&t, batch_id).await {
+                Ok(killed) => return Ok(killed),
+                Err(e) => {
+                    if let Err(e) = outage.next(e).await {
+                        return Err(e.to_string());
+                    }
+                }
+            }
+        }
     }
 }
 
