@@ -26,7 +26,11 @@ manifest() { # name runtime harness count concurrency
   local f="$WORK/$1.yaml"
   {
     echo "batch_id: $1"
-    [ -n "${AGENT_ADDR:-}" ] && echo "runtimes: {bench-agent: {kind: agent, endpoint: 'http://$AGENT_ADDR'}}"
+    if [ -n "${AGENT2_ADDR:-}" ]; then
+      echo "runtimes: {bench-agent: {kind: agent, endpoint: 'http://$AGENT_ADDR'}, bench-agent-2: {kind: agent, endpoint: 'http://$AGENT2_ADDR'}}"
+    elif [ -n "${AGENT_ADDR:-}" ]; then
+      echo "runtimes: {bench-agent: {kind: agent, endpoint: 'http://$AGENT_ADDR'}}"
+    fi
     echo "defaults:"
     echo "  concurrency: $5"
     echo "  runtime: $2"
@@ -99,22 +103,35 @@ scenario() {
     "$cpu" "$(calc "1000 * $cpu / $count")" "$ecpu" "$(calc "int($peak / 1024)")"
 }
 
+# Starts `casebatch agent` NAME on a free loopback port; prints "pid address".
+start_agent() {
+  local dir="$WORK/agent-$1" pid
+  mkdir -p "$dir"
+  "$BIN" agent --listen 127.0.0.1:0 --data-dir "$dir" --max-concurrent 256 > "$WORK/agent-$1.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 300); do [ -s "$dir/agent.addr" ] && break; sleep 0.1; done
+  [ -s "$dir/agent.addr" ] || { echo "the agent did not start:" >&2; cat "$WORK/agent-$1.log" >&2; exit 1; }
+  echo "$pid $(cat "$dir/agent.addr")"
+}
+
 # The same `true` batch through one `casebatch agent` on loopback, against local-process
-# measured just before: throughput ratio, and the agent's own CPU and resident memory.
+# measured just before: throughput ratio, and the agent's own CPU and resident memory. Then
+# the batch dealt over two agents (`runtime: [a, b]`), against one agent: what routing over
+# a list costs (each dispatch consults the runtime's circuit breaker).
 agent_vs_local() {
   scenario "local-process, trivial command (true)" local-process 'true' "$N" 'true'
-  local local_rate=$RATE dir="$WORK/agent" apid
-  mkdir -p "$dir"
-  "$BIN" agent --listen 127.0.0.1:0 --data-dir "$dir" --max-concurrent 256 > "$WORK/agent.log" 2>&1 &
-  apid=$!
-  for _ in $(seq 1 300); do [ -s "$dir/agent.addr" ] && break; sleep 0.1; done
-  AGENT_ADDR=$(cat "$dir/agent.addr") || { echo "the agent did not start:"; cat "$WORK/agent.log"; exit 1; }
+  local local_rate=$RATE one_rate apid apid2 started
+  started=$(start_agent a); apid=${started% *}; AGENT_ADDR=${started#* }
   scenario "agent on loopback, trivial command (true)" bench-agent 'true' "$N" 'true'
+  one_rate=$RATE
   printf "  agent/local-process throughput %.2fx · agent CPU %.1fs (%.1f ms/case over %d runs) · agent peak %d MB\n" \
     "$(calc "$RATE / $local_rate")" "$(cpu_of "$apid")" "$(calc "1000 * $(cpu_of "$apid") / ($N * $RUNS)")" "$RUNS" \
     "$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$apid/status")"
-  kill "$apid"; wait "$apid" 2>/dev/null || true
-  unset AGENT_ADDR
+  started=$(start_agent b); apid2=${started% *}; AGENT2_ADDR=${started#* }
+  scenario "two agents, runtime: [a, b] (true)" "[bench-agent, bench-agent-2]" 'true' "$N" 'true'
+  printf "  two agents by list / one agent throughput %.2fx\n" "$(calc "$RATE / $one_rate")"
+  kill "$apid" "$apid2"; wait "$apid" "$apid2" 2>/dev/null || true
+  unset AGENT_ADDR AGENT2_ADDR
 }
 
 echo "casebatch benchmark: N=$N, concurrency $C, $(nproc) cores, embedded dev server, median of $RUNS"

@@ -161,12 +161,13 @@ fo_skipped=$(field "s['counters']['circuit_skips']")
 fo_width=$(field "s['counters']['width_changes']")
 fo_opened=$(field "any('box-a: circuit open' in t['message'] for t in s['timeline'])")
 fo_halved=$(field "any('concurrency 4 → 2: circuit open on box-a' in t['message'] for t in s['timeline'])")
-fo_dead=$(cat "$WORK"/failover-out/failover/cases/*/attempts/*/attempt.json | python3 -c '
-import json, sys
-text = sys.stdin.read().replace("}{", "}\n{")
-print(sum(1 for line in text.splitlines() if line.strip()
-          and (r := json.loads(line))["runtime_name"] == "box-a"
-          and ((r["summary"].get("failure") or {}).get("stage") == "submit")))')
+fo_dead=$(python3 - "$WORK/failover-out/failover" <<'PY'
+import glob, json, sys
+records = [json.load(open(p)) for p in glob.glob(sys.argv[1] + "/cases/*/attempts/*/attempt.json")]
+print(sum(1 for r in records if r.get("runtime_name") == "box-a"
+          and (r["summary"].get("failure") or {}).get("stage") == "submit"))
+PY
+)
 [ "$fo_succeeded" -eq "$FO_N" ] || fail "failover: $fo_succeeded of $FO_N succeeded"
 [ "$fo_spilled" -ge 1 ] || fail "failover: nothing spilled over"
 [ "$fo_opened" = True ] || fail "failover: box-a's circuit never opened"

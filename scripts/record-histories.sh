@@ -229,11 +229,13 @@ PY
 cb batch run --manifest "$WORK/failover.yaml" --output-dir "$WORK/out" > "$WORK/failover.log"
 grep -q "16 succeeded" "$WORK/failover.log" || { cat "$WORK/failover.log"; exit 1; }
 show failover "" failover
-BREAKER=$(temporal workflow list --address "$ADDR" --query "WorkflowType='RuntimeBreaker'" -o json \
-  | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["execution"]["workflowId"])')
 if [ ! -f "$OUT/breaker-failover.json" ] || [ -n "${FORCE:-}" ]; then
+  # Ended first (it would idle for 10 minutes), so the recorded history is complete.
+  BREAKER=$(temporal workflow list --address "$ADDR" --query "WorkflowType='RuntimeBreaker'" -o json \
+    | python3 -c 'import json,sys; print([w for w in json.load(sys.stdin) if "-dead-" in w["execution"]["workflowId"]][0]["execution"]["workflowId"])')
   temporal workflow terminate --address "$ADDR" --workflow-id "$BREAKER" --reason recorded > /dev/null
-  temporal workflow show --address "$ADDR" --workflow-id "$BREAKER" -o json > "$OUT/breaker-failover.json"
+  cb batch history --batch-id failover --output-dir "$WORK/out" --breaker dead \
+    --out "$OUT/breaker-failover.json" > /dev/null
   echo "recorded breaker-failover"
 fi
 

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use casebatch_proto::breaker::{
-    Ask, BreakerAnswer, BreakerAsk, BreakerSettings, BreakerState, Grant, breaker_workflow_id,
+    Ask, BreakerAnswer, BreakerAsk, BreakerSettings, BreakerState, Grant,
 };
 use casebatch_proto::{Circuit, TASK_QUEUE};
 use casebatch_workflows::RuntimeBreaker;
@@ -36,14 +36,14 @@ const CALL_WITHIN: Duration = Duration::from_secs(10);
 pub struct BreakerOf {
     /// The runtime's name in the plan.
     pub runtime: String,
-    /// Where it is (endpoint or host): part of the breaker's identity.
-    pub location: String,
+    /// The breaker's workflow id (`Plan::breaker_id`: name and where the runtime is).
+    pub id: String,
     pub settings: BreakerSettings,
 }
 
 impl BreakerOf {
     fn id(&self) -> String {
-        breaker_workflow_id(&self.runtime, &self.location)
+        self.id.clone()
     }
 }
 

@@ -160,16 +160,10 @@ impl CaseActivities {
         let runtime = env.key.runtime.clone()?;
         let plan = self.plan(&env.key.bundle_dir).ok()?;
         let spec = plan.runtime_named(&runtime).and_then(|(_, spec)| spec);
-        let location = spec.and_then(|s| s.endpoint.clone()).unwrap_or_default();
         let settings = spec.map(RuntimeSpec::breaker).unwrap_or_default();
-        // local-process runs on this host: its breaker is this host's.
-        let location = match env.case.runtime {
-            RuntimeKind::LocalProcess => hostname(),
-            RuntimeKind::Fake | RuntimeKind::Agent => location,
-        };
         Some(BreakerOf {
+            id: plan.breaker_id(&runtime, &hostname())?,
             runtime,
-            location,
             settings,
         })
     }

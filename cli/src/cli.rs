@@ -154,6 +154,10 @@ pub enum BatchCommand {
         /// The run to export (default: the latest).
         #[arg(long)]
         run_id: Option<String>,
+        /// The history of this runtime's circuit breaker (a runtime of the batch's plan)
+        /// instead of the batch's.
+        #[arg(long)]
+        breaker: Option<String>,
         /// Where to write the history.
         #[arg(long)]
         out: PathBuf,

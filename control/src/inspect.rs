@@ -117,10 +117,21 @@ pub async fn history(
     location: &BatchLocation,
     engine: &EngineChoice,
     run_id: Option<String>,
+    breaker: Option<&str>,
     out: &Path,
 ) -> Result<String> {
     let Attached { plan, engine, .. } = location.attach(engine).await?;
-    let wid = workflow_id(&plan.batch_id);
+    let wid = match breaker {
+        None => workflow_id(&plan.batch_id),
+        // Only the breaker of a runtime this batch's plan names.
+        Some(name) => plan
+            .breaker_id(name, &casebatch_runtime::local_process::hostname())
+            .ok_or(ControlError::BadArgument {
+                what: "--breaker",
+                value: name.to_string(),
+                hint: "name a runtime of the batch's plan (its runtimes table, local-process or fake)",
+            })?,
+    };
     let info = WorkflowExecutionInfo::builder()
         .namespace(engine.namespace.clone())
         .workflow_id(wid.clone())

@@ -450,6 +450,21 @@ impl Plan {
         }
         self.runtimes.get(name).map(|spec| (spec.kind, Some(spec)))
     }
+
+    /// The workflow id of the circuit breaker of the runtime `name` (`None`: no such runtime).
+    /// Named by where the runtime is: an agent's endpoint, `host` for `local-process` (which
+    /// runs on the worker's host), nothing for the `fake` simulation.
+    pub fn breaker_id(&self, name: &str, host: &str) -> Option<String> {
+        let (kind, spec) = self.runtime_named(name)?;
+        let location = match kind {
+            RuntimeKind::LocalProcess => host,
+            RuntimeKind::Agent => spec.and_then(|s| s.endpoint.as_deref()).unwrap_or(""),
+            RuntimeKind::Fake => "",
+        };
+        Some(casebatch_proto::breaker::breaker_workflow_id(
+            name, location,
+        ))
+    }
 }
 
 impl PlannedCase {

@@ -33,7 +33,7 @@ pub(crate) const ENTRY_FIELDS: &[&str] = &[
     "unreachable_grace_s",
 ];
 /// Accepted `breaker_failures`, `breaker_cooldown_s` and `unreachable_grace_s`.
-const BREAKER_FAILURES: std::ops::RangeInclusive<u32> = 1..=100;
+const BREAKER_FAILURES: std::ops::RangeInclusive<u64> = 1..=100;
 const BREAKER_COOLDOWN_S: std::ops::RangeInclusive<u64> = 1..=3600;
 const UNREACHABLE_GRACE_S: std::ops::RangeInclusive<u64> = 1..=600;
 /// The only top-level key of a `--runtimes` file.
@@ -253,41 +253,36 @@ fn entry(value: &Value, path: &FieldPath, base: &Path, r: &mut Report) -> Option
     let breaker_failures: Option<u32> = o.opt("breaker_failures", r);
     let breaker_cooldown_s: Option<u64> = o.opt("breaker_cooldown_s", r);
     let unreachable_grace_s: Option<u64> = o.opt("unreachable_grace_s", r);
-    let mut outside = |field: &str, value: u64, range: (u64, u64), fix: &str| {
-        if !(range.0..=range.1).contains(&value) {
+    let settings = [
+        (
+            "breaker_failures",
+            breaker_failures.map(u64::from),
+            BREAKER_FAILURES,
+            "how many consecutive infra failures open its circuit",
+        ),
+        (
+            "breaker_cooldown_s",
+            breaker_cooldown_s,
+            BREAKER_COOLDOWN_S,
+            "the seconds an open circuit waits before one probe",
+        ),
+        (
+            "unreachable_grace_s",
+            unreachable_grace_s,
+            UNREACHABLE_GRACE_S,
+            "the seconds a worker keeps retrying the unreachable agent",
+        ),
+    ];
+    for (field, value, range, fix) in settings {
+        if let Some(v) = value
+            && !range.contains(&v)
+        {
             r.at(
                 &path.key(field),
-                format!("{field} {value} is outside {}..={}", range.0, range.1),
+                format!("{field} {v} is outside {}..={}", range.start(), range.end()),
                 format!("set {path}.{field} to {fix}"),
             );
         }
-    };
-    if let Some(n) = breaker_failures {
-        let range = (*BREAKER_FAILURES.start(), *BREAKER_FAILURES.end());
-        outside(
-            "breaker_failures",
-            n.into(),
-            (range.0.into(), range.1.into()),
-            "how many consecutive infra failures open its circuit",
-        );
-    }
-    if let Some(s) = breaker_cooldown_s {
-        let range = (*BREAKER_COOLDOWN_S.start(), *BREAKER_COOLDOWN_S.end());
-        outside(
-            "breaker_cooldown_s",
-            s,
-            range,
-            "the seconds an open circuit waits before one probe",
-        );
-    }
-    if let Some(s) = unreachable_grace_s {
-        let range = (*UNREACHABLE_GRACE_S.start(), *UNREACHABLE_GRACE_S.end());
-        outside(
-            "unreachable_grace_s",
-            s,
-            range,
-            "the seconds a worker keeps retrying the unreachable agent",
-        );
     }
     let kind = kind?;
     let agent_only = [

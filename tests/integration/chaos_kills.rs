@@ -240,6 +240,10 @@ fn chaos_kills_replay_check_accepts_the_recorded_histories() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "json") {
             let json = std::fs::read(&path).unwrap();
+            // A runtime's breaker schedules no stage activities (replay.rs replays it).
+            if workflow_type(&json).as_deref() != Some("BatchWorkflow") {
+                continue;
+            }
             let stages = replay(&json).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(stages > 0, "{}: no stage activity checked", path.display());
             checked += 1;
@@ -607,6 +611,13 @@ struct Scheduled {
 }
 
 /// The live run's scheduled activities, in history order.
+/// The workflow type a recorded history is of.
+fn workflow_type(json: &[u8]) -> Option<String> {
+    let h: Value = serde_json::from_slice(json).ok()?;
+    let started = &h["events"][0]["attributes"]["WorkflowExecutionStartedEventAttributes"];
+    Some(started["workflow_type"]["name"].as_str()?.to_string())
+}
+
 fn scheduled_activities(json: &[u8]) -> Vec<Scheduled> {
     let h: Value = serde_json::from_slice(json).unwrap_or_default();
     h["events"]

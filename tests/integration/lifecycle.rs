@@ -224,7 +224,7 @@ fn cancel_stops_in_flight_cases_and_still_cleans_them_up() {
 #[test]
 fn native_temporal_cancel_ends_the_batch_like_casebatch_cancel() {
     let sb = Sandbox::engine();
-    let manifest = slow_manifest(&sb, "nativecancel", 2, 300);
+    let manifest = slow_manifest(&sb, "nativecancel", 2, 301);
     let mut runner = sb.spawn_batch(std::path::Path::new(&manifest), "run.log");
     wait_until(Duration::from_secs(60), "two cases start", || {
         sb.lines("ran.log") >= 2
@@ -260,7 +260,7 @@ fn native_temporal_cancel_ends_the_batch_like_casebatch_cancel() {
         assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
     }
     assert!(
-        no_process_matches("sleep 300"),
+        no_process_matches("sleep 301"),
         "no harness process survives the cancel"
     );
 }

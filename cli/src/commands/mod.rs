@@ -37,9 +37,12 @@ pub async fn dispatch(command: Command) -> CliResult {
                 ops::control(&batch, ops::Control::SetConcurrency(limit)).await
             }
             BatchCommand::RetryFailed(args) => retry::retry_failed(args).await,
-            BatchCommand::History { batch, run_id, out } => {
-                status::history(&batch, run_id, &out).await
-            }
+            BatchCommand::History {
+                batch,
+                run_id,
+                breaker,
+                out,
+            } => status::history(&batch, run_id, breaker.as_deref(), &out).await,
         },
         Command::Run(args) => run::run_one(args).await,
         Command::Worker(args) => worker::run(args).await,

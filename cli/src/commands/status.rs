@@ -29,8 +29,14 @@ pub fn report(r: &BatchRef) -> CliResult {
     Ok(Exit::Success)
 }
 
-pub async fn history(r: &BatchRef, run_id: Option<String>, out: &std::path::Path) -> CliResult {
-    let wid = casebatch_control::history(&r.location()?, &r.engine.choice(), run_id, out).await?;
+pub async fn history(
+    r: &BatchRef,
+    run_id: Option<String>,
+    breaker: Option<&str>,
+    out: &std::path::Path,
+) -> CliResult {
+    let wid = casebatch_control::history(&r.location()?, &r.engine.choice(), run_id, breaker, out)
+        .await?;
     say!("wrote the history of {wid} to {}", out.display());
     Ok(Exit::Success)
 }
