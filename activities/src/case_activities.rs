@@ -311,6 +311,43 @@ impl CaseActivities {
             .err()
     }
 
+    /// Provision, then submit. A full runtime is waited out here, so a busy agent does not
+    /// spend the case's attempts: the batch holds back what a runtime's declared envelope
+    /// says, and this covers the rest (other batches, an agent's own limits).
+    async fn dispatch_stage(
+        &self,
+        ctx: &ActivityContext,
+        env: &AttemptEnv,
+    ) -> Result<StartResult, ActivityError> {
+        let failed = |failure| StartResult::Failed {
+            failure,
+            host_queue: Self::host_queue(env),
+            circuit: None,
+        };
+        if let StageResult::Failed(f) = self.provision_stage(env).await? {
+            return Ok(failed(f));
+        }
+        let mut pause = FULL_FIRST_PAUSE;
+        let mut waiting = false;
+        loop {
+            match self.submit_stage(env).await {
+                SubmitResult::Started(job) => return Ok(StartResult::Started(job)),
+                SubmitResult::Failed(f) if f.code == FailureCode::RuntimeFull => {
+                    if !waiting {
+                        waiting = true;
+                        Self::event(env, "runtime_full", format!("waiting: {}", f.message));
+                    }
+                    tokio::select! {
+                        _ = ctx.cancelled() => return Err(ActivityError::cancelled()),
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    pause = (pause * 2).min(FULL_MAX_PAUSE);
+                }
+                SubmitResult::Failed(f) => return Ok(failed(f)),
+            }
+        }
+    }
+
     /// Evaluate and collect for a finished actor.
     async fn judge(&self, env: &AttemptEnv) -> (Evaluation, Option<Failure>) {
         let evaluation = self
@@ -367,67 +404,41 @@ impl CaseActivities {
         key: AttemptKey,
     ) -> Result<StartResult, ActivityError> {
         let env = self.env(&key)?;
-        // A routed case consults its runtime's breaker first: an open circuit sends it
-        // elsewhere before anything is provisioned.
-        let breaker = self.breaker_of(&env);
-        let mut pass = None;
-        if let Some(of) = &breaker {
-            match self.breakers.before(of).await {
-                Ok(p) => pass = Some(p),
-                Err(circuit) => {
-                    let message = format!("runtime {}: circuit open, not dispatched", of.runtime);
-                    Self::event(&env, "circuit_open", message);
-                    return Ok(StartResult::Skipped { circuit });
-                }
-            }
-        }
-        let failed = |failure| StartResult::Failed {
-            failure,
-            host_queue: Self::host_queue(&env),
-            circuit: None,
-        };
+        // Heartbeating throughout: the breaker's answer can take a moment too.
         let start = async {
-            if let StageResult::Failed(f) = self.provision_stage(&env).await? {
-                return Ok(failed(f));
-            }
-            // A full runtime is waited out here, heartbeating, so a busy agent does not spend
-            // the case's attempts. Issue 9 moves this admission into the workflow.
-            let mut pause = FULL_FIRST_PAUSE;
-            let mut waiting = false;
-            loop {
-                match self.submit_stage(&env).await {
-                    SubmitResult::Started(job) => return Ok(StartResult::Started(job)),
-                    SubmitResult::Failed(f) if f.code == FailureCode::RuntimeFull => {
-                        if !waiting {
-                            waiting = true;
-                            Self::event(&env, "runtime_full", format!("waiting: {}", f.message));
-                        }
-                        tokio::select! {
-                            _ = ctx.cancelled() => return Err(ActivityError::cancelled()),
-                            _ = tokio::time::sleep(pause) => {}
-                        }
-                        pause = (pause * 2).min(FULL_MAX_PAUSE);
+            // A routed case consults its runtime's breaker first: an open circuit sends it
+            // elsewhere before anything is provisioned.
+            let breaker = self.breaker_of(&env);
+            let pass = match &breaker {
+                None => None,
+                Some(of) => match self.breakers.before(of).await {
+                    Ok(pass) => Some(pass),
+                    Err(circuit) => {
+                        let message =
+                            format!("runtime {}: circuit open, not dispatched", of.runtime);
+                        Self::event(&env, "circuit_open", message);
+                        return Ok(StartResult::Skipped { circuit });
                     }
-                    SubmitResult::Failed(f) => return Ok(failed(f)),
+                },
+            };
+            let mut result = self.dispatch_stage(&ctx, &env).await?;
+            if let (Some(of), Some(pass)) = (&breaker, pass) {
+                match &mut result {
+                    StartResult::Started(_) => {
+                        self.breakers.after(of, pass, true).await;
+                    }
+                    // Only the runtime's own failures count against it.
+                    StartResult::Failed {
+                        failure, circuit, ..
+                    } if decide::spills(failure) => {
+                        *circuit = self.breakers.after(of, pass, false).await;
+                    }
+                    StartResult::Failed { .. } | StartResult::Skipped { .. } => {}
                 }
             }
+            Ok(result)
         };
-        let mut result = heartbeating(&ctx, (), start).await?;
-        if let (Some(of), Some(pass)) = (&breaker, pass) {
-            match &mut result {
-                StartResult::Started(_) => {
-                    self.breakers.after(of, pass, true).await;
-                }
-                // Only the runtime's own failures count against it.
-                StartResult::Failed {
-                    failure, circuit, ..
-                } if decide::spills(failure) => {
-                    *circuit = self.breakers.after(of, pass, false).await;
-                }
-                StartResult::Failed { .. } | StartResult::Skipped { .. } => {}
-            }
-        }
-        Ok(result)
+        heartbeating(&ctx, (), start).await
     }
 
     #[activity(definition = contracts::Settle)]

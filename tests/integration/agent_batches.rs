@@ -148,12 +148,12 @@ fn a_batch_spreads_over_two_agents_and_two_worker_replicas() {
     let a = Agent::start(&sb, "box-a", &[]);
     let b = Agent::start(&sb, "box-b", &[]);
     sb.write("go", "");
-    // Wider than the 32 eager starts a workflow task hands to its own worker, so the batch
+    // Twice the 32 eager starts a workflow task hands to its own worker, so half the batch
     // has to go through matching, where both replicas poll.
     let csv = "summary:\n  write_csv: true\n";
     let m = sb.write(
         "spread.yaml",
-        &manifest("spread", &[&a, &b], 40, GATED, csv),
+        &manifest("spread", &[&a, &b], 64, GATED, csv),
     );
     let mut runner = spawn_no_worker_run(&sb, &cluster, &m);
     assert_eq!(
@@ -166,7 +166,7 @@ fn a_batch_spreads_over_two_agents_and_two_worker_replicas() {
         assert_eq!(stop(w), 0);
     }
     let started = lines(&sb, "started.log");
-    assert_eq!(started.len(), 40, "each case started once: {started:?}");
+    assert_eq!(started.len(), 64, "each case started once: {started:?}");
     // `runtime: [box-a, box-b]` dealt the cases in turn, and every case's records name the
     // agent that really ran it.
     for line in &started {
@@ -176,9 +176,9 @@ fn a_batch_spreads_over_two_agents_and_two_worker_replicas() {
         assert_eq!(sb.case_result("spread", case)["runtime"], agent);
     }
     let summary = sb.json(&sb.bundle("spread").join("batch_summary.json"));
-    assert_eq!(summary["counts"]["succeeded"], 40, "{summary:#}");
-    assert_eq!(summary["cases_by_runtime"]["box-a"], 20, "{summary:#}");
-    assert_eq!(summary["cases_by_runtime"]["box-b"], 20, "{summary:#}");
+    assert_eq!(summary["counts"]["succeeded"], 64, "{summary:#}");
+    assert_eq!(summary["cases_by_runtime"]["box-a"], 32, "{summary:#}");
+    assert_eq!(summary["cases_by_runtime"]["box-b"], 32, "{summary:#}");
     let csv = std::fs::read_to_string(sb.bundle("spread").join("batch_summary.csv")).unwrap();
     assert!(csv.lines().next().unwrap().ends_with(",runtime"), "{csv}");
     assert!(
