@@ -594,6 +594,27 @@ impl CaseActivities {
                 .flatten();
         let already_logged = previous.as_ref() == Some(&record);
         write_json_atomic(&env.file(attempt_files::RECORD), &record)?;
+        // A speculation's loser is evidence, never the case's result: the winner writes that.
+        if s.speculative_loser {
+            if !already_logged {
+                Self::event(
+                    &env,
+                    "attempt_finished",
+                    format!(
+                        "speculative loser: stopped, the other copy counts{}",
+                        if confirmed {
+                            ""
+                        } else {
+                            "; cleanup NOT confirmed"
+                        }
+                    ),
+                );
+            }
+            return Ok(CleanupReport {
+                cleanup_confirmed: confirmed,
+                failure: None,
+            });
+        }
 
         // The one full parse of the harness's result: its outputs and scores move into the
         // case result.

@@ -30,6 +30,10 @@ pub struct BatchSummary {
     pub collect_failed: usize,
     pub adopted_attempts: usize,
     pub attempts_total: usize,
+    /// Attempts that lost a tail-speculation race (stopped, kept as evidence; included in
+    /// `attempts_total`).
+    #[serde(default)]
+    pub speculative_losers: usize,
     pub simulated: bool,
     pub rows: Vec<SummaryRow>,
 }
@@ -165,6 +169,10 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
         collect_failed,
         adopted_attempts: adopted,
         attempts_total: attempts.len(),
+        speculative_losers: attempts
+            .iter()
+            .filter(|a| a.summary.speculative_loser)
+            .count(),
         simulated,
         rows,
     };

@@ -44,6 +44,32 @@ pub enum Command {
     /// Built-in harness commands (they follow the harness contract).
     #[command(subcommand)]
     Harness(HarnessCommand),
+    /// The run-history index: per harness and runtime, the median duration of attempts that
+    /// ran to their end, from the bundles under an output directory. Runs use it to deal
+    /// `runtime:` lists by speed and to seed tail speculation.
+    History(HistoryArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HistoryArgs {
+    #[command(subcommand)]
+    pub command: Option<HistoryCommand>,
+    /// Root of result bundles whose finished batches are indexed.
+    #[arg(long, global = true, default_value = "logs/batch")]
+    pub output_dir: PathBuf,
+    /// The index file (default: `CASEBATCH_HISTORY_DB`, else
+    /// `<output-dir>/.casebatch-history.sqlite`).
+    #[arg(long, global = true)]
+    pub history_db: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum HistoryCommand {
+    /// Forget the index and build it again from the bundles (it is never the source of truth).
+    Rebuild,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -235,6 +261,14 @@ pub struct RunArgs {
     /// Continue-as-new after this many history events (default 10000).
     #[arg(long, hide = true)]
     pub history_budget: Option<u32>,
+    /// No tail speculation: a straggler dealt from a `runtime:` list is never duplicated on
+    /// another runtime of its list.
+    #[arg(long)]
+    pub no_speculation: bool,
+    /// The run-history index that weighs `runtime:` lists (default: `CASEBATCH_HISTORY_DB`,
+    /// else `<output-dir>/.casebatch-history.sqlite`).
+    #[arg(long)]
+    pub history_db: Option<PathBuf>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }

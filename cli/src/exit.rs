@@ -73,7 +73,8 @@ fn exit_of(e: &ControlError) -> Exit {
         | ControlError::StillRunning { .. }
         | ControlError::NotOurBatch { .. }
         | ControlError::EngineMismatch { .. }
-        | ControlError::BundleUnreadable(_) => Exit::Usage,
+        | ControlError::BundleUnreadable(_)
+        | ControlError::History { .. } => Exit::Usage,
         ControlError::Terminated { .. } => Exit::Terminated,
         // A plaintext connection to a remote address is a usage error, not an outage.
         ControlError::Engine(EngineError::Insecure { .. }) => Exit::Usage,

@@ -1,11 +1,14 @@
 //! Everything the CLI prints: live progress (a bar on a terminal, plain lines otherwise),
 //! outcomes, status and reports. Simulated runs say so in every output.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 use casebatch_bundle::{Bundle, Lineage};
-use casebatch_control::{DriveEvent, Ending, Observer, ReportView, RunReport, StatusView};
+use casebatch_control::{
+    DriveEvent, Ending, HistoryView, Observer, ReportView, RunReport, StatusView,
+};
 use casebatch_manifest::{Plan, RuntimeKind};
 use casebatch_proto::{BatchEnd, BatchOutcome, BatchStatus, Counters, Counts, OOM_BOOST_CAP_MB};
 
@@ -213,14 +216,83 @@ fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
     say!("  bundle: {}", bundle.root().display());
 }
 
-/// Spillovers and circuit effects, when a batch had any.
+/// Spillovers, circuit effects and tail speculation, when a batch had any.
 fn spread_line(k: &Counters) -> Option<String> {
-    (k.spillovers + k.circuit_skips + k.width_changes > 0).then(|| {
+    (k.spillovers + k.circuit_skips + k.width_changes + k.speculations > 0).then(|| {
         format!(
-            "  spillovers {} · dispatches skipped on open circuits {} · width changes {}",
-            k.spillovers, k.circuit_skips, k.width_changes
+            "  spillovers {} · dispatches skipped on open circuits {} · width changes {} · \
+             tail speculations {} (duplicate won {})",
+            k.spillovers, k.circuit_skips, k.width_changes, k.speculations, k.speculation_wins
         )
     })
+}
+
+/// How the plan's `runtime:` lists were dealt, when by weight.
+pub fn spread(plan: &Plan) {
+    if let Some(line) = spread_weights_line(plan) {
+        say!("{line}");
+    }
+}
+
+fn spread_weights_line(plan: &Plan) -> Option<String> {
+    let spread = plan.spread.as_ref()?;
+    let weights: Vec<String> = spread
+        .weights
+        .iter()
+        .map(|(name, w)| format!("{name} {w}"))
+        .collect();
+    let mut dealt: BTreeMap<&str, usize> = BTreeMap::new();
+    for case in plan.cases.iter().filter(|c| !c.runtime_spread.is_empty()) {
+        *dealt
+            .entry(case.runtime_name.as_deref().unwrap_or("?"))
+            .or_default() += 1;
+    }
+    let dealt: Vec<String> = dealt.iter().map(|(n, c)| format!("{n} {c}")).collect();
+    Some(format!(
+        "  runtime lists dealt by weight: {} ({}); cases: {}",
+        weights.join(" · "),
+        spread.source,
+        dealt.join(" · ")
+    ))
+}
+
+/// `casebatch history`: one row per harness and runtime.
+pub fn history_view(view: &HistoryView) {
+    let r = &view.refreshed;
+    say!(
+        "run history {} ({} bundle(s) indexed now, {} unchanged, {} forgotten)",
+        view.index.display(),
+        r.indexed,
+        r.unchanged,
+        r.forgotten
+    );
+    for skipped in &r.skipped {
+        say!("  skipped {skipped}");
+    }
+    if view.medians.is_empty() {
+        say!("  no finished attempt with a duration yet");
+        return;
+    }
+    say!(
+        "  {:<16}  {:<12}  {:<20}  {:>8}  {:>10}  {:>9}",
+        "harness",
+        "version",
+        "runtime",
+        "attempts",
+        "median",
+        "succeeded"
+    );
+    for m in &view.medians {
+        say!(
+            "  {:<16}  {:<12}  {:<20}  {:>8}  {:>9.1}s  {:>9}",
+            m.harness,
+            m.harness_version.as_deref().unwrap_or("-"),
+            m.runtime,
+            m.attempts,
+            m.median_ms as f64 / 1000.0,
+            m.succeeded
+        );
+    }
 }
 
 fn counters_line(k: &Counters) -> String {
@@ -266,6 +338,15 @@ pub fn status(view: &StatusView) {
         say!(
             "  width {width} of {} while circuits are open",
             s.concurrency
+        );
+    }
+    if let Some(line) = spread_weights_line(plan) {
+        say!("{line}");
+    }
+    if let Some(ms) = s.speculate_after_ms {
+        say!(
+            "  tail speculation: a listed case in flight over {:.1}s gets a duplicate once all are dispatched",
+            ms as f64 / 1000.0
         );
     }
     for c in &s.open_circuits {
@@ -336,6 +417,12 @@ pub fn report(view: &ReportView) {
         s.cleanup_unconfirmed,
         s.collect_failed
     );
+    if s.speculative_losers > 0 {
+        say!(
+            "  tail speculation: {} attempt(s) lost the race (stopped, kept as evidence)",
+            s.speculative_losers
+        );
+    }
     if !s.cases_by_runtime.is_empty() {
         let ran: Vec<String> = s
             .cases_by_runtime

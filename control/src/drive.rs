@@ -1,14 +1,15 @@
 //! Starting a batch's workflow (or re-attaching to the running one) and following it to its
 //! end, through engine outages, with an in-process worker unless told otherwise.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use casebatch_bundle::{Bundle, CaseRecordState, CaseResult, Lineage, read_json};
 use casebatch_manifest::Plan;
 use casebatch_proto::visibility::{memo, outcome, search_attr};
 use casebatch_proto::{
-    BatchInput, BatchOutcome, BatchStatus, Carried, CaseSlot, CaseState, Counts, TASK_QUEUE,
-    workflow_id,
+    BatchInput, BatchOutcome, BatchStatus, Carried, CaseSlot, CaseState, Counts, Speculation,
+    TASK_QUEUE, workflow_id,
 };
 use casebatch_runtime::local_process::hostname;
 use casebatch_worker::{Engine, build_worker, run_worker_until};
@@ -34,7 +35,7 @@ use temporalio_common::search_attributes::{SearchAttributeKey, SearchAttributes}
 use crate::error::{ControlError, Result};
 use crate::prepare::RETRY_BACKOFF_MS;
 use crate::requeue::Requeue;
-use crate::scheduling;
+use crate::{run_history, scheduling};
 
 /// How long a runner waits for an unreachable engine before giving up.
 const ENGINE_OUTAGE: Duration = Duration::from_secs(600);
@@ -94,6 +95,10 @@ pub struct DriveOptions {
     /// A run of the batch that is still going is superseded (its jobs killed, its
     /// unfinished cases queued) and this run replaces it, instead of following it.
     pub supersede: bool,
+    /// No tail speculation in this run (it is on for cases dealt from a `runtime:` list).
+    pub no_speculation: bool,
+    /// The run-history index (`None`: `CASEBATCH_HISTORY_DB`, else under the output root).
+    pub history_db: Option<PathBuf>,
 }
 
 /// How a run of `execute` ended.
@@ -178,7 +183,12 @@ async fn drive(
         if !visible {
             observer.on(DriveEvent::Unsearchable);
         }
-        let input = batch_input(bundle, plan, carried, opts.history_budget, visible);
+        let mut input = batch_input(bundle, plan, carried, opts.history_budget, visible);
+        if input.routes.is_some() && !opts.no_speculation {
+            input.speculation = Some(Speculation {
+                seed_ms: run_history::speculation_seed_ms(plan, bundle, opts.history_db.as_deref()),
+            });
+        }
         let start = start_options(&wid, bundle, plan, &input);
         client
             .start_workflow(BatchWorkflow::run, input, start)
@@ -297,6 +307,7 @@ fn batch_input(
         envelopes,
         case_loads,
         routes: scheduling::routes(plan),
+        speculation: None,
     }
 }
 

@@ -99,6 +99,11 @@ pub enum ControlError {
     /// The engine answered a call with an error.
     #[error("failed to {action}: {message}")]
     EngineCall { action: String, message: String },
+    /// The run-history index cannot be opened or read.
+    #[error(
+        "the run-history index {index} is unusable: {message}; it is only an index of the bundles: delete it, or run `casebatch history rebuild`"
+    )]
+    History { index: String, message: String },
 }
 
 impl From<BundleError> for ControlError {

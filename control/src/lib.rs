@@ -17,6 +17,7 @@ mod replica;
 mod requeue;
 mod retry_failed;
 mod run;
+mod run_history;
 mod scheduling;
 
 pub use drive::{DriveEvent, DriveOptions, Observer};
@@ -30,6 +31,9 @@ pub use retry_failed::{PreparedRetry, RetryRequest};
 pub use run::{
     Ending, ManifestInput, Planned, ResumeRequest, RunReport, RunRequest, Verdict, plan, resume,
     run, run_case,
+};
+pub use run_history::{
+    HISTORY_DB_ENV, HistoryView, index_path as history_index_path, show as history_view,
 };
 
 /// `retry-failed`, in two steps so the caller can show the plan before it runs.

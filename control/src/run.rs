@@ -10,6 +10,7 @@ use crate::drive::{self, DriveOptions, Finished, Observer};
 use crate::error::{ControlError, Result};
 use crate::location::{BatchLocation, EngineChoice, absolute};
 use crate::prepare;
+use crate::run_history;
 
 /// A manifest and how to read it.
 #[derive(Debug, Clone)]
@@ -97,9 +98,14 @@ impl RunReport {
 }
 
 /// Writes the plan into the bundle; nothing is executed.
-pub fn plan(manifest: &ManifestInput, output_dir: &Path) -> Result<Planned> {
-    let plan = manifest.load()?;
+pub fn plan(
+    manifest: &ManifestInput,
+    output_dir: &Path,
+    history_db: Option<&Path>,
+) -> Result<Planned> {
+    let mut plan = manifest.load()?;
     let bundle = Bundle::new(&absolute(output_dir)?, &plan.batch_id);
+    run_history::weigh(&mut plan, &bundle, history_db);
     prepare::write_plan(&bundle, &plan, &manifest.path)?;
     Ok(Planned { bundle, plan })
 }
@@ -131,10 +137,11 @@ pub async fn run_case(
     start(req, plan, observer).await
 }
 
-async fn start(req: RunRequest, plan: Plan, observer: &mut dyn Observer) -> Result<RunReport> {
+async fn start(req: RunRequest, mut plan: Plan, observer: &mut dyn Observer) -> Result<RunReport> {
     let root = absolute(&req.output_dir)?;
     let bundle = Bundle::new(&root, &plan.batch_id);
     prepare::check_same_task_list(&bundle, &plan)?;
+    run_history::weigh(&mut plan, &bundle, req.drive.history_db.as_deref());
     let choice = req.engine.for_batch(&bundle)?;
     let engine = choice.connect(&root).await?;
     // Someone else's batch under this id is refused before anything is written.

@@ -412,6 +412,23 @@ pub struct Plan {
     /// Non-fatal notes (for example `--max-cases` exceeded).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The weights the cases of `runtime:` lists were dealt by; `None`: evenly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<SpreadWeights>,
+}
+
+/// Per-runtime weights for dealing the cases of `runtime:` lists, and where they came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpreadWeights {
+    /// By runtime name: cases are dealt in proportion to the weight.
+    pub weights: BTreeMap<String, u32>,
+    /// Where the weights came from, for people (`run history: 2 batches`).
+    pub source: String,
+}
+
+impl SpreadWeights {
+    /// What every runtime weighs when nothing says otherwise.
+    pub const EVEN: u32 = 100;
 }
 
 /// `runtime:`: one runtime, or a list of runtimes that the cases naming it are spread over.

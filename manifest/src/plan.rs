@@ -18,7 +18,8 @@ use crate::case_dir::case_dir_name;
 use crate::model::{
     BatchSettings, CaseSource, CommandSpec, DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT_SECONDS, Defaults, FakeScript, ManifestFormat, PLAN_SCHEMA_VERSION, Plan,
-    PlannedCase, Provenance, Resources, RunSpec, RuntimeChoice, RuntimeKind, Sandbox, SummarySpec,
+    PlannedCase, Provenance, Resources, RunSpec, RuntimeChoice, RuntimeKind, Sandbox,
+    SpreadWeights, SummarySpec,
 };
 use crate::report::{FieldPath, Report};
 use crate::runtimes::{self, Lookup, Table};
@@ -130,6 +131,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
             oom_auto_boost: defaults.oom_auto_boost.unwrap_or(false),
         },
         fingerprint: fingerprint(&cases),
+        spread: None,
         summary: loaded.summary,
         runtimes: runtimes.specs(),
         cases,
@@ -385,10 +387,14 @@ fn case_runtimes(
 }
 
 /// Deals the cases naming one list of runtimes to its runtimes, in plan order: a smooth
-/// weighted round-robin (nginx's), every runtime weighing 1 for now, so each takes the next
-/// case in turn and the shares never differ by more than one.
+/// weighted round-robin (nginx's). Without weights every runtime weighs the same, so each
+/// takes the next case in turn and the shares never differ by more than one; with weights
+/// (from the run history, [`Plan::deal_spread`]) each takes cases in proportion, evenly
+/// interleaved.
 #[derive(Default)]
 struct Dealer {
+    /// Per runtime name; a runtime not named weighs [`SpreadWeights::EVEN`].
+    weights: BTreeMap<String, u32>,
     /// Per list, each runtime's current weight.
     current: HashMap<Vec<String>, Vec<i64>>,
 }
@@ -396,7 +402,10 @@ struct Dealer {
 impl Dealer {
     /// The index, in `names`, of the runtime that takes the next case.
     fn deal(&mut self, names: &[String]) -> usize {
-        let weights = vec![1i64; names.len()];
+        let weights: Vec<i64> = names
+            .iter()
+            .map(|n| i64::from(*self.weights.get(n).unwrap_or(&SpreadWeights::EVEN)))
+            .collect();
         let total: i64 = weights.iter().sum();
         let current = self
             .current
@@ -412,6 +421,33 @@ impl Dealer {
             .unwrap_or(0);
         current[pick] -= total;
         pick
+    }
+}
+
+impl Plan {
+    /// Deals the cases of every `runtime:` list again, by `weights`, and records them. The
+    /// deal is the same smooth weighted round-robin in plan order, so the same weights always
+    /// give the same split; the fingerprint does not cover where a case runs, so it stays.
+    pub fn deal_spread(&mut self, weights: SpreadWeights) {
+        let mut dealer = Dealer {
+            weights: weights.weights.clone(),
+            current: HashMap::new(),
+        };
+        for i in 0..self.cases.len() {
+            if self.cases[i].runtime_spread.is_empty() {
+                continue;
+            }
+            let share = dealer.deal(&self.cases[i].runtime_spread);
+            let name = self.cases[i].runtime_spread[share].clone();
+            // Every name of a list resolved when the plan was made.
+            if let Some((kind, spec)) = self.runtime_named(&name) {
+                let table_name = spec.map(|_| name);
+                let case = &mut self.cases[i];
+                case.runtime = kind;
+                case.runtime_name = table_name;
+            }
+        }
+        self.spread = Some(weights);
     }
 }
 

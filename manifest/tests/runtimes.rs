@@ -6,7 +6,8 @@ mod common;
 use std::path::Path;
 
 use casebatch_manifest::{
-    LoadOptions, ManifestError, Plan, RuntimeChoice, RuntimeKind, RuntimeSpec, load_plan,
+    LoadOptions, ManifestError, Plan, RuntimeChoice, RuntimeKind, RuntimeSpec, SpreadWeights,
+    load_plan,
 };
 use common::*;
 
@@ -502,6 +503,61 @@ fn a_list_of_runtimes_deals_its_cases_to_them_in_turn_and_records_the_list() {
     let flagged = load_plan(&write(dir.path(), "f.yaml", SPREAD), &opts).unwrap();
     assert_eq!(flagged.cases[0].runtime_name.as_deref(), Some("box-b"));
     assert_eq!(flagged.cases[1].runtime_name.as_deref(), Some("box-a"));
+}
+
+#[test]
+fn weights_deal_a_list_in_proportion_evenly_interleaved_and_keep_the_fingerprint() {
+    let dir = tempfile::tempdir().unwrap();
+    let eight: String = (1..=8)
+        .map(|i| format!("  - {{task_id: w{i}}}\n"))
+        .collect();
+    let text = format!(
+        "batch_id: weighted\nruntimes:\n  fast: {{kind: agent, endpoint: \"http://127.0.0.1:7301\"}}\n  \
+         slow: {{kind: agent, endpoint: \"http://127.0.0.1:7302\"}}\ndefaults:\n  runtime: [slow, fast]\n  \
+         harness: ./run.sh\ntasks:\n{eight}"
+    );
+    let even = load(&write(dir.path(), "w.yaml", &text)).unwrap_or_else(|e| panic!("{e}"));
+    let on = |plan: &Plan, name: &str| {
+        plan.cases
+            .iter()
+            .filter(|c| c.runtime_name.as_deref() == Some(name))
+            .count()
+    };
+    assert_eq!((on(&even, "fast"), on(&even, "slow")), (4, 4));
+
+    // A 3×-slower runtime weighs a third: 6 of 8 cases go to the fast one.
+    let mut weighted = even.clone();
+    weighted.deal_spread(SpreadWeights {
+        weights: [("fast".to_string(), 200), ("slow".to_string(), 67)].into(),
+        source: "run history: 1 batch".into(),
+    });
+    assert_eq!((on(&weighted, "fast"), on(&weighted, "slow")), (6, 2));
+    let names: Vec<&str> = weighted
+        .cases
+        .iter()
+        .map(|c| c.runtime_name.as_deref().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "fast", "slow", "fast", "fast", "fast", "slow", "fast", "fast"
+        ],
+        "interleaved, not 6 then 2"
+    );
+    assert_eq!(weighted.fingerprint, even.fingerprint);
+    assert_eq!(
+        weighted.spread.as_ref().unwrap().source,
+        "run history: 1 batch"
+    );
+    // Even weights give the plan's own deal back.
+    let mut again = weighted.clone();
+    again.deal_spread(SpreadWeights {
+        weights: Default::default(),
+        source: "even".into(),
+    });
+    let before: Vec<_> = even.cases.iter().map(|c| c.runtime_name.clone()).collect();
+    let after: Vec<_> = again.cases.iter().map(|c| c.runtime_name.clone()).collect();
+    assert_eq!(before, after);
 }
 
 #[test]

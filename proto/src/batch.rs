@@ -49,6 +49,26 @@ pub struct BatchInput {
     /// batch started before spillover existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routes: Option<Routes>,
+    /// Tail speculation for cases dealt from a list. `None`: off (turned off for the run, no
+    /// case names a list, or the batch started before speculation existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<Speculation>,
+}
+
+/// When a straggler of a routed case gets a duplicate on another runtime of its list: once
+/// every case has been dispatched, after `2 ×` the median duration of the batch's finished
+/// attempts, never sooner than [`Speculation::FLOOR_MS`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Speculation {
+    /// The run-history index's median for this harness: the median used until an attempt of
+    /// this batch has run to its end. `None`: no duplicate before one has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed_ms: Option<u64>,
+}
+
+impl Speculation {
+    /// A straggler is never duplicated sooner than this after its dispatch.
+    pub const FLOOR_MS: u64 = 10_000;
 }
 
 /// The runtime lists of a batch, compact: runtimes are named once, lists and cases refer to
@@ -167,6 +187,12 @@ pub struct Counters {
     /// Changes of the effective width (concurrency) because circuits opened or closed.
     #[serde(default)]
     pub width_changes: u32,
+    /// Stragglers given a duplicate on another runtime by tail speculation.
+    #[serde(default)]
+    pub speculations: u32,
+    /// Speculations whose duplicate finished first (the original was killed).
+    #[serde(default)]
+    pub speculation_wins: u32,
 }
 
 /// One step of the progress timeline.
@@ -263,6 +289,10 @@ pub struct BatchStatus {
     /// The batch's runtimes whose circuit it last saw open.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub open_circuits: Vec<crate::Circuit>,
+    /// How long a routed case may be in flight before tail speculation duplicates it, once
+    /// the threshold is known (speculation on, a median or a seed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculate_after_ms: Option<u64>,
 }
 
 /// One runtime envelope's use by the batch, in `status`.

@@ -137,6 +137,16 @@ pub struct AttemptSummary {
     /// Set once cleanup has run: whether it confirmed nothing of the attempt is left.
     #[serde(default)]
     pub cleanup_confirmed: Option<bool>,
+    /// Workflow time (ms since the epoch) the attempt was dispatched, and the time its job
+    /// settled; absent in records made before they were kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at_ms: Option<u64>,
+    /// One of two copies of the case raced by tail speculation that lost: its job was killed
+    /// and cleaned up, and it is kept as evidence, never as the case's result.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub speculative_loser: bool,
 }
 
 impl AttemptSummary {
@@ -154,7 +164,15 @@ impl AttemptSummary {
             memory_boost_mb: key.memory_boost_mb,
             memory_limit_mb: None,
             cleanup_confirmed: None,
+            started_at_ms: None,
+            ended_at_ms: None,
+            speculative_loser: false,
         }
+    }
+
+    /// How long the attempt ran, dispatch to settle, when both ends are known.
+    pub fn duration_ms(&self) -> Option<u64> {
+        Some(self.ended_at_ms?.saturating_sub(self.started_at_ms?))
     }
 }
 

@@ -704,3 +704,165 @@ fn supersede_kills_a_stale_batch_s_running_jobs_and_a_new_run_replaces_it() {
         "{events}"
     );
 }
+
+/// A harness for a fast and a 3×-slower agent: `sleep $1` on `fast`, `sleep $2` elsewhere;
+/// each start and end is a line of `started.log` / `ended.log`.
+fn paced(fast_s: &str, slow_s: &str) -> String {
+    format!(
+        r#"echo "$CASEBATCH_CASE_ID $AGENT_NAME" >> "$SANDBOX/started.log"; if [ "$AGENT_NAME" = fast ]; then sleep {fast_s}; else sleep {slow_s}; fi; echo "$CASEBATCH_CASE_ID $AGENT_NAME" >> "$SANDBOX/ended.log"; echo '{{}}' > "$CASEBATCH_RESULT""#
+    )
+}
+
+/// Cases of a plan by the runtime they were dealt to.
+fn dealt(plan: &serde_json::Value) -> std::collections::BTreeMap<String, usize> {
+    let mut by = std::collections::BTreeMap::new();
+    for case in plan["cases"].as_array().unwrap() {
+        *by.entry(case["runtime_name"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    by
+}
+
+/// The run history weighs a runtime list: after one batch on a fast and a 3×-slower agent,
+/// a new 8-case batch is dealt about 6:2 toward the fast one (evenly it was 4:4), the plan
+/// says why, and `casebatch history` shows the medians it came from.
+#[test]
+fn the_run_history_deals_a_list_toward_its_faster_runtime() {
+    let sb = Sandbox::engine();
+    let slow = Agent::start(&sb, "slow", &[]);
+    let fast = Agent::start(&sb, "fast", &[]);
+    let learn = sb.write(
+        "learn.yaml",
+        &manifest("learn", &[&slow, &fast], 4, &paced("1", "3"), ""),
+    );
+    assert_exit(&sb.run_batch(&learn), 0);
+    let even = sb.json(&sb.bundle("learn").join("batch_plan.json"));
+    assert_eq!(dealt(&even)["fast"], 2, "no history yet: dealt evenly");
+    assert!(even.get("spread").is_none(), "{even:#}");
+
+    let out = sb.out();
+    let o = sb.run(&["history", "--output-dir", out.to_str().unwrap(), "--json"]);
+    assert_exit(&o, 0);
+    let view: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let median = |runtime: &str| {
+        view["medians"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["runtime"] == runtime)
+            .unwrap_or_else(|| panic!("no median for {runtime}: {view:#}"))["median_ms"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(
+        median("slow") > 2 * median("fast"),
+        "slow {} ms, fast {} ms",
+        median("slow"),
+        median("fast")
+    );
+
+    let weighted = sb.write(
+        "weighted.yaml",
+        &manifest("weighted", &[&slow, &fast], 8, &paced("1", "3"), ""),
+    );
+    let o = sb.run(&[
+        "batch",
+        "plan",
+        "--manifest",
+        weighted.to_str().unwrap(),
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 0);
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("dealt by weight"), "{said}");
+    let plan = sb.json(&sb.bundle("weighted").join("batch_plan.json"));
+    let by = dealt(&plan);
+    assert!(
+        (6..=7).contains(&by["fast"]),
+        "fast should take about 6 of 8: {by:?}\n{said}"
+    );
+    assert!(
+        plan["spread"]["source"]
+            .as_str()
+            .unwrap()
+            .contains("1 earlier batch"),
+        "{:#}",
+        plan["spread"]
+    );
+    // Running it keeps the deal the plan recorded.
+    assert_exit(&sb.run_batch(&weighted), 0);
+    let ran = sb.json(&sb.bundle("weighted").join("batch_plan.json"));
+    assert_eq!(dealt(&ran), by);
+    let o = sb.run(&[
+        "history",
+        "rebuild",
+        "--output-dir",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_exit(&o, 0);
+    let rebuilt: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rebuilt["refreshed"]["indexed"], 2, "{rebuilt:#}");
+}
+
+/// Tail speculation: once every case is dispatched, the stragglers on the slow agent get a
+/// duplicate on the fast one; the duplicate wins, the original's job is killed and its
+/// attempt kept as evidence, and each case has exactly one result.
+#[test]
+fn a_straggler_on_a_slow_runtime_is_duplicated_on_a_fast_one_and_the_first_result_wins() {
+    let sb = Sandbox::engine();
+    let slow = Agent::start(&sb, "slow", &[]);
+    let fast = Agent::start(&sb, "fast", &[]);
+    let m = sb.write(
+        "tail.yaml",
+        &manifest("tail", &[&slow, &fast], 4, &paced("1", "47"), ""),
+    );
+    let o = sb.run_batch(&m);
+    assert_exit(&o, 0);
+    let status = sb.status("tail");
+    let counters = &status["status"]["counters"];
+    assert_eq!(counters["speculations"], 2, "{counters}");
+    assert_eq!(counters["speculation_wins"], 2, "{counters}");
+    assert_eq!(counters["retries"], 0, "{counters}");
+    let steps = timeline(&status);
+    assert!(
+        steps.iter().any(|s| s == "tail speculation slow ⇢ fast"),
+        "{steps:#?}"
+    );
+    // The slow share (c0, c2) started twice, ended once, on the fast agent.
+    let ended = lines(&sb, "ended.log");
+    for case in ["c0", "c2"] {
+        let tries = attempts(&sb, "tail", case);
+        assert_eq!(tries.len(), 2, "{case}: {tries:#?}");
+        assert_eq!(tries[0]["runtime_name"], "slow");
+        assert_eq!(tries[0]["summary"]["speculative_loser"], true);
+        assert_eq!(tries[0]["summary"]["actor"], "cancelled");
+        assert_eq!(tries[0]["cleanup_confirmed"], true);
+        assert_eq!(tries[1]["runtime_name"], "fast");
+        assert!(tries[1]["summary"].get("speculative_loser").is_none());
+        let result = sb.case_result("tail", case);
+        assert_eq!(result["state"], "succeeded", "{result:#}");
+        assert_eq!(result["attempts"], 2);
+        assert_eq!(
+            ended
+                .iter()
+                .filter(|l| l.starts_with(&format!("{case} ")))
+                .collect::<Vec<_>>(),
+            [&format!("{case} fast")],
+            "one result per case: {ended:?}"
+        );
+    }
+    for case in ["c1", "c3"] {
+        assert_eq!(
+            attempts(&sb, "tail", case).len(),
+            1,
+            "{case}: no speculation"
+        );
+    }
+    assert!(no_process_matches("sleep 47"), "the losers' jobs are gone");
+    let summary = sb.json(&sb.bundle("tail").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], 4, "{summary:#}");
+    assert_eq!(summary["speculative_losers"], 2, "{summary:#}");
+    assert_eq!(summary["attempts_total"], 6, "{summary:#}");
+}

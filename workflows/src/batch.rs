@@ -39,6 +39,7 @@ use crate::admission::Envelopes;
 use crate::case::{CaseDone, CaseParams, Pipeline, run_case};
 use crate::circuits::Circuits;
 use crate::contracts::{Finalize, Sweep};
+use crate::tail::Tail;
 use crate::visibility;
 
 /// The timeline keeps its newest steps only, so history stays compact.
@@ -69,6 +70,8 @@ pub struct BatchWorkflow {
     pub(crate) circuits: Option<Circuits>,
     /// Cases admitted at once while open circuits hold the batch below `concurrency`.
     width: Option<u32>,
+    /// Tail speculation's view of the batch; `None` when it is off or nothing is routed.
+    pub(crate) tail: Option<Tail>,
     /// Bumped by every control signal (and every circuit seen opening or closing) so the
     /// admission loop wakes up.
     pub(crate) control_gen: u64,
@@ -94,6 +97,11 @@ impl BatchWorkflow {
         // Runtimes with an envelope take no more than it at once; the rest wait here.
         let admission = Envelopes::new(&input, &slots);
         let circuits = Circuits::new(&input);
+        // Only a routed case has somewhere else to run a duplicate.
+        let tail = circuits
+            .as_ref()
+            .and(input.speculation.as_ref())
+            .map(Tail::new);
         Self {
             input,
             slots,
@@ -108,6 +116,7 @@ impl BatchWorkflow {
             admission,
             circuits,
             width: None,
+            tail,
             control_gen: 0,
             in_flight: BTreeSet::new(),
             finished: false,
@@ -140,6 +149,8 @@ impl BatchWorkflow {
         let budget = ctx.state(|s| s.input.history_budget.unwrap_or(DEFAULT_HISTORY_BUDGET));
         let mut inflight: Vec<(u32, LocalBoxFuture<'static, CaseDone>)> = Vec::new();
         let mut cursor = 0usize;
+        // Wakes the loop when the next straggler is due for speculation: (due at, timer).
+        let mut tail_timer: Option<(u64, LocalBoxFuture<'static, ()>)> = None;
 
         loop {
             let (paused, draining, cancelling, gen_seen) =
@@ -152,17 +163,21 @@ impl BatchWorkflow {
                     sweep(ctx).await;
                 }
             }
-            if !paused && !draining && !cancelling && !history_full {
+            let admitting = !paused && !draining && !cancelling && !history_full;
+            // Whether admission ran out of cases (not of room): the tail may have begun.
+            let mut exhausted = false;
+            if admitting {
                 // Read on every pass: a lowered limit lets running cases finish and admits
                 // nothing until fewer run; a raised one admits at once. Open circuits narrow
-                // it the same way, never cancelling what runs.
+                // it the same way, never cancelling what runs. Duplicates take room too.
                 let limit = width(ctx) as usize;
-                while inflight.len() < limit {
+                while inflight.len() + tail_load(ctx) < limit {
                     let next = match ctx.state_mut(|s| s.admission.as_mut().map(Envelopes::next)) {
                         Some(next) => next,
                         None => next_queued(ctx, &mut cursor),
                     };
                     let Some(index) = next else {
+                        exhausted = true;
                         break;
                     };
                     let params = ctx.state_mut(|s| {
@@ -186,6 +201,13 @@ impl BatchWorkflow {
                     let fut = run_case(ctx.clone(), params, case_cancel.clone());
                     inflight.push((index, Box::pin(fut)));
                 }
+            }
+            if exhausted && !inflight.is_empty() {
+                let room = width(ctx) as usize;
+                let room = room.saturating_sub(inflight.len() + tail_load(ctx)) as u32;
+                tail_timer = speculate_due(ctx, room, tail_timer);
+            } else {
+                tail_timer = None;
             }
 
             if inflight.is_empty() {
@@ -236,6 +258,13 @@ impl BatchWorkflow {
                     if let Poll::Ready(done) = fut.as_mut().poll(cx) {
                         return Poll::Ready(Some((i, done)));
                     }
+                }
+                if let Some((_, timer)) = tail_timer.as_mut()
+                    && timer.as_mut().poll(cx).is_ready()
+                {
+                    // A straggler is due: the next pass asks it.
+                    tail_timer = None;
+                    return Poll::Ready(None);
                 }
                 match control.as_mut().map(|c| Pin::new(c).poll(cx)) {
                     Some(Poll::Ready(_)) => Poll::Ready(None),
@@ -523,6 +552,7 @@ impl BatchWorkflow {
                 .as_ref()
                 .map(Circuits::open_circuits)
                 .unwrap_or_default(),
+            speculate_after_ms: self.tail.as_ref().and_then(Tail::threshold_ms),
         }
     }
 
@@ -619,7 +649,56 @@ fn record_case(ctx: &WorkflowContext<BatchWorkflow>, done: CaseDone) {
         s.counters.oom_boosts += done.oom_boosts;
         s.counters.spillovers += done.spillovers;
         s.counters.circuit_skips += done.circuit_skips;
+        s.counters.speculations += done.speculations;
+        s.counters.speculation_wins += done.speculation_wins;
     });
+}
+
+/// Slots taken beyond the admitted cases: duplicates in flight, and stragglers asked to
+/// speculate that have not started theirs yet.
+fn tail_load(ctx: &WorkflowContext<BatchWorkflow>) -> usize {
+    ctx.state(|s| {
+        s.tail
+            .as_ref()
+            .map_or(0, |t| (t.duplicates + t.pending_asks()) as usize)
+    })
+}
+
+/// Once every case has been dispatched: asks the stragglers past the threshold to speculate
+/// (at most `room`, the batch's free slots; the case starts its duplicate when next polled)
+/// and keeps a timer for the next one due. `armed` is the timer already running, kept when
+/// it fires no later than needed (a timer that fires early only re-arms).
+fn speculate_due(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    room: u32,
+    armed: Option<(u64, LocalBoxFuture<'static, ()>)>,
+) -> Option<(u64, LocalBoxFuture<'static, ()>)> {
+    if room == 0 || ctx.state(|s| s.tail.is_none()) {
+        return None;
+    }
+    // Admission found no case to admit; envelopes may still hold queued ones back.
+    if ctx.state(|s| s.slots.iter().any(|c| c.state == CaseState::Queued)) {
+        return None;
+    }
+    let now = crate::case::workflow_ms(ctx);
+    let next = ctx.state_mut(|s| {
+        let t = s.tail.as_mut()?;
+        t.ask_due(now, room);
+        t.next_due()
+    })?;
+    if let Some((at, timer)) = armed
+        && at <= next
+    {
+        return Some((at, timer));
+    }
+    let wait = Duration::from_millis(next.saturating_sub(now).max(1));
+    let timer_ctx = ctx.clone();
+    Some((
+        next,
+        Box::pin(async move {
+            let _ = timer_ctx.timer(wait).await;
+        }),
+    ))
 }
 
 /// `supersede`'s force-kill: every runtime that can kill by batch does so now, before the

@@ -157,6 +157,9 @@ mod tests {
             memory_boost_mb: None,
             memory_limit_mb: None,
             cleanup_confirmed: None,
+            started_at_ms: None,
+            ended_at_ms: None,
+            speculative_loser: false,
         }
     }
 

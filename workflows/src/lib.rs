@@ -13,6 +13,7 @@ mod case;
 mod circuits;
 pub mod contracts;
 pub mod decide;
+mod tail;
 mod visibility;
 
 pub use batch::BatchWorkflow;

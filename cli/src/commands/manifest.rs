@@ -19,8 +19,9 @@ pub fn validate(m: &ManifestArgs) -> CliResult {
 }
 
 pub fn plan(m: &ManifestArgs, output_dir: &Path) -> CliResult {
-    let planned = casebatch_control::plan(&m.input()?, output_dir)?;
+    let planned = casebatch_control::plan(&m.input()?, output_dir, None)?;
     render::warnings(&planned.plan);
+    render::spread(&planned.plan);
     say!(
         "planned {} case(s) of batch {} into {} (nothing executed)",
         planned.plan.cases.len(),

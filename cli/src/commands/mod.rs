@@ -49,5 +49,6 @@ pub async fn dispatch(command: Command) -> CliResult {
         Command::Agent(args) => agent::run(args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Harness(h) => demo::harness(h).await,
+        Command::History(args) => status::run_history(&args),
     }
 }

@@ -10,8 +10,10 @@ use crate::render::{self, Progress};
 pub async fn run(args: RunArgs) -> CliResult {
     let manifest = args.manifest.input()?;
     if args.dry_run {
-        let planned = casebatch_control::plan(&manifest, &args.output_dir)?;
+        let planned =
+            casebatch_control::plan(&manifest, &args.output_dir, args.history_db.as_deref())?;
         render::warnings(&planned.plan);
+        render::spread(&planned.plan);
         say!(
             "dry run: planned {} case(s) into {}; nothing executed",
             planned.plan.cases.len(),
@@ -27,6 +29,8 @@ pub async fn run(args: RunArgs) -> CliResult {
             without_worker: args.no_worker,
             history_budget: args.history_budget,
             supersede: args.supersede,
+            no_speculation: args.no_speculation,
+            history_db: args.history_db,
             ..DriveOptions::default()
         },
     };

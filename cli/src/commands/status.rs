@@ -1,7 +1,7 @@
 //! `batch status` (live when the batch runs), `batch report` (from the bundle alone; no
 //! engine needed) and `batch history`.
 
-use crate::cli::BatchRef;
+use crate::cli::{BatchRef, HistoryArgs, HistoryCommand};
 use crate::exit::{CliResult, Exit};
 use crate::render;
 
@@ -38,5 +38,22 @@ pub async fn history(
     let wid = casebatch_control::history(&r.location()?, &r.engine.choice(), run_id, breaker, out)
         .await?;
     say!("wrote the history of {wid} to {}", out.display());
+    Ok(Exit::Success)
+}
+
+/// `casebatch history [rebuild]`: the index refreshed (or rebuilt) from the bundles, then its
+/// medians.
+pub fn run_history(args: &HistoryArgs) -> CliResult {
+    let rebuild = matches!(args.command, Some(HistoryCommand::Rebuild));
+    let view =
+        casebatch_control::history_view(&args.output_dir, args.history_db.as_deref(), rebuild)?;
+    if args.json {
+        say!(
+            "{}",
+            serde_json::to_string_pretty(&view).unwrap_or_default()
+        );
+    } else {
+        render::history_view(&view);
+    }
     Ok(Exit::Success)
 }

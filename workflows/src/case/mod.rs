@@ -17,13 +17,15 @@
 //! patch marker.
 
 mod legacy;
+mod speculate;
 
 use std::time::Duration;
 
 use casebatch_proto::{
     ActorStatus, AttemptKey, AttemptSummary, CaseState, CleanupInput, Failure, FailureClass,
-    FailureCode, SettleInput, Settled, Stage, StartResult,
+    FailureCode, JobRef, SettleInput, Settled, Stage, StartResult,
 };
+use futures::future::LocalBoxFuture;
 use temporalio_common::RetryPolicy;
 use temporalio_common::protos::temporal::api::failure::v1::{
     Failure as ProtoFailure, failure::FailureInfo,
@@ -98,6 +100,8 @@ pub(crate) struct CaseDone {
     pub oom_boosts: u32,
     pub spillovers: u32,
     pub circuit_skips: u32,
+    pub speculations: u32,
+    pub speculation_wins: u32,
     /// Timeline messages about this case (the case is named by the step, not the text).
     pub notes: Vec<String>,
 }
@@ -193,6 +197,8 @@ pub(crate) async fn run_case(
         oom_boosts: 0,
         spillovers: 0,
         circuit_skips: 0,
+        speculations: 0,
+        speculation_wins: 0,
         notes: Vec::new(),
     };
     let mut spent = Spent::default();
@@ -309,7 +315,8 @@ fn stage_options(
 
 /// One attempt through every stage. Cleanup runs for every attempt that got as far as being
 /// started (it also writes the attempt record), on a cancellation token detached from the
-/// batch's so a cancel cannot skip it.
+/// batch's so a cancel cannot skip it. A routed straggler may race a duplicate on another
+/// runtime of its list ([`speculate`]); the attempt is then whichever settles first.
 async fn run_attempt(
     ctx: &WorkflowContext<BatchWorkflow>,
     p: &CaseParams,
@@ -318,13 +325,13 @@ async fn run_attempt(
     spent: Spent,
     mut routed: Routed<'_>,
 ) -> (AttemptSummary, Next) {
-    let key = &mut key;
-    let mut s = AttemptSummary::new(key);
+    let mut s = AttemptSummary::new(&key);
+    s.started_at_ms = Some(workflow_ms(ctx));
 
     // start: provision + submit, on any worker (routed over the case's runtime list)
     let mut host_queue = None;
     let mut job = None;
-    match dispatch(ctx, key, cancel, &mut routed).await {
+    match dispatch(ctx, &mut key, cancel, &mut routed).await {
         Some(Ok(StartResult::Started(j))) => {
             host_queue = j.host_queue.clone();
             job = Some(j);
@@ -344,28 +351,39 @@ async fn run_attempt(
         Some(Ok(StartResult::Skipped { .. })) | None => s.actor = Some(ActorStatus::Cancelled),
         Some(Err(e)) => mark_error(&mut s, cancel, Stage::Provision, &e),
     }
-    let key = &*key;
-    let short = Duration::from_secs(60);
+    let mut attempt = Attempt {
+        key,
+        host_queue,
+        summary: s,
+    };
 
     // settle: await + evaluate + collect where the job runs; a retry adopts the job
     if let Some(job) = job {
-        // The actor's limit, then the evaluator's (at least a minute), then slack.
-        let timeout = Duration::from_secs(2 * p.max_timeout_seconds.max(60) + 120);
-        let mut opts = stage_options("settle", key, timeout, host_queue.clone(), cancel);
-        // On cancel, wait until the activity has stopped its job, so cleanup never races a
-        // process that is still being killed.
-        opts.cancellation_type = ActivityCancellationType::WaitCancellationCompleted;
-        opts.retry_policy = Some(retry_policy(Duration::from_millis(500), 20));
-        let input = SettleInput {
-            key: key.clone(),
+        let token = cancel.child_token();
+        let settle = settle_job(
+            ctx,
+            p,
+            &attempt.key,
             job,
-        };
-        match ctx.execute_activity(Settle, input, opts).await {
-            Ok(settled) => apply_settled(&mut s, key, settled),
-            Err(e) if !cancel.is_cancelled() && is_timeout(&e) => mark_job_lost(&mut s, &e),
-            Err(e) => mark_error(&mut s, cancel, Stage::Await, &e),
+            attempt.host_queue.clone(),
+            &token,
+        );
+        if speculate::may(ctx, &routed) {
+            if let Some(loser) =
+                speculate::race(ctx, p, &mut attempt, settle, token, cancel, &mut routed).await
+            {
+                clean_up(ctx, loser, false, routed.done).await;
+            }
+        } else {
+            let result = settle.await;
+            attempt.settled(ctx, &token, result);
         }
     }
+    let Attempt {
+        key,
+        host_queue,
+        summary: mut s,
+    } = attempt;
 
     // Decide once, before cleanup: the bundle records exactly what the workflow decides.
     let mut next = decide_attempt(&mut s, cancel, p.policy, spent);
@@ -375,25 +393,116 @@ async fn run_attempt(
     }
 
     // cleanup: always, where the attempt ran
+    let will_retry = !matches!(next, Next::Finish(_));
+    let done = Attempt {
+        key,
+        host_queue,
+        summary: s,
+    };
+    let s = clean_up(ctx, done, will_retry, routed.done).await;
+    (s, next)
+}
+
+/// An attempt as it goes through its stages: where it runs and what it reported so far.
+struct Attempt {
+    key: AttemptKey,
+    host_queue: Option<String>,
+    summary: AttemptSummary,
+}
+
+impl Attempt {
+    /// Folds `settle`'s outcome into the summary (`token`: the one the settle ran under).
+    fn settled(
+        &mut self,
+        ctx: &WorkflowContext<BatchWorkflow>,
+        token: &WorkflowCancellationToken,
+        result: Result<Settled, ActivityExecutionError>,
+    ) {
+        let s = &mut self.summary;
+        match result {
+            Ok(settled) => apply_settled(s, &self.key, settled),
+            Err(e) if !token.is_cancelled() && is_timeout(&e) => mark_job_lost(s, &e),
+            Err(e) => mark_error(s, token, Stage::Await, &e),
+        }
+        s.ended_at_ms = Some(workflow_ms(ctx));
+        // The tail's median learns from every attempt that ran to its end.
+        if s.actor == Some(ActorStatus::Finished)
+            && let Some(ms) = s.duration_ms()
+        {
+            ctx.state_mut(|st| {
+                if let Some(t) = st.tail.as_mut() {
+                    t.ran(ms);
+                }
+            });
+        }
+    }
+
+    fn ran_to_end(&self) -> bool {
+        self.summary.actor == Some(ActorStatus::Finished)
+    }
+}
+
+/// `settle` of a started job, as an owned future (it may race a duplicate's).
+fn settle_job(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    p: &CaseParams,
+    key: &AttemptKey,
+    job: JobRef,
+    host_queue: Option<String>,
+    token: &WorkflowCancellationToken,
+) -> LocalBoxFuture<'static, Result<Settled, ActivityExecutionError>> {
+    // The actor's limit, then the evaluator's (at least a minute), then slack.
+    let timeout = Duration::from_secs(2 * p.max_timeout_seconds.max(60) + 120);
+    let mut opts = stage_options("settle", key, timeout, host_queue, token);
+    // On cancel, wait until the activity has stopped its job, so cleanup never races a
+    // process that is still being killed.
+    opts.cancellation_type = ActivityCancellationType::WaitCancellationCompleted;
+    opts.retry_policy = Some(retry_policy(Duration::from_millis(500), 20));
+    let input = SettleInput {
+        key: key.clone(),
+        job,
+    };
+    let ctx = ctx.clone();
+    Box::pin(async move { ctx.execute_activity(Settle, input, opts).await })
+}
+
+/// Runs `cleanup` where the attempt ran, on a token no cancel reaches, and returns the
+/// summary with the confirmation. An unconfirmed cleanup of a speculation's loser is
+/// counted here; the case's own attempt is counted by the caller.
+async fn clean_up(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    attempt: Attempt,
+    will_retry: bool,
+    done: &mut CaseDone,
+) -> AttemptSummary {
+    let Attempt {
+        key,
+        host_queue,
+        mut summary,
+    } = attempt;
     let input = CleanupInput {
         key: key.clone(),
-        summary: s.clone(),
-        will_retry: !matches!(next, Next::Finish(_)),
+        summary: summary.clone(),
+        will_retry,
     };
     let detached = WorkflowCancellationToken::new();
+    let short = Duration::from_secs(60);
     let confirmed = match ctx
         .execute_activity(
             Cleanup,
             input,
-            stage_options("cleanup", key, short, host_queue, &detached),
+            stage_options("cleanup", &key, short, host_queue, &detached),
         )
         .await
     {
         Ok(r) => r.cleanup_confirmed,
         Err(_) => false,
     };
-    s.cleanup_confirmed = Some(confirmed);
-    (s, next)
+    summary.cleanup_confirmed = Some(confirmed);
+    if summary.speculative_loser && !confirmed {
+        done.cleanup_unconfirmed += 1;
+    }
+    summary
 }
 
 /// Where a case dealt from a runtime list is: its list, the runtime it is on (its share
@@ -421,7 +530,7 @@ struct Routed<'a> {
     done: &'a mut CaseDone,
 }
 
-fn workflow_ms(ctx: &WorkflowContext<BatchWorkflow>) -> u64 {
+pub(crate) fn workflow_ms(ctx: &WorkflowContext<BatchWorkflow>) -> u64 {
     ctx.workflow_time()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_millis() as u64)

@@ -1,0 +1,253 @@
+//! Tail speculation, the case's side: a routed straggler that the batch asks to speculate
+//! (`crate::tail`) starts one duplicate on another runtime of its list whose circuit the
+//! batch has not seen open, and races it against its own job. The first copy to run to its
+//! end wins; the other is cancelled (its settle stops the job), cleaned up, and kept as
+//! evidence marked `speculative_loser`. A copy that ends without running to its end (a
+//! failed start, a lost job) does not win by ending first: the race waits for the other.
+//!
+//! ```text
+//!   settle(a) ─────────────────────────────┐ first to run to its end wins
+//!        └ asked ► start(b) ► settle(b) ───┘ the other: cancelled, cleaned up, kept
+//! ```
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use casebatch_proto::{
+    ActorStatus, AttemptKey, AttemptSummary, Failure, FailureCode, Settled, Stage, StartResult,
+};
+use futures::future::LocalBoxFuture;
+use temporalio_sdk::{ActivityExecutionError, WorkflowCancellationToken, WorkflowContext};
+
+use super::{Attempt, CaseParams, Routed, mark_error, settle_job, stage_options, workflow_ms};
+use crate::batch::{BatchWorkflow, note};
+use crate::contracts::Start;
+
+/// Whether this attempt can take part: the batch speculates and the case has a list.
+pub(super) fn may(ctx: &WorkflowContext<BatchWorkflow>, routed: &Routed<'_>) -> bool {
+    routed.route.is_some() && ctx.state(|s| s.tail.is_some())
+}
+
+type SettleFuture = LocalBoxFuture<'static, Result<Settled, ActivityExecutionError>>;
+
+/// Settles `primary`, racing a duplicate if the batch asks for one while it waits. On return
+/// `primary` holds the attempt that counts (the duplicate, if it won); the loser, if a
+/// duplicate ran, is returned for cleanup.
+pub(super) async fn race(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    p: &CaseParams,
+    primary: &mut Attempt,
+    settle: SettleFuture,
+    token: WorkflowCancellationToken,
+    cancel: &WorkflowCancellationToken,
+    routed: &mut Routed<'_>,
+) -> Option<Attempt> {
+    let case = p.case_index;
+    let dispatched = primary.summary.started_at_ms.unwrap_or_default();
+    ctx.state_mut(|s| with_tail(s, |t| t.waiting(case, dispatched)));
+    let mut settle = settle;
+
+    // Until the batch asks, this is a plain settle.
+    let asked = ctx
+        .wait_condition(move |s: &BatchWorkflow| s.tail.as_ref().is_some_and(|t| t.is_asked(case)));
+    let mut asked = pin!(asked);
+    let first = std::future::poll_fn(|cx| {
+        if let Poll::Ready(result) = settle.as_mut().poll(cx) {
+            return Poll::Ready(Some(result));
+        }
+        // Fused: after the workflow's cancellation resolved it, it stays pending.
+        match asked.as_mut().poll(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(None),
+            _ => Poll::Pending,
+        }
+    })
+    .await;
+    if let Some(result) = first {
+        primary.settled(ctx, &token, result);
+        ctx.state_mut(|s| with_tail(s, |t| t.settled(case)));
+        return None;
+    }
+
+    // Asked: one duplicate, on the next runtime of the list not seen open.
+    ctx.state_mut(|s| with_tail(s, |t| t.spend(case)));
+    let route = routed.route.as_deref_mut()?;
+    let target = ctx.state(|s| {
+        let c = s.circuits.as_ref()?;
+        let to = c.spill_target(&route.list, route.current)?;
+        Some((
+            to,
+            c.name(route.current).to_string(),
+            c.name(to).to_string(),
+        ))
+    });
+    let Some((to, from_name, to_name)) = target else {
+        note(
+            ctx,
+            Some(case),
+            "tail speculation skipped: no other runtime of the list is healthy".into(),
+        );
+        let result = settle.await;
+        primary.settled(ctx, &token, result);
+        ctx.state_mut(|s| with_tail(s, |t| t.settled(case)));
+        return None;
+    };
+    routed.done.attempts += 1;
+    routed.done.speculations += 1;
+    note(
+        ctx,
+        Some(case),
+        format!("tail speculation {from_name} ⇢ {to_name}"),
+    );
+    let key = AttemptKey {
+        attempt: routed.done.attempts,
+        runtime: Some(to_name.clone()),
+        ..primary.key.clone()
+    };
+    let mut duplicate = Attempt {
+        summary: AttemptSummary {
+            started_at_ms: Some(workflow_ms(ctx)),
+            ..AttemptSummary::new(&key)
+        },
+        key,
+        host_queue: None,
+    };
+    let dup_token = cancel.child_token();
+    ctx.state_mut(|s| with_tail(s, |t| t.duplicates += 1));
+    let copy_key = duplicate.key.clone();
+    let mut copy = pin!(run_duplicate(ctx, p, &copy_key, &dup_token));
+
+    // The race. Each copy is folded in when it ends; the first to run to its end wins and
+    // the other is cancelled (its settle waits until the job is stopped).
+    let mut primary_open = true;
+    let mut copy_open = true;
+    let mut winner = None;
+    while primary_open || copy_open {
+        let ended = std::future::poll_fn(|cx| {
+            if primary_open && let Poll::Ready(r) = settle.as_mut().poll(cx) {
+                return Poll::Ready(Ended::Primary(r));
+            }
+            if copy_open && let Poll::Ready((queue, end)) = copy.as_mut().poll(cx) {
+                return Poll::Ready(Ended::Copy(queue, end));
+            }
+            Poll::Pending
+        })
+        .await;
+        match ended {
+            Ended::Primary(result) => {
+                primary_open = false;
+                primary.settled(ctx, &token, result);
+                if winner.is_none() && primary.ran_to_end() {
+                    winner = Some(Copy::Primary);
+                    dup_token.cancel();
+                }
+            }
+            Ended::Copy(host_queue, end) => {
+                copy_open = false;
+                duplicate.host_queue = host_queue;
+                match end {
+                    CopyEnd::Settled(result) => duplicate.settled(ctx, &dup_token, result),
+                    CopyEnd::NotStarted(failure) => {
+                        if failure.stage == Stage::Submit {
+                            duplicate.summary.actor = Some(ActorStatus::Failed);
+                        }
+                        duplicate.summary.failure = Some(failure);
+                    }
+                    CopyEnd::StartError(e) => {
+                        mark_error(&mut duplicate.summary, &dup_token, Stage::Provision, &e);
+                    }
+                }
+                if winner.is_none() && duplicate.ran_to_end() {
+                    winner = Some(Copy::Duplicate);
+                    token.cancel();
+                }
+            }
+        }
+    }
+    ctx.state_mut(|s| {
+        with_tail(s, |t| {
+            t.duplicates -= 1;
+            t.settled(case);
+        })
+    });
+
+    // Neither ran to its end: the case's own attempt decides (a retry, a cancel).
+    let duplicate_won = winner == Some(Copy::Duplicate);
+    if duplicate_won {
+        std::mem::swap(primary, &mut duplicate);
+        route.current = to;
+        routed.done.speculation_wins += 1;
+    }
+    let mut loser = duplicate;
+    loser.summary.speculative_loser = true;
+    let (won_on, lost_on) = if duplicate_won {
+        (to_name, from_name)
+    } else {
+        (from_name, to_name)
+    };
+    routed.done.notes.push(format!(
+        "tail speculation: attempt {} on {won_on} counts; attempt {} on {lost_on} stopped \
+         and kept as evidence",
+        primary.key.attempt, loser.key.attempt
+    ));
+    Some(loser)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Copy {
+    Primary,
+    Duplicate,
+}
+
+enum Ended {
+    Primary(Result<Settled, ActivityExecutionError>),
+    Copy(Option<String>, CopyEnd),
+}
+
+/// How a duplicate ended.
+enum CopyEnd {
+    Settled(Result<Settled, ActivityExecutionError>),
+    /// `start` reported a failure (or the runtime's circuit refused it).
+    NotStarted(Failure),
+    /// `start` itself failed (or was cancelled).
+    StartError(ActivityExecutionError),
+}
+
+/// The duplicate: `start` on its runtime (no waiting for a circuit, no moving on: a runtime
+/// that refuses it simply loses), then `settle`. Returns where it ran and how it ended.
+async fn run_duplicate(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    p: &CaseParams,
+    key: &AttemptKey,
+    token: &WorkflowCancellationToken,
+) -> (Option<String>, CopyEnd) {
+    let opts = stage_options("start", key, Duration::from_secs(60), None, token);
+    match ctx.execute_activity(Start, key.clone(), opts).await {
+        Ok(StartResult::Started(job)) => {
+            let host_queue = job.host_queue.clone();
+            let settle = settle_job(ctx, p, key, job, host_queue.clone(), token);
+            (host_queue, CopyEnd::Settled(settle.await))
+        }
+        Ok(StartResult::Failed {
+            failure,
+            host_queue,
+            ..
+        }) => (host_queue, CopyEnd::NotStarted(failure)),
+        Ok(StartResult::Skipped { circuit }) => (
+            None,
+            CopyEnd::NotStarted(Failure::infra(
+                Stage::Provision,
+                FailureCode::RuntimeUnreachable,
+                format!("the circuit of runtime {} is open", circuit.runtime),
+            )),
+        ),
+        Err(e) => (None, CopyEnd::StartError(e)),
+    }
+}
+
+fn with_tail(s: &mut BatchWorkflow, f: impl FnOnce(&mut crate::tail::Tail)) {
+    if let Some(t) = s.tail.as_mut() {
+        f(t);
+    }
+}
