@@ -7,6 +7,7 @@
 #   N=200 scripts/bench.sh      # fewer cases
 #   SKIP_10K=1 scripts/bench.sh # without the 10,000-case fake batch
 #   ONLY=agent scripts/bench.sh # only the agent-vs-local-process comparison
+#   ONLY=tail scripts/bench.sh  # only the uniform-vs-weighted split over a fast and a slow agent
 #
 # Per scenario: wall time, cases/s, the ratio to xargs, and the CPU time (user + system) of
 # casebatch's own runner process (worker in-process) and of the embedded Temporal server.
@@ -49,13 +50,16 @@ cpu_of() { awk -v t="$TICK" '{ print ($14 + $15) / t }' "/proc/$1/stat" 2>/dev/n
 
 # Runs a batch on a fresh output dir (its own embedded engine). Prints
 # "wall runner_cpu engine_cpu peak_rss_kb"; CPU figures are the last samples before exit.
+# KEEP_OUT=DIR runs in DIR and keeps it (batches that learn from earlier ones); RUN_ARGS adds
+# flags to `batch run`.
 run_batch() {
-  local name=$1 file=$2 out="$WORK/out-$1-$RANDOM" t0 t1 pid peak=0 rss cpu=0 ecpu=0 epid="" c
+  local name=$1 file=$2 out="${KEEP_OUT:-$WORK/out-$1-$RANDOM}" t0 t1 pid peak=0 rss cpu=0 ecpu=0 epid="" c
   # A batch id of its own per round: an agent's job table (kept across rounds) refuses an
   # attempt key that another bundle already used.
   sed "s/^batch_id: .*/batch_id: $name-$RANDOM/" "$file" > "$out.yaml"
   t0=$(now)
-  "$BIN" batch run --manifest "$out.yaml" --output-dir "$out" > "$WORK/$name.log" 2>&1 &
+  # shellcheck disable=SC2086 # RUN_ARGS is a list of flags
+  "$BIN" batch run --manifest "$out.yaml" --output-dir "$out" ${RUN_ARGS:-} > "$WORK/$name.log" 2>&1 &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     rss=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
@@ -68,7 +72,7 @@ run_batch() {
   done
   wait "$pid" || { echo "batch $name failed:"; cat "$WORK/$name.log"; exit 1; }
   t1=$(now)
-  rm -rf "$out"
+  [ -n "${KEEP_OUT:-}" ] || rm -rf "$out"
   echo "$(calc "$t1 - $t0") $cpu $ecpu $peak"
 }
 
@@ -134,11 +138,53 @@ agent_vs_local() {
   unset AGENT_ADDR AGENT2_ADDR
 }
 
+# Two agents on loopback, one 3x slower (its harness sleeps 3 s where the other's sleeps 1 s),
+# each taking 4 cases at once (max_concurrent), 40 cases dealt from [slow, fast]. Per round, in
+# one fresh output dir: the even split without speculation (no run history yet), then the same
+# batch again, dealt by the weights the first run left in the run history, speculation on.
+tail_vs_uniform() {
+  local started spid fpid r u w walls_u="" walls_w="" ratios="" cpus_u="" cpus_w="" split=""
+  started=$(BENCH_AGENT=slow start_agent slow); spid=${started% *}; local slow_addr=${started#* }
+  started=$(BENCH_AGENT=fast start_agent fast); fpid=${started% *}; local fast_addr=${started#* }
+  local f="$WORK/tail.yaml"
+  {
+    echo "batch_id: tail"
+    echo "runtimes:"
+    echo "  slow: {kind: agent, endpoint: 'http://$slow_addr', max_concurrent: 4}"
+    echo "  fast: {kind: agent, endpoint: 'http://$fast_addr', max_concurrent: 4}"
+    echo "defaults:"
+    echo "  concurrency: 8"
+    echo "  runtime: [slow, fast]"
+    echo "  pass_env: [BENCH_AGENT]"
+    echo "  harness: 'if [ \"\$BENCH_AGENT\" = slow ]; then sleep 3; else sleep 1; fi'"
+    echo "tasks:"
+    for i in $(seq 1 40); do echo "  - task_id: t$i"; done
+  } > "$f"
+  for r in $(seq 1 "$RUNS"); do
+    mkdir -p "$WORK/tail-$r"
+    u=$(KEEP_OUT="$WORK/tail-$r" RUN_ARGS=--no-speculation run_batch uniform "$f")
+    w=$(KEEP_OUT="$WORK/tail-$r" run_batch weighted "$f")
+    walls_u+="${u%% *}"$'\n'; walls_w+="${w%% *}"$'\n'
+    cpus_u+="$(echo "$u" | cut -d' ' -f2)"$'\n'; cpus_w+="$(echo "$w" | cut -d' ' -f2)"$'\n'
+    ratios+="$(calc "${w%% *} / ${u%% *}")"$'\n'
+    split=$(grep -o 'dealt by weight: .*' "$WORK/weighted.log" || true)
+  done
+  kill "$spid" "$fpid"; wait "$spid" "$fpid" 2>/dev/null || true
+  printf "%-40s %6d cases %7.2fs · CPU runner %.1fs\n" "even split, no speculation" 40 \
+    "$(printf "%s" "$walls_u" | median)" "$(printf "%s" "$cpus_u" | median)"
+  printf "%-40s %6d cases %7.2fs · CPU runner %.1fs\n" "weighted by history, speculation on" 40 \
+    "$(printf "%s" "$walls_w" | median)" "$(printf "%s" "$cpus_w" | median)"
+  printf "  weighted/even wall time %.2fx (median of %d paired rounds) · %s\n" \
+    "$(printf "%s" "$ratios" | median)" "$RUNS" "$split"
+}
+
 echo "casebatch benchmark: N=$N, concurrency $C, $(nproc) cores, embedded dev server, median of $RUNS"
 if [ "${ONLY:-}" = agent ]; then agent_vs_local; exit 0; fi
+if [ "${ONLY:-}" = tail ]; then tail_vs_uniform; exit 0; fi
 scenario "local-process, sleep 1" local-process 'sleep 1' "$N" 'sleep 1'
 scenario "fake runtime (simulation), no-op" fake '' "$N"
 agent_vs_local
+tail_vs_uniform
 if [ -z "${SKIP_10K:-}" ]; then
   RUNS=1 scenario "fake runtime (simulation), $BIG cases" fake '' "$BIG"
 fi

@@ -276,3 +276,21 @@ cb batch run --manifest "$WORK/stale.yaml" --output-dir "$WORK/out" --supersede 
 wait $RUNNER || true
 grep -q "3 succeeded" "$WORK/stale.log" || { cat "$WORK/stale.log"; exit 1; }
 show stale "$(first_run casebatch-stale)" superseded
+
+# 14. Tail speculation: a list of the agent and this host; the agent's share sleeps past the
+# 10 s floor, so once every case is dispatched the batch asks those stragglers to speculate:
+# each gets a duplicate on local-process, which wins, and the agent's job is cancelled and
+# cleaned up as the speculative loser. The tail timer and the race must replay.
+cat > "$WORK/tail.yaml" <<YAML
+batch_id: tail
+runtimes: {box: {kind: agent, endpoint: 'http://$(cat "$AGENT_DIR/agent.addr")'}}
+defaults:
+  runtime: [box, local-process]
+  concurrency: 4
+  harness: 'case "\$CASEBATCH_RESULT" in $AGENT_DIR*) sleep 13;; *) sleep 0.5;; esac; echo {} > "\$CASEBATCH_RESULT"'
+tasks: [{task_id: t0}, {task_id: t1}, {task_id: t2}, {task_id: t3}]
+YAML
+cb batch run --manifest "$WORK/tail.yaml" --output-dir "$WORK/out" > "$WORK/tail.log"
+grep -q "4 succeeded" "$WORK/tail.log" || { cat "$WORK/tail.log"; exit 1; }
+grep -q "tail speculations 2 (duplicate won 2)" "$WORK/tail.log" || { cat "$WORK/tail.log"; exit 1; }
+show tail "" speculated

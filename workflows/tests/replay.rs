@@ -55,12 +55,14 @@ async fn recorded_histories_replay_deterministically() {
         "no history with search-attribute upserts: {names:?}"
     );
     // A batch that spilled over a dead runtime and that runtime's breaker, a batch whose
-    // dispatches an open circuit skipped, and a superseded batch.
+    // dispatches an open circuit skipped, a superseded batch, and a batch whose stragglers
+    // raced duplicates (tail speculation).
     for needed in [
         "activities-failover.json",
         "breaker-failover.json",
         "activities-breaker-skipped.json",
         "activities-superseded.json",
+        "activities-speculated.json",
     ] {
         assert!(names.iter().any(|n| n == needed), "{needed} missing");
     }
