@@ -467,15 +467,19 @@ tasks:
   - {task_id: t7, runtime: [box-c, box-a, box-b]}
 "#;
 
+/// The runtime each case was dealt to, in plan order.
+fn dealt_to(plan: &Plan) -> Vec<&str> {
+    plan.cases
+        .iter()
+        .map(|c| c.runtime_name.as_deref().unwrap())
+        .collect()
+}
+
 #[test]
 fn a_list_of_runtimes_deals_its_cases_to_them_in_turn_and_records_the_list() {
     let dir = tempfile::tempdir().unwrap();
     let plan = load(&write(dir.path(), "m.yaml", SPREAD)).unwrap_or_else(|e| panic!("{e}"));
-    let names: Vec<&str> = plan
-        .cases
-        .iter()
-        .map(|c| c.runtime_name.as_deref().unwrap())
-        .collect();
+    let names = dealt_to(&plan);
     // The defaults' list deals t1 t2 t4 t6 alternately; t3 names one runtime and takes no
     // turn; the three-runtime list deals its own cases from its first runtime.
     assert_eq!(
@@ -532,13 +536,8 @@ fn weights_deal_a_list_in_proportion_evenly_interleaved_and_keep_the_fingerprint
         source: "run history: 1 batch".into(),
     });
     assert_eq!((on(&weighted, "fast"), on(&weighted, "slow")), (6, 2));
-    let names: Vec<&str> = weighted
-        .cases
-        .iter()
-        .map(|c| c.runtime_name.as_deref().unwrap())
-        .collect();
     assert_eq!(
-        names,
+        dealt_to(&weighted),
         [
             "fast", "slow", "fast", "fast", "fast", "slow", "fast", "fast"
         ],

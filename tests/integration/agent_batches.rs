@@ -866,3 +866,62 @@ fn a_straggler_on_a_slow_runtime_is_duplicated_on_a_fast_one_and_the_first_resul
     assert_eq!(summary["speculative_losers"], 2, "{summary:#}");
     assert_eq!(summary["attempts_total"], 6, "{summary:#}");
 }
+
+/// The runner is SIGKILLed mid-race, after both duplicates started and before they end; the
+/// agents' jobs outlive it. `resume` replays the race: the duplicates are adopted, win, and
+/// the originals are stopped. No copy starts a third time and each case has one result.
+#[test]
+fn a_runner_killed_mid_race_resumes_it_and_each_case_keeps_one_result() {
+    let sb = Sandbox::engine();
+    let slow = Agent::start(&sb, "slow", &[]);
+    let fast = Agent::start(&sb, "fast", &[]);
+    // The duplicates wait for `go`, so the kill lands while both copies of each run.
+    let harness = r#"echo "$CASEBATCH_CASE_ID $AGENT_NAME" >> "$SANDBOX/started.log"; if [ "$AGENT_NAME" = slow ]; then sleep 53; elif [ "$CASEBATCH_ATTEMPT" = 2 ]; then while [ ! -e "$SANDBOX/go" ]; do sleep 0.1; done; else sleep 1; fi; echo "$CASEBATCH_CASE_ID $AGENT_NAME" >> "$SANDBOX/ended.log"; echo '{}' > "$CASEBATCH_RESULT""#;
+    let m = sb.write(
+        "race.yaml",
+        &manifest("race", &[&slow, &fast], 4, harness, ""),
+    );
+    let mut runner = sb.spawn_batch(&m, "run.log");
+    wait_until(Duration::from_secs(90), "both duplicates start", || {
+        lines(&sb, "started.log")
+            .iter()
+            .filter(|l| l.starts_with("c0 fast") || l.starts_with("c2 fast"))
+            .count()
+            == 2
+    });
+    runner.kill().unwrap(); // SIGKILL
+    runner.wait().unwrap();
+    sb.write("go", "");
+    let o = sb.op("resume", "race");
+    assert_exit(&o, 0);
+
+    let started = lines(&sb, "started.log");
+    assert_eq!(
+        started.len(),
+        6,
+        "4 cases + 2 duplicates, none again: {started:?}"
+    );
+    let ended = lines(&sb, "ended.log");
+    for case in ["c0", "c2"] {
+        let tries = attempts(&sb, "race", case);
+        assert_eq!(tries.len(), 2, "{case}: {tries:#?}");
+        assert_eq!(tries[0]["summary"]["speculative_loser"], true);
+        assert_eq!(tries[0]["cleanup_confirmed"], true);
+        assert_eq!(tries[1]["runtime_name"], "fast");
+        assert_eq!(sb.case_result("race", case)["state"], "succeeded");
+        assert_eq!(
+            ended
+                .iter()
+                .filter(|l| l.starts_with(&format!("{case} ")))
+                .count(),
+            1,
+            "{ended:?}"
+        );
+    }
+    assert!(no_process_matches("sleep 53"), "the losers' jobs are gone");
+    let status = sb.status("race");
+    assert_eq!(
+        status["status"]["counters"]["speculation_wins"], 2,
+        "{status:#}"
+    );
+}

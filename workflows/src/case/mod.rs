@@ -522,6 +522,16 @@ impl Route {
             spills: 0,
         })
     }
+
+    /// The next runtime of the list after the current one whose circuit the batch has not
+    /// seen open, with the names of both (for the timeline).
+    fn next_healthy(&self, ctx: &WorkflowContext<BatchWorkflow>) -> Option<(u16, String, String)> {
+        ctx.state(|s| {
+            let c = s.circuits.as_ref()?;
+            let to = c.spill_target(&self.list, self.current)?;
+            Some((to, c.name(self.current).to_string(), c.name(to).to_string()))
+        })
+    }
 }
 
 /// What an attempt of a routed case updates besides its summary.
@@ -657,15 +667,7 @@ fn spill_over(
     {
         return None;
     }
-    let (to, from_name, to_name) = ctx.state(|st| {
-        let c = st.circuits.as_ref()?;
-        let to = c.spill_target(&route.list, route.current)?;
-        Some((
-            to,
-            c.name(route.current).to_string(),
-            c.name(to).to_string(),
-        ))
-    })?;
+    let (to, from_name, to_name) = route.next_healthy(ctx)?;
     route.current = to;
     route.spills += 1;
     Some(format!(

@@ -73,16 +73,7 @@ pub(super) async fn race(
     // Asked: one duplicate, on the next runtime of the list not seen open.
     ctx.state_mut(|s| with_tail(s, |t| t.spend(case)));
     let route = routed.route.as_deref_mut()?;
-    let target = ctx.state(|s| {
-        let c = s.circuits.as_ref()?;
-        let to = c.spill_target(&route.list, route.current)?;
-        Some((
-            to,
-            c.name(route.current).to_string(),
-            c.name(to).to_string(),
-        ))
-    });
-    let Some((to, from_name, to_name)) = target else {
+    let Some((to, from_name, to_name)) = route.next_healthy(ctx) else {
         note(
             ctx,
             Some(case),
