@@ -202,6 +202,7 @@ fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
     if let Some(line) = spread_line(k) {
         say!("{line}");
     }
+    spread(plan);
     if c.queued > 0 {
         say!(
             "  queued work remains: casebatch batch resume --batch-id {} --output-dir {}",
