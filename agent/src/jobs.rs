@@ -132,6 +132,7 @@ pub(crate) fn receipt_to_pb(key: &str, r: &CleanupReceipt) -> pb::CleanupReceipt
         remaining: r.remaining.clone(),
         scans: r.scans,
         message: r.message.clone(),
+        method: r.method.clone().unwrap_or_default(),
     }
 }
 

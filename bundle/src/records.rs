@@ -152,6 +152,10 @@ pub struct CleanupReceipt {
     pub remaining: Vec<u32>,
     pub scans: u32,
     pub message: String,
+    /// How the attempt's processes were found and killed: `cgroup_v2`, `cgroup_v1_freezer`,
+    /// `cgroup_v1_pids`, `proc_marker_scan` (or `simulation`). Absent in older receipts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
 }
 
 /// `attempts/<n>/evaluation.json`.

@@ -154,6 +154,7 @@ impl Runtime for Fake {
             remaining: vec![],
             scans: 0,
             message: "simulated runtime: nothing ran, nothing to clean".into(),
+            method: Some("simulation".into()),
         }
     }
 }

@@ -9,6 +9,7 @@
 pub mod agent;
 pub mod attempt_io;
 pub mod case_env;
+pub mod cgroup;
 pub mod fake;
 pub mod harness;
 pub mod local_process;

@@ -1,11 +1,12 @@
 //! `local-process`: a fresh child process per attempt, on the worker's host.
 //!
 //! The harness runs under a small `sh` wrapper that leads its own process group, joins the
-//! attempt's memory cgroup, runs the harness, and writes the exit status to a file with an
-//! atomic rename. The wrapper does not die with the worker, so after a worker crash the
+//! attempt's cgroups (the one that tracks its processes, see [`crate::cgroup`], and the memory
+//! one), runs the harness, and writes the exit status to a file with an atomic rename. The wrapper does not die with the worker, so after a worker crash the
 //! attempt's job is still running (or has left its exit status behind) and the retried
-//! `await` adopts it. Identity is pid + start time + the allocation marker in the
-//! environment; a pid from old state alone is never signalled.
+//! `await` adopts it. Identity is pid + start time, and membership of the attempt's cgroup
+//! (or, where no cgroup is writable, the allocation marker in the environment); a pid from old
+//! state alone is never signalled.
 //!
 //! Exactly one start per attempt, across crashes (the submit window):
 //! 1. `submit` holds the attempt's `job.lock` (flock: released when its holder dies) while it
@@ -47,21 +48,25 @@ use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 
 use crate::attempt_io;
+use crate::cgroup::{self, Tracking};
 use crate::harness;
 use crate::memlimit::MemoryLimit;
 use crate::procfs;
 use crate::{AttemptEnv, Liveness, Runtime};
 
 /// Records its own pid and start time (`$1`: the `wrapper.pid` path; before anything else, so
-/// the harness never runs unrecorded), joins the cgroup, runs the harness, records its exit
-/// status durably. Field 22 of `/proc/$$/stat` is the start time, counted after the command
+/// the harness never runs unrecorded), joins the cgroups (`:`-separated `cgroup.procs` files),
+/// runs the harness, records its exit status durably. Field 22 of `/proc/$$/stat` is the start time, counted after the command
 /// name's closing parenthesis.
 const WRAPPER: &str = r#"
 pidfile=$1; shift
 stat=; read -r stat < /proc/$$/stat
 ticks=; field22() { shift 19; ticks=$1; }; field22 ${stat##*') '}
 printf '%s %s\n' "$$" "$ticks" > "$pidfile" || exit 95
-if [ -n "$CASEBATCH_CGROUP_PROCS" ]; then echo $$ > "$CASEBATCH_CGROUP_PROCS" || exit 96; fi
+if [ -n "$CASEBATCH_CGROUP_PROCS" ]; then
+  IFS=:; for procs in $CASEBATCH_CGROUP_PROCS; do echo $$ > "$procs" || exit 96; done; unset IFS
+fi
+unset CASEBATCH_CGROUP_PROCS
 "$@"
 code=$?
 printf '%s\n' "$code" > "$CASEBATCH_EXIT_FILE.tmp" && mv "$CASEBATCH_EXIT_FILE.tmp" "$CASEBATCH_EXIT_FILE"
@@ -126,6 +131,10 @@ pub struct JobRecord {
     pub started_at_ms: u64,
     pub timeout_seconds: u64,
     pub memory: MemoryLimit,
+    /// The cgroup that holds the attempt's processes (`marker_scan` when none was writable,
+    /// and in records from before cgroups).
+    #[serde(default)]
+    pub tracking: Tracking,
     /// How many processes were started for this attempt: 1, unless an intent was found that
     /// provably never ran and the attempt was started again.
     #[serde(default = "one")]
@@ -191,8 +200,9 @@ impl LocalProcess {
 
     /// Writes the intent record of start number `starts`, before anything is spawned.
     fn write_intent(env: &AttemptEnv, starts: u32) -> Result<JobRecord, Failure> {
-        let cgroup_name = env.marker().replace('/', "_");
+        let cgroup_name = cgroup_name(env);
         let memory = MemoryLimit::create(&cgroup_name, env.memory_mb());
+        let tracking = Tracking::create(&cgroup_name);
         let intent = JobRecord {
             schema_version: RECORD_SCHEMA_VERSION.into(),
             marker: env.marker(),
@@ -202,6 +212,7 @@ impl LocalProcess {
             started_at_ms: now_ms(),
             timeout_seconds: env.case.timeout_seconds,
             memory,
+            tracking,
             starts,
             owner: ProcessId::this(),
             recovered: false,
@@ -231,7 +242,11 @@ impl LocalProcess {
                 .map_err(|e| submit_failure(format!("failed to open {name}: {e}")))
         };
         let (stdout, stderr) = (open(attempt_files::STDOUT)?, open(attempt_files::STDERR)?);
-        let memory = &intent.memory;
+        let procs: Vec<String> = [intent.tracking.procs_file(), intent.memory.procs_file()]
+            .into_iter()
+            .flatten()
+            .map(|p| p.display().to_string())
+            .collect();
 
         let mut cmd = Command::new("sh");
         cmd.arg("-c").arg(WRAPPER).arg("casebatch-wrapper");
@@ -244,13 +259,7 @@ impl LocalProcess {
             .env_clear()
             .envs(case_env)
             .env("CASEBATCH_EXIT_FILE", env.file(attempt_files::EXIT))
-            .env(
-                "CASEBATCH_CGROUP_PROCS",
-                memory
-                    .procs_file()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default(),
-            )
+            .env("CASEBATCH_CGROUP_PROCS", procs.join(":"))
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
@@ -306,10 +315,14 @@ impl LocalProcess {
         let record = Self::complete(env, &intent, Some(pid), ticks, false)?;
         Ok(job_ref(&record))
     }
-    /// Kills the job's group (if it is still the same process) and every marked process.
+    /// Kills the job's group (if it is still the same process) and every process of the
+    /// attempt: its whole cgroup at once, or each marked process.
     fn kill_all(&self, env: &AttemptEnv, job: Option<&JobRecord>) -> Vec<u32> {
         if let Some((pid, ticks)) = job.and_then(|j| j.pid.zip(j.start_ticks)) {
             procfs::kill_group_if_same(pid, ticks);
+        }
+        if let Some(killed) = tracking_of(env, job).kill() {
+            return killed;
         }
         let scan = procfs::scan_marker(&env.marker());
         for pid in &scan.marked {
@@ -334,6 +347,27 @@ impl LocalProcess {
         report.memory_limit_mb = job.memory.limit_mb();
         report
     }
+}
+
+/// The attempt's cgroup name: the same for every start and every worker, so it is found again.
+fn cgroup_name(env: &AttemptEnv) -> String {
+    cgroup::name_for(&env.marker(), &env.dir)
+}
+
+/// How the attempt's processes are tracked: as its record says, or (no record) its cgroup
+/// found by name; the marker scan only for attempts that have no cgroup.
+fn tracking_of(env: &AttemptEnv, job: Option<&JobRecord>) -> Tracking {
+    match job {
+        Some(j) => j.tracking.clone(),
+        None => Tracking::find(&cgroup_name(env)).unwrap_or_default(),
+    }
+}
+
+/// The attempt's live processes.
+fn members(env: &AttemptEnv, tracking: &Tracking) -> Vec<u32> {
+    tracking
+        .members()
+        .unwrap_or_else(|| procfs::scan_marker(&env.marker()).marked)
 }
 
 fn job_ref(r: &JobRecord) -> JobRef {
@@ -471,8 +505,7 @@ impl Runtime for LocalProcess {
             // job.json lost but the heartbeat named the process: trust it only if the
             // marker still identifies it.
             None => job.pid.zip(job.start_ticks).and_then(|(pid, ticks)| {
-                procfs::scan_marker(&job.marker)
-                    .marked
+                members(env, &tracking_of(env, None))
                     .contains(&pid)
                     .then(|| {
                         recovered_record(
@@ -563,15 +596,75 @@ impl Runtime for LocalProcess {
 
     async fn cleanup(&self, env: &AttemptEnv) -> CleanupReceipt {
         let job = Self::read_job(env);
+        let tracking = tracking_of(env, job.as_ref());
+        let (mut killed, remaining, scans) = if tracking.procs_file().is_some() {
+            self.empty_cgroup(env, job.as_ref(), &tracking).await
+        } else {
+            self.kill_marked(env, job.as_ref()).await
+        };
+        tracking.remove();
+        if let Some(job) = &job {
+            job.memory.remove();
+        }
+        killed.sort_unstable();
+        killed.dedup();
+        let confirmed = remaining.is_empty();
+        let method = tracking.method();
+        CleanupReceipt {
+            schema_version: RECORD_SCHEMA_VERSION.into(),
+            marker: env.marker(),
+            cleanup_confirmed: confirmed,
+            killed,
+            message: match (confirmed, &tracking) {
+                (true, Tracking::MarkerScan) => {
+                    "no process carrying the allocation marker is left".into()
+                }
+                (true, _) => format!("the attempt's cgroup ({method}) is empty and removed"),
+                (false, _) => format!("processes still alive or unreadable: {remaining:?}"),
+            },
+            remaining,
+            scans,
+            method: Some(method.into()),
+        }
+    }
+}
+
+impl LocalProcess {
+    /// Kills the attempt's cgroup until it is empty (bounded: about 4 s for a process stuck
+    /// in the kernel). Returns (killed, remaining, rounds).
+    async fn empty_cgroup(
+        &self,
+        env: &AttemptEnv,
+        job: Option<&JobRecord>,
+        tracking: &Tracking,
+    ) -> (Vec<u32>, Vec<u32>, u32) {
+        const ROUNDS: u32 = 50;
+        let mut killed = Vec::new();
+        for round in 1..=ROUNDS {
+            killed.extend(self.kill_all(env, job));
+            if tracking.is_empty() {
+                return (killed, Vec::new(), round);
+            }
+            tokio::time::sleep(Duration::from_millis(5 * u64::from(round.min(20)))).await;
+        }
+        (killed, tracking.members().unwrap_or_default(), ROUNDS)
+    }
+
+    /// Without a cgroup: kills every process carrying the marker, scanning `/proc` again after
+    /// each kill (a dying parent can leave children that re-parent).
+    async fn kill_marked(
+        &self,
+        env: &AttemptEnv,
+        job: Option<&JobRecord>,
+    ) -> (Vec<u32>, Vec<u32>, u32) {
         let mut killed = Vec::new();
         let mut scans = 0;
         let mut remaining = Vec::new();
-        // Scan again after each kill: a dying parent can leave children that re-parent.
         for round in 0..20 {
             scans += 1;
-            let found = self.kill_all(env, job.as_ref());
+            let found = self.kill_all(env, job);
             if found.is_empty() {
-                let since = job.as_ref().and_then(|j| j.start_ticks);
+                let since = job.and_then(|j| j.start_ticks);
                 remaining = procfs::scan_marker_since(&env.marker(), since).unreadable;
                 // Only a process that stays unreadable can keep cleanup unconfirmed.
                 for _ in 0..5 {
@@ -587,25 +680,7 @@ impl Runtime for LocalProcess {
             remaining = found;
             tokio::time::sleep(Duration::from_millis(20 * (round + 1))).await;
         }
-        if let Some(job) = &job {
-            job.memory.remove();
-        }
-        killed.sort_unstable();
-        killed.dedup();
-        let confirmed = remaining.is_empty();
-        CleanupReceipt {
-            schema_version: RECORD_SCHEMA_VERSION.into(),
-            marker: env.marker(),
-            cleanup_confirmed: confirmed,
-            killed,
-            message: if confirmed {
-                "no process carrying the allocation marker is left".into()
-            } else {
-                format!("processes still alive or unreadable: {remaining:?}")
-            },
-            remaining,
-            scans,
-        }
+        (killed, remaining, scans)
     }
 }
 
@@ -633,8 +708,7 @@ async fn wait<L: Liveness>(
             return Waited::TimedOut;
         }
         if let Some(limit) = rss_limit {
-            let used: u64 = procfs::scan_marker(&record.marker)
-                .marked
+            let used: u64 = members(env, &record.tracking)
                 .iter()
                 .filter_map(|p| procfs::rss_bytes(*p))
                 .sum();
@@ -667,7 +741,7 @@ async fn wait<L: Liveness>(
                 let alive = match record.pid.zip(record.start_ticks) {
                     Some((pid, ticks)) => procfs::is_same_process(pid, ticks),
                     // Known only by its traces: alive while anything carries its marker.
-                    None => !procfs::scan_marker(&record.marker).marked.is_empty(),
+                    None => !members(env, &record.tracking).is_empty(),
                 };
                 if !alive {
                     // It may have written its status just before exiting.
@@ -736,21 +810,26 @@ fn recovered_record(env: &AttemptEnv, t: Trace) -> JobRecord {
         started_at_ms: now_ms(),
         timeout_seconds: env.case.timeout_seconds,
         memory: MemoryLimit::None,
+        tracking: tracking_of(env, None),
         starts: 1,
         owner: None,
         recovered: true,
     }
 }
 
-/// The attempt's group leader (or, failing that, any marked process) found by its marker.
+/// The attempt's group leader (or, failing that, any of its processes), found in its cgroup by
+/// name, or by its marker where this host has no cgroup to look in.
 fn find_marked(env: &AttemptEnv) -> Option<Trace> {
-    let scan = procfs::scan_marker(&env.marker());
-    let leader = scan
-        .marked
+    let found = match Tracking::find(&cgroup_name(env)) {
+        Some(t) => t.members().unwrap_or_default(),
+        None if Tracking::cgroups_available() => return None,
+        None => procfs::scan_marker(&env.marker()).marked,
+    };
+    let leader = found
         .iter()
         .copied()
         .find(|p| procfs::process_group(*p) == Some(*p))
-        .or_else(|| scan.marked.iter().copied().min())?;
+        .or_else(|| found.iter().copied().min())?;
     Some(Trace {
         pid: Some(leader),
         ticks: procfs::start_ticks(leader),

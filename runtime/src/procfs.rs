@@ -45,6 +45,11 @@ fn is_kernel_thread(pid: u32) -> bool {
         .is_some_and(|flags| flags & PF_KTHREAD != 0)
 }
 
+/// True when `pid` names a live process (not a zombie).
+pub fn is_alive(pid: u32) -> bool {
+    !matches!(state(pid), Some('Z' | 'X') | None)
+}
+
 /// True when `pid` is alive and is the same process that had `ticks` as its start time.
 pub fn is_same_process(pid: u32, ticks: u64) -> bool {
     start_ticks(pid) == Some(ticks) && !matches!(state(pid), Some('Z' | 'X'))

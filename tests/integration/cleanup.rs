@@ -42,3 +42,38 @@ tasks:
         "cleanup is reported apart from the outcome"
     );
 }
+
+#[test]
+fn an_environment_clearing_detached_descendant_is_killed_through_the_attempts_cgroup() {
+    let sb = Sandbox::engine();
+    // `env -i` drops the allocation marker, so no scan of process environments can find it:
+    // only membership of the attempt's cgroup does.
+    let manifest = sb.write(
+        "envless.yaml",
+        r#"batch_id: envless
+defaults:
+  runtime: local-process
+  harness: 'setsid env -i sleep 371 > /dev/null 2>&1 & echo "{}" > "$CASEBATCH_RESULT"'
+tasks:
+  - task_id: hidden
+"#,
+    );
+    let o = sb.run_batch(&manifest);
+    assert_exit(&o, 0);
+    let attempt = sb.bundle("envless").join("cases/hidden/attempts/1");
+    let receipt = sb.json(&attempt.join("cleanup.json"));
+    assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
+    let method = receipt["method"].as_str().unwrap_or_default();
+    assert!(method.starts_with("cgroup_"), "{receipt:#}");
+    assert!(
+        !receipt["killed"].as_array().unwrap().is_empty(),
+        "the environment-less sleep was a member and was killed: {receipt:#}"
+    );
+    assert!(no_process_matches("sleep 371"), "a survivor: sleep 371");
+    // The cgroup is removed with the attempt's processes.
+    let job = sb.json(&attempt.join("job.json"));
+    let dir = job["tracking"]["dir"]
+        .as_str()
+        .expect("a cgroup dir in job.json");
+    assert!(!std::path::Path::new(dir).exists(), "{dir} is left behind");
+}

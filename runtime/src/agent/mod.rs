@@ -383,6 +383,7 @@ impl Runtime for AgentRuntime {
             remaining: Vec::new(),
             scans: 0,
             message,
+            method: None,
         };
         let t = match AgentTarget::of(env) {
             Ok(t) => t,
@@ -400,6 +401,7 @@ impl Runtime for AgentRuntime {
                         remaining: r.remaining,
                         scans: r.scans,
                         message: format!("{}: {}", t.named(), r.message),
+                        method: Some(r.method).filter(|m| !m.is_empty()),
                     };
                 }
                 // The agent's table is durable: no entry means nothing was ever submitted.
