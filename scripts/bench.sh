@@ -8,6 +8,7 @@
 #   SKIP_10K=1 scripts/bench.sh # without the 10,000-case fake batch
 #   ONLY=agent scripts/bench.sh # only the agent-vs-local-process comparison
 #   ONLY=tail scripts/bench.sh  # only the uniform-vs-weighted split over a fast and a slow agent
+#   ONLY=local scripts/bench.sh # only the local-process cost per case (sleep 1, true, 256 wide)
 #
 # Per scenario: wall time, cases/s, the ratio to xargs, and the CPU time (user + system) of
 # casebatch's own runner process (worker in-process) and of the embedded Temporal server.
@@ -19,7 +20,8 @@ BIG=${BIG:-10000}
 RUNS=${RUNS:-3}
 cargo build --release -q --workspace
 BIN=$PWD/target/release/casebatch
-WORK=$(mktemp -d /tmp/casebatch-bench.XXXXXX)
+# BENCH_DIR: where bundles are written (default /tmp); its filesystem shows in the figures.
+WORK=$(mktemp -d "${BENCH_DIR:-/tmp}/casebatch-bench.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 TICK=$(getconf CLK_TCK)
 
@@ -178,10 +180,20 @@ tail_vs_uniform() {
     "$(printf "%s" "$ratios" | median)" "$RUNS" "$split"
 }
 
+# The local runtime's cost per case: N x `sleep 1` and N x `true` at C in flight against
+# `xargs -P C`, then 1,024 x `sleep 1` at 256 in flight (the runner's CPU per case should not
+# grow with the width).
+local_cost() {
+  scenario "local-process, sleep 1" local-process 'sleep 1' "$N" 'sleep 1'
+  scenario "local-process, trivial command (true)" local-process 'true' "$N" 'true'
+  C=256 scenario "local-process, sleep 1, 256 in flight" local-process 'sleep 1' 1024 'sleep 1'
+}
+
 echo "casebatch benchmark: N=$N, concurrency $C, $(nproc) cores, embedded dev server, median of $RUNS"
 if [ "${ONLY:-}" = agent ]; then agent_vs_local; exit 0; fi
 if [ "${ONLY:-}" = tail ]; then tail_vs_uniform; exit 0; fi
-scenario "local-process, sleep 1" local-process 'sleep 1' "$N" 'sleep 1'
+if [ "${ONLY:-}" = local ]; then local_cost; exit 0; fi
+local_cost
 scenario "fake runtime (simulation), no-op" fake '' "$N"
 agent_vs_local
 tail_vs_uniform

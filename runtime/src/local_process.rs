@@ -56,8 +56,9 @@ use crate::{AttemptEnv, Liveness, Runtime};
 
 /// Records its own pid and start time (`$1`: the `wrapper.pid` path; before anything else, so
 /// the harness never runs unrecorded), joins the cgroups (`:`-separated `cgroup.procs` files),
-/// runs the harness, records its exit status durably. Field 22 of `/proc/$$/stat` is the start time, counted after the command
-/// name's closing parenthesis.
+/// runs the harness, and records its exit status in one write whose newline marks it complete
+/// (no rename: that cost a process and a temporary file per case). Field 22 of
+/// `/proc/$$/stat` is the start time, counted after the command name's closing parenthesis.
 const WRAPPER: &str = r#"
 pidfile=$1; shift
 stat=; read -r stat < /proc/$$/stat
@@ -69,7 +70,7 @@ fi
 unset CASEBATCH_CGROUP_PROCS
 "$@"
 code=$?
-printf '%s\n' "$code" > "$CASEBATCH_EXIT_FILE.tmp" && mv "$CASEBATCH_EXIT_FILE.tmp" "$CASEBATCH_EXIT_FILE"
+printf '%s\n' "$code" > "$CASEBATCH_EXIT_FILE"
 exit $code
 "#;
 
@@ -185,9 +186,11 @@ impl LocalProcess {
         attempt_io::read_json_now(&env.file(attempt_files::JOB), attempt_io::RECORD_LIMIT)
     }
 
+    /// The harness's exit status, once the wrapper has written all of it (the newline).
     fn exit_status(env: &AttemptEnv) -> Option<i32> {
         attempt_io::read_text_now(&env.file(attempt_files::EXIT), 64)
             .ok()??
+            .strip_suffix('\n')?
             .trim()
             .parse()
             .ok()
@@ -248,7 +251,9 @@ impl LocalProcess {
             .map(|p| p.display().to_string())
             .collect();
 
-        let mut cmd = Command::new("sh");
+        // A path, not `sh`: with PATH in the child's environment, std would fork (copying this
+        // process's page tables) to search it; with a path it uses posix_spawn (vfork).
+        let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c").arg(WRAPPER).arg("casebatch-wrapper");
         cmd.arg(env.file(attempt_files::WRAPPER_PID));
         match harness {
