@@ -294,3 +294,34 @@ cb batch run --manifest "$WORK/tail.yaml" --output-dir "$WORK/out" > "$WORK/tail
 grep -q "4 succeeded" "$WORK/tail.log" || { cat "$WORK/tail.log"; exit 1; }
 grep -q "tail speculations 2 (duplicate won 2)" "$WORK/tail.log" || { cat "$WORK/tail.log"; exit 1; }
 show tail "" speculated
+
+# 15. settle closes final attempts (the `settle-closes-final-attempts` patch): the retries
+# batch again, where success, harness crash and verdict fail close in `settle` and the infra
+# failure takes a `cleanup` before its retry; then the crashed-runner batch again, so runner
+# SIGKILLs land while settles are closing attempts.
+sed 's/^batch_id: mixed/batch_id: closed-mixed/' "$WORK/mixed.yaml" > "$WORK/closed-mixed.yaml"
+cb batch run --manifest "$WORK/closed-mixed.yaml" --output-dir "$WORK/out" > /dev/null || true
+show closed-mixed "" closed-on-settle
+sed 's/^batch_id: crashed/batch_id: closed-crashed/' "$WORK/crash.yaml" > "$WORK/closed-crash.yaml"
+"$BIN" batch run --manifest "$WORK/closed-crash.yaml" --output-dir "$WORK/out" --address "$ADDR" \
+  > "$WORK/closed-crash-0.log" 2>&1 & RUNNER=$!
+for kill_at in 2 6 11; do
+  for _ in $(seq 1 600); do [ "$(done_cases closed-crashed)" -ge "$kill_at" ] && break; sleep 0.1; done
+  kill -9 "$RUNNER"; wait "$RUNNER" 2>/dev/null || true
+  "$BIN" batch resume --batch-id closed-crashed --output-dir "$WORK/out" --address "$ADDR" \
+    > "$WORK/closed-crash-$kill_at.log" 2>&1 & RUNNER=$!
+done
+wait "$RUNNER"
+grep -q "18 succeeded" "$WORK/closed-crash-11.log" || { cat "$WORK/closed-crash-11.log"; exit 1; }
+show closed-crashed "" closed-crashed-runner
+# The patch id is inside a base64 payload of the history.
+for f in closed-on-settle closed-crashed-runner; do
+  python3 - "$OUT/activities-$f.json" <<'PY' || { echo "no settle-closes patch marker in $f"; exit 1; }
+import base64, json, sys
+events = json.load(open(sys.argv[1]))["events"]
+ids = [json.loads(base64.b64decode(p["data"]))["id"]
+       for e in events
+       for p in e["attributes"].get("MarkerRecordedEventAttributes", {}).get("details", {}).get("patch-data", {}).get("payloads", [])]
+sys.exit(0 if "settle-closes-final-attempts" in ids else 1)
+PY
+done

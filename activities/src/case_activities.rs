@@ -11,9 +11,9 @@ use casebatch_bundle::{
 };
 use casebatch_manifest::model::{Plan, RuntimeKind, RuntimeSpec};
 use casebatch_proto::{
-    ActorReport, ActorStatus, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation,
-    Failure, FailureCode, FinalizeInput, JobRef, SettleInput, Settled, Stage, StageResult,
-    StartResult, SubmitResult, SweepInput, SweepReport, host_task_queue,
+    ActorReport, ActorStatus, AttemptKey, AttemptSummary, AwaitInput, CleanupInput, CleanupReport,
+    Evaluation, Failure, FailureCode, FinalizeInput, JobRef, SettleInput, Settled, Stage,
+    StageResult, StartResult, SubmitResult, SweepInput, SweepReport, host_task_queue,
 };
 use casebatch_workflows::{contracts, decide};
 use temporalio_macros::activities;
@@ -457,12 +457,24 @@ impl CaseActivities {
         } else {
             (None, None)
         };
-        Ok(Settled {
+        let mut settled = Settled {
             key: input.key,
             actor,
             evaluation,
             collect_failure,
-        })
+            closed: None,
+        };
+        // A final attempt is closed here, as `cleanup` would close it: one round trip less.
+        if let Some(mut summary) = input.close_from {
+            summary.apply_settled(&settled);
+            if decide::is_final_when_settled(&summary) {
+                summary.ended_at_ms = Some(now_ms());
+                let report = self.close(&ctx, &env, &summary, false).await?;
+                summary.cleanup_confirmed = Some(report.cleanup_confirmed);
+                settled.closed = Some(summary);
+            }
+        }
+        Ok(settled)
     }
 
     #[activity(definition = contracts::Provision)]
@@ -567,21 +579,60 @@ impl CaseActivities {
         input: CleanupInput,
     ) -> Result<CleanupReport, ActivityError> {
         let env = self.env(&input.key)?;
+        self.close(&ctx, &env, &input.summary, input.will_retry)
+            .await
+    }
+
+    #[activity(definition = contracts::Finalize)]
+    pub async fn finalize(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        input: FinalizeInput,
+    ) -> Result<bool, ActivityError> {
+        let plan = self.plan(&input.bundle_dir)?;
+        let bundle = Bundle::at(&input.bundle_dir);
+        write_batch_files(&bundle, &plan)?;
+        append_jsonl(
+            &bundle.events(),
+            &Event {
+                ts_ms: now_ms(),
+                kind: "run_ended".into(),
+                case_id: None,
+                attempt: None,
+                message: serde_json::to_string(&input.status.counts).unwrap_or_default(),
+            },
+        )?;
+        Ok(true)
+    }
+}
+
+impl CaseActivities {
+    /// Kills what is left of the attempt, writes its receipt and its record, and (unless it
+    /// is a speculation's loser) the case's result: the end of every attempt, by `cleanup`
+    /// or by a `settle` that closed a final attempt. Safe to run again (a retry): the
+    /// attempt is logged once per distinct record.
+    async fn close(
+        &self,
+        ctx: &ActivityContext,
+        env: &AttemptEnv,
+        s: &AttemptSummary,
+        will_retry: bool,
+    ) -> Result<CleanupReport, ActivityError> {
+        let env = env.clone();
         std::fs::create_dir_all(&env.dir)?;
-        let receipt = heartbeating(&ctx, (), async {
+        let receipt = heartbeating(ctx, (), async {
             with_runtime!(self, env, |rt| rt.cleanup(&env).await)
         })
         .await;
         write_json_atomic(&env.file(attempt_files::CLEANUP), &receipt)?;
         let confirmed = receipt.cleanup_confirmed;
-        let s = &input.summary;
 
         let record = AttemptRecord {
             schema_version: RECORD_SCHEMA_VERSION.into(),
             case_id: env.case.case_id.clone(),
             summary: s.clone(),
             cleanup_confirmed: confirmed,
-            will_retry: input.will_retry,
+            will_retry,
             runtime: env.case.runtime.as_str().into(),
             runtime_name: env.case.runtime_name.clone(),
         };
@@ -635,7 +686,7 @@ impl CaseActivities {
         if let Some(e) = eval {
             scores.extend(e.scores);
         }
-        let state = if input.will_retry {
+        let state = if will_retry {
             casebatch_bundle::CaseRecordState::Retrying
         } else {
             decide::attempt_state(s).into()
@@ -707,27 +758,5 @@ impl CaseActivities {
                 )
             }),
         })
-    }
-
-    #[activity(definition = contracts::Finalize)]
-    pub async fn finalize(
-        self: Arc<Self>,
-        _ctx: ActivityContext,
-        input: FinalizeInput,
-    ) -> Result<bool, ActivityError> {
-        let plan = self.plan(&input.bundle_dir)?;
-        let bundle = Bundle::at(&input.bundle_dir);
-        write_batch_files(&bundle, &plan)?;
-        append_jsonl(
-            &bundle.events(),
-            &Event {
-                ts_ms: now_ms(),
-                kind: "run_ended".into(),
-                case_id: None,
-                attempt: None,
-                message: serde_json::to_string(&input.status.counts).unwrap_or_default(),
-            },
-        )?;
-        Ok(true)
     }
 }

@@ -150,6 +150,24 @@ pub struct AttemptSummary {
 }
 
 impl AttemptSummary {
+    /// Folds `settle`'s report into the summary.
+    pub fn apply_settled(&mut self, settled: &Settled) {
+        let actor = &settled.actor;
+        self.actor = Some(actor.status);
+        self.exit_code = actor.exit_code;
+        self.failure = actor.failure.clone();
+        self.adopted = actor.adopted;
+        self.memory_limit_mb = actor.memory_limit_mb;
+        if let Some(eval) = &settled.evaluation {
+            self.evaluation_configured = eval.configured;
+            self.verdict = eval.verdict;
+            if eval.failure.is_some() {
+                self.failure = eval.failure.clone();
+            }
+        }
+        self.collect_failure = settled.collect_failure.clone();
+    }
+
     /// The summary of an attempt before any stage has reported.
     pub fn new(key: &AttemptKey) -> Self {
         Self {
@@ -240,6 +258,12 @@ pub enum StartResult {
 pub struct SettleInput {
     pub key: AttemptKey,
     pub job: JobRef,
+    /// The attempt's summary so far, when the workflow lets `settle` close a final attempt:
+    /// one that ran to its end and succeeded, or failed for a reason no retry, boost or
+    /// spillover changes. `settle` then cleans it up and records it itself, and the
+    /// `cleanup` round trip through the engine is saved. `None`: `cleanup` follows as ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub close_from: Option<AttemptSummary>,
 }
 
 /// What `settle` returns: the actor's report and, for a finished actor, the evaluation and
@@ -253,6 +277,10 @@ pub struct Settled {
     pub evaluation: Option<Evaluation>,
     /// A trace-collection failure that kept the work.
     pub collect_failure: Option<Failure>,
+    /// The attempt as recorded, when `settle` closed it (see [`SettleInput::close_from`]):
+    /// the final summary, its end time and cleanup confirmation included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed: Option<AttemptSummary>,
 }
 
 /// Input of `sweep`: kill every job of a batch on every runtime of its plan.

@@ -164,7 +164,8 @@ fn visibility_search_attributes_memo_and_summaries_find_and_describe_a_batch() {
     let (user, host) = owner.split_once('@').unwrap_or_default();
     assert!(!user.is_empty() && !host.is_empty(), "user@host: {owner:?}");
 
-    // Activity summaries name the case, attempt and stage.
+    // Activity summaries name the case, attempt and stage (these attempts are final when
+    // they settle, so `settle` closes them: no separate `cleanup`).
     let history = temporal(
         &address,
         &["workflow", "show", "-w", "casebatch-visible", "-o", "json"],
@@ -174,7 +175,7 @@ fn visibility_search_attributes_memo_and_summaries_find_and_describe_a_batch() {
     for summary in [
         "\"case #0 · attempt 1 · start\"",
         "\"case #2 · attempt 1 · settle\"",
-        "\"case #1 · attempt 1 · cleanup\"",
+        "\"case #1 · attempt 1 · settle\"",
     ] {
         assert!(
             history.contains(&base64(summary.as_bytes())),

@@ -127,6 +127,7 @@ impl BatchWorkflow {
     pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<BatchOutcome> {
         // First, before any command: a run keeps the pipeline its history began with.
         let pipeline = Pipeline::of_run(ctx);
+        let settle_closes = pipeline.settle_closes(ctx);
         let requested = ctx.state(|s| s.input.search_attributes);
         let visible = visibility::of_run(ctx, requested);
         // Finished cases not yet in the search attributes: published once the activation
@@ -196,6 +197,7 @@ impl BatchWorkflow {
                             retry_backoff_ms: s.input.retry_backoff_ms,
                             max_timeout_seconds: s.input.max_timeout_seconds,
                             pipeline,
+                            settle_closes,
                         }
                     });
                     let fut = run_case(ctx.clone(), params, case_cancel.clone());

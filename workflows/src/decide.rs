@@ -72,6 +72,19 @@ pub fn attempt_state(s: &AttemptSummary) -> CaseState {
     }
 }
 
+/// Whether an attempt is over for good as soon as `settle` reports it, whatever the policy,
+/// the budget left or a later cancel: its actor ran to its end, and it succeeded or failed for
+/// a reason no retry, boost or spillover changes (nothing of class infra). `settle` closes
+/// such an attempt itself; [`next`] and [`spills`] agree (tested below).
+pub fn is_final_when_settled(s: &AttemptSummary) -> bool {
+    s.actor == Some(ActorStatus::Finished)
+        && (attempt_state(s) != CaseState::Failed
+            || s.failure.as_ref().is_none_or(|f| {
+                // An OOM kill is boosted whatever class a harness declared it with.
+                f.class != FailureClass::Infra && f.code != FailureCode::OomKilled
+            }))
+}
+
 /// The success rule: the actor finished, and its evaluator (when one is configured) said
 /// pass. A finished actor with a pending or failed evaluation is not a verified success.
 pub fn is_verified_success(
@@ -161,6 +174,69 @@ mod tests {
             ended_at_ms: None,
             speculative_loser: false,
         }
+    }
+
+    /// Every failure code in every class, every actor status, with and without a verdict,
+    /// under every policy and budget, cancelled or not: an attempt `settle` would close is one
+    /// the workflow finishes in the state `settle` recorded, and never moves elsewhere.
+    #[test]
+    fn an_attempt_final_when_settled_is_finished_by_every_decision() {
+        let classes = [
+            FailureClass::Infra,
+            FailureClass::Config,
+            FailureClass::Harness,
+            FailureClass::Agent,
+        ];
+        let mut failures = vec![None];
+        for code in FailureCode::ALL {
+            for class in classes {
+                for retryable in [false, true] {
+                    let f = Failure::new(Stage::Await, class, code.clone(), "x", retryable);
+                    failures.push(Some(f));
+                }
+            }
+        }
+        let mut closed = 0;
+        for actor in [
+            ActorStatus::Finished,
+            ActorStatus::Failed,
+            ActorStatus::Cancelled,
+        ] {
+            for failure in &failures {
+                for (configured, verdict) in [
+                    (false, None),
+                    (true, None),
+                    (true, Some(Verdict::Pass)),
+                    (true, Some(Verdict::Fail)),
+                ] {
+                    let mut s = summary(actor, failure.clone());
+                    s.evaluation_configured = configured;
+                    s.verdict = verdict;
+                    s.memory_limit_mb = Some(64);
+                    if !is_final_when_settled(&s) {
+                        continue;
+                    }
+                    closed += 1;
+                    assert!(failure.as_ref().is_none_or(|f| !spills(f)), "{s:?}");
+                    for policy in [retries(0), retries(3)] {
+                        for boost in [false, true] {
+                            let policy = Policy {
+                                oom_auto_boost: boost,
+                                ..policy
+                            };
+                            for cancelled in [false, true] {
+                                assert_eq!(
+                                    next(&s, cancelled, policy, Spent::default()),
+                                    Next::Finish(attempt_state(&s)),
+                                    "{s:?}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(closed > 0);
     }
 
     #[test]

@@ -43,6 +43,10 @@ use crate::decide::{self, Next, Spent};
 /// Patch id recorded by runs whose attempts use regular activities ([`Pipeline::Activities`]).
 pub(crate) const STAGES_AS_ACTIVITIES: &str = "stages-as-activities";
 
+/// Patch id recorded by runs whose `settle` closes final attempts itself (see
+/// [`SettleInput::close_from`]); runs recorded before it keep a `cleanup` per attempt.
+pub(crate) const SETTLE_CLOSES: &str = "settle-closes-final-attempts";
+
 /// How a run executes attempts. Chosen once per run: a history recorded without the patch
 /// marker keeps the pipeline it began with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +64,11 @@ impl Pipeline {
         } else {
             Pipeline::LocalActivities
         }
+    }
+
+    /// Whether `settle` may close final attempts in this run. Asked once, at the run's start.
+    pub(crate) fn settle_closes(self, ctx: &WorkflowContext<BatchWorkflow>) -> bool {
+        self == Pipeline::Activities && ctx.patched(SETTLE_CLOSES)
     }
 }
 
@@ -85,6 +94,8 @@ pub(crate) struct CaseParams {
     pub retry_backoff_ms: u64,
     pub max_timeout_seconds: u64,
     pub pipeline: Pipeline,
+    /// `settle` closes final attempts ([`Pipeline::settle_closes`]).
+    pub settle_closes: bool,
 }
 
 /// What a finished case reports back to admission.
@@ -355,20 +366,25 @@ async fn run_attempt(
         key,
         host_queue,
         summary: s,
+        closed: false,
     };
 
-    // settle: await + evaluate + collect where the job runs; a retry adopts the job
+    // settle: await + evaluate + collect where the job runs; a retry adopts the job. A
+    // final attempt is closed by settle too, unless it may race a duplicate.
     if let Some(job) = job {
         let token = cancel.child_token();
+        let may_race = speculate::may(ctx, &routed);
+        let close_from = (p.settle_closes && !may_race).then(|| attempt.summary.clone());
         let settle = settle_job(
             ctx,
             p,
             &attempt.key,
             job,
+            close_from,
             attempt.host_queue.clone(),
             &token,
         );
-        if speculate::may(ctx, &routed) {
+        if may_race {
             if let Some(loser) =
                 speculate::race(ctx, p, &mut attempt, settle, token, cancel, &mut routed).await
             {
@@ -383,6 +399,7 @@ async fn run_attempt(
         key,
         host_queue,
         summary: mut s,
+        closed,
     } = attempt;
 
     // Decide once, before cleanup: the bundle records exactly what the workflow decides.
@@ -391,6 +408,10 @@ async fn run_attempt(
         next = Next::Spill;
         routed.done.notes.push(to);
     }
+    // settle cleaned up and recorded it, and it decided the same.
+    if closed && matches!(next, Next::Finish(_)) {
+        return (s, next);
+    }
 
     // cleanup: always, where the attempt ran
     let will_retry = !matches!(next, Next::Finish(_));
@@ -398,6 +419,7 @@ async fn run_attempt(
         key,
         host_queue,
         summary: s,
+        closed: false,
     };
     let s = clean_up(ctx, done, will_retry, routed.done).await;
     (s, next)
@@ -408,6 +430,8 @@ struct Attempt {
     key: AttemptKey,
     host_queue: Option<String>,
     summary: AttemptSummary,
+    /// `settle` cleaned up and recorded the attempt (its summary is the recorded one).
+    closed: bool,
 }
 
 impl Attempt {
@@ -419,12 +443,21 @@ impl Attempt {
         result: Result<Settled, ActivityExecutionError>,
     ) {
         let s = &mut self.summary;
+        let mut recorded = None;
         match result {
-            Ok(settled) => apply_settled(s, &self.key, settled),
+            Ok(settled) => {
+                apply_settled(s, &self.key, &settled);
+                recorded = settled.closed;
+            }
             Err(e) if !token.is_cancelled() && is_timeout(&e) => mark_job_lost(s, &e),
             Err(e) => mark_error(s, token, Stage::Await, &e),
         }
         s.ended_at_ms = Some(workflow_ms(ctx));
+        if let Some(recorded) = recorded {
+            // settle closed it: exactly what the bundle holds, end time and cleanup included.
+            *s = recorded;
+            self.closed = true;
+        }
         // The tail's median learns from every attempt that ran to its end.
         if s.actor == Some(ActorStatus::Finished)
             && let Some(ms) = s.duration_ms()
@@ -448,6 +481,7 @@ fn settle_job(
     p: &CaseParams,
     key: &AttemptKey,
     job: JobRef,
+    close_from: Option<AttemptSummary>,
     host_queue: Option<String>,
     token: &WorkflowCancellationToken,
 ) -> LocalBoxFuture<'static, Result<Settled, ActivityExecutionError>> {
@@ -461,6 +495,7 @@ fn settle_job(
     let input = SettleInput {
         key: key.clone(),
         job,
+        close_from,
     };
     let ctx = ctx.clone();
     Box::pin(async move { ctx.execute_activity(Settle, input, opts).await })
@@ -479,6 +514,7 @@ async fn clean_up(
         key,
         host_queue,
         mut summary,
+        ..
     } = attempt;
     let input = CleanupInput {
         key: key.clone(),
@@ -677,7 +713,7 @@ fn spill_over(
 }
 
 /// Folds `settle`'s report into the summary.
-fn apply_settled(s: &mut AttemptSummary, key: &AttemptKey, settled: Settled) {
+fn apply_settled(s: &mut AttemptSummary, key: &AttemptKey, settled: &Settled) {
     // Regular activities resolve from history, so a result always belongs to the attempt
     // that scheduled it. If that ever broke, failing this workflow task loudly beats giving
     // one case another case's result.
@@ -688,20 +724,7 @@ fn apply_settled(s: &mut AttemptSummary, key: &AttemptKey, settled: Settled) {
         key.case_index,
         key.attempt
     );
-    let actor = settled.actor;
-    s.actor = Some(actor.status);
-    s.exit_code = actor.exit_code;
-    s.failure = actor.failure;
-    s.adopted = actor.adopted;
-    s.memory_limit_mb = actor.memory_limit_mb;
-    if let Some(eval) = settled.evaluation {
-        s.evaluation_configured = eval.configured;
-        s.verdict = eval.verdict;
-        if eval.failure.is_some() {
-            s.failure = eval.failure;
-        }
-    }
-    s.collect_failure = settled.collect_failure;
+    s.apply_settled(settled);
 }
 
 /// The job's host never came back (or the job never reported): nothing is adoptable, so the

@@ -103,6 +103,7 @@ pub(super) async fn race(
         },
         key,
         host_queue: None,
+        closed: false,
     };
     let dup_token = cancel.child_token();
     ctx.state_mut(|s| with_tail(s, |t| t.duplicates += 1));
@@ -217,7 +218,7 @@ async fn run_duplicate(
     match ctx.execute_activity(Start, key.clone(), opts).await {
         Ok(StartResult::Started(job)) => {
             let host_queue = job.host_queue.clone();
-            let settle = settle_job(ctx, p, key, job, host_queue.clone(), token);
+            let settle = settle_job(ctx, p, key, job, None, host_queue.clone(), token);
             (host_queue, CopyEnd::Settled(settle.await))
         }
         Ok(StartResult::Failed {
