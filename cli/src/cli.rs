@@ -48,6 +48,43 @@ pub enum Command {
     /// ran to their end, from the bundles under an output directory. Runs use it to deal
     /// `runtime:` lists by speed and to seed tail speculation.
     History(HistoryArgs),
+    /// The embedded engine of an output directory (the local Temporal dev server that
+    /// commands start when no cluster is named): whether it runs, who uses it, stopping it.
+    #[command(subcommand)]
+    Engine(EngineCommand),
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum EngineCommand {
+    /// Whether the embedded engine runs, where, and which casebatch processes use it.
+    Status {
+        /// Root of result bundles whose engine is shown.
+        #[arg(long, default_value = "logs/batch")]
+        output_dir: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop the embedded engine (refused while a casebatch process uses it: the last one to
+    /// finish stops it anyway).
+    Stop {
+        /// Root of result bundles whose engine is stopped.
+        #[arg(long, default_value = "logs/batch")]
+        output_dir: PathBuf,
+    },
+    /// Internal: the keeper of an embedded engine, started by casebatch itself.
+    #[command(hide = true)]
+    Keep {
+        /// The engine's state directory (`<output-dir>/.casebatch-engine`).
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// The dev server's port.
+        #[arg(long)]
+        port: u16,
+        /// Seconds with no casebatch process using the engine before it is stopped.
+        #[arg(long)]
+        idle_secs: u64,
+    },
 }
 
 #[derive(Debug, Clone, Args)]

@@ -202,3 +202,128 @@ fn make_executable(path: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
+
+/// The issue's crash bar on the local runtime: a runner SIGKILLed mid-batch, then `resume`.
+/// Finished cases are not run again, the cases in flight are adopted and cleaned up through
+/// their cgroups (each left a detached, environment-less `sleep 377` behind), and the engine
+/// the dead runner started is taken over by `resume` and stopped when it is done.
+#[test]
+fn a_runner_sigkilled_mid_batch_resumes_through_cgroups_and_leaves_no_engine_running() {
+    let sb = Sandbox::engine();
+    let manifest = sb.write(
+        "crash.yaml",
+        r#"batch_id: crash-cg
+defaults:
+  concurrency: 3
+  runtime: local-process
+  pass_env: [SANDBOX]
+  harness: 'echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/started.log"; setsid env -i sleep 377 > /dev/null 2>&1 & sleep 3; echo "{}" > "$CASEBATCH_RESULT"'
+tasks: [{task_id: k1}, {task_id: k2}, {task_id: k3}, {task_id: k4}, {task_id: k5}, {task_id: k6}]
+"#,
+    );
+    let mut runner = sb.spawn_batch(&manifest, "run.log");
+    // The first three finished, the next ones in flight.
+    wait_until(Duration::from_secs(90), "a second wave starts", || {
+        sb.lines("started.log") >= 4
+    });
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    let engine = engine_record(&sb.out()).expect("engine.json");
+    assert!(engine_alive(&engine), "the dead runner's engine still runs");
+
+    let out = sb.out();
+    let o = sb.run(&[
+        "batch",
+        "resume",
+        "--batch-id",
+        "crash-cg",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 0);
+    assert_eq!(sb.lines("started.log"), 6, "no case ran twice");
+    let summary = sb.json(&sb.bundle("crash-cg").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], 6, "{summary:#}");
+    assert!(
+        summary["adopted_attempts"].as_u64().unwrap_or(0) >= 1,
+        "the cases in flight were adopted: {summary:#}"
+    );
+    for case in ["k1", "k2", "k3", "k4", "k5", "k6"] {
+        let receipt = sb.json(
+            &sb.bundle("crash-cg")
+                .join(format!("cases/{case}/attempts/1/cleanup.json")),
+        );
+        assert_eq!(receipt["cleanup_confirmed"], true, "{case}: {receipt:#}");
+        assert_eq!(receipt["method"], "cgroup_v2", "{case}: {receipt:#}");
+    }
+    assert!(no_process_matches("sleep 377"), "a detached sleep survived");
+    // Taken over: the engine resume found is stopped, and no other one runs.
+    assert!(!engine_alive(&engine), "the found engine is left running");
+    let keeper = &engine["keeper"];
+    assert!(
+        !keeper.is_null() && !engine_alive(keeper),
+        "its keeper is left running: {keeper}"
+    );
+    assert!(
+        !engine_record(&out).is_some_and(|r| engine_alive(&r)),
+        "an engine is left running"
+    );
+}
+
+/// Nobody resumes: the keeper of a SIGKILLed runner's engine stops it once it has been idle
+/// for its timeout, and `engine status` says so.
+#[test]
+fn the_keeper_stops_an_engine_nobody_uses_after_its_idle_timeout() {
+    let sb = Sandbox::engine();
+    let manifest = sb.write(
+        "idle.yaml",
+        r#"batch_id: idle
+defaults:
+  runtime: local-process
+  pass_env: [SANDBOX]
+  harness: 'echo x >> "$SANDBOX/started.log"; sleep 30'
+tasks: [{task_id: i1}]
+"#,
+    );
+    let out = sb.out();
+    let mut runner = sb.spawn_env(
+        &batch_run_args(&manifest, &out),
+        "run.log",
+        &[("CASEBATCH_ENGINE_IDLE_SECS", "2")],
+    );
+    wait_until(Duration::from_secs(60), "the case starts", || {
+        sb.lines("started.log") >= 1
+    });
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    let engine = engine_record(&out).expect("engine.json");
+    assert_eq!(engine["idle_timeout_secs"], 2, "{engine}");
+    let status = sb.run(&[
+        "engine",
+        "status",
+        "--output-dir",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_exit(&status, 0);
+    let status: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
+    assert_eq!(status["running"], true, "{status:#}");
+    assert_eq!(status["users"], serde_json::json!([]), "{status:#}");
+    wait_until(
+        Duration::from_secs(30),
+        "the keeper stops the idle engine",
+        || !engine_alive(&engine),
+    );
+    assert!(!engine_alive(&engine["keeper"]), "the keeper exits with it");
+    let status = sb.run(&["engine", "status", "--output-dir", out.to_str().unwrap()]);
+    assert!(
+        stdout(&status).contains("not running"),
+        "{}",
+        stdout(&status)
+    );
+    let log = std::fs::read_to_string(out.join(".casebatch-engine/temporal.log")).unwrap();
+    assert!(
+        log.contains("no casebatch process has used this engine for 2s"),
+        "the keeper says why it stopped the engine: {log}"
+    );
+}

@@ -15,9 +15,11 @@
 //! `engine.json` and watches that one instead of starting another. A server alive by
 //! identity is never replaced, even if it does not answer yet.
 //!
-//! A process stops (on [`DevServer::stop`] or drop) only a server it spawned itself; a
-//! server it found is watched, never signalled. Readiness here is only "the port accepts
-//! connections"; the first client connection waits for a real answer (`engine.rs`).
+//! Who stops the server: the last casebatch process using it (on [`DevServer::stop`] or drop),
+//! also one that found it running after its starter was killed; and, when every user died
+//! without stopping it, its keeper after an idle timeout (see [`crate::keeper`]). Readiness
+//! here is only "the port accepts connections"; the first client connection waits for a real
+//! answer (`engine.rs`).
 
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
@@ -28,10 +30,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use casebatch_runtime::procfs::{is_same_process, start_ticks};
+use casebatch_runtime::procfs::is_same_process;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
+
+use crate::keeper::{self, Lease, ProcessRef};
 
 /// Environment variable naming the `temporal` binary (default: `temporal` on PATH).
 pub const TEMPORAL_BIN_ENV: &str = "CASEBATCH_TEMPORAL_BIN";
@@ -81,9 +87,15 @@ pub enum DevServerError {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EngineRecord {
     pub address: String,
+    /// The dev server itself.
     pub pid: u32,
     pub start_ticks: u64,
     pub db: String,
+    /// Its keeper (the server dies with it); absent for servers started without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keeper: Option<ProcessRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_secs: Option<u64>,
 }
 
 impl EngineRecord {
@@ -114,6 +126,8 @@ pub struct DevServer {
     pub log: PathBuf,
     sup: Arc<Supervisor>,
     watcher: Option<JoinHandle<()>>,
+    /// This process's use of the engine, released by `stop`.
+    lease: Option<Lease>,
 }
 
 /// What it takes to (re)start the server, and the server currently supervised.
@@ -128,9 +142,9 @@ struct Supervisor {
 
 #[derive(Debug)]
 enum Current {
-    /// Spawned by this process: stopped by `stop`.
+    /// Spawned by this process (`child`: its keeper, or the server where no keeper could run).
     Started { child: Child, record: EngineRecord },
-    /// Found through `engine.json`: watched, never signalled.
+    /// Found through `engine.json`: watched; stopped only by its last user.
     Found(EngineRecord),
     /// Dead, not yet replaced.
     Gone,
@@ -138,7 +152,7 @@ enum Current {
 
 /// The exclusive lock on `engine.lock`, held around "check alive / start / write
 /// engine.json". Released on drop (and by the kernel if the holder dies).
-struct StateLock {
+pub(crate) struct StateLock {
     _flock: Flock<File>,
 }
 
@@ -158,9 +172,11 @@ impl DevServer {
         let dir = Self::state_dir(output_root);
         std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
         let bin = std::env::var(TEMPORAL_BIN_ENV).unwrap_or_else(|_| "temporal".into());
-        let (port, current) = {
+        let (port, current, lease) = {
             let lock = StateLock::acquire(&dir)?;
-            match read_record(&dir) {
+            // Taken first: a keeper watching for users sees this process from now on.
+            let lease = Lease::take(&dir).map_err(|e| io_err(&dir, e))?;
+            let (port, current) = match read_record(&dir) {
                 Some(rec) if rec.is_alive() => match rec.port() {
                     Some(port) => (port, Current::Found(rec)),
                     None => {
@@ -193,11 +209,15 @@ impl DevServer {
                                 tries += 1;
                                 port = free_port().map_err(|e| io_err(&dir, e))?;
                             }
-                            Err(e) => return Err(e),
+                            Err(e) => {
+                                lease.release();
+                                return Err(e);
+                            }
                         }
                     }
                 }
-            }
+            };
+            (port, current, lease)
         };
         let sup = Arc::new(Supervisor {
             bin,
@@ -216,6 +236,7 @@ impl DevServer {
             log: dir.join(LOG_FILE),
             sup,
             watcher: Some(watcher),
+            lease: Some(lease),
         })
     }
 
@@ -233,16 +254,28 @@ impl DevServer {
         }
     }
 
-    /// Stops watching, and stops the server if this process spawned it.
+    /// Stops watching and releases this process's lease; the last user out stops the
+    /// server, whether this process started it or found it (took it over).
     pub fn stop(&mut self) {
         self.sup.stopping.store(true, Ordering::SeqCst);
         if let Some(w) = self.watcher.take() {
             let _ = w.join();
         }
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        // Under the lock: a command starting right now either holds its lease already (the
+        // server stays) or finds it stopped and starts its own.
+        let _lock = StateLock::acquire(&self.sup.dir);
+        lease.release();
+        let last = keeper::live_users(&self.sup.dir).is_empty();
         let mut current = self.sup.current();
-        if let Current::Started { child, .. } = &mut *current {
-            let _ = child.kill();
-            let _ = child.wait();
+        match &mut *current {
+            Current::Started { child, record } if last => stop_engine(record, Some(child)),
+            Current::Found(record) if last => stop_engine(record, None),
+            // Not the last user: a server this process spawned keeps running, its keeper
+            // reaped by init.
+            _ => {}
         }
         *current = Current::Gone;
     }
@@ -337,7 +370,7 @@ impl Supervisor {
 
 impl StateLock {
     /// Blocks until this process holds the lock.
-    fn acquire(dir: &Path) -> Result<Self, DevServerError> {
+    pub(crate) fn acquire(dir: &Path) -> Result<Self, DevServerError> {
         Self::acquire_unless(dir, &AtomicBool::new(false))
     }
 
@@ -395,43 +428,57 @@ fn start_server(
         .open(&log_path)
         .map_err(|e| io_err(&log_path, e))?;
     let log_err = log.try_clone().map_err(|e| io_err(&log_path, e))?;
-    // Loopback only: the dev server has no authentication.
-    let mut child = Command::new(bin)
-        .args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
-        .args(["--port", &port.to_string()])
-        .arg("--db-filename")
-        .arg(&db)
-        .args(["--log-level", "warn"])
-        // WAL with synchronous=NORMAL survives process crashes (the failure model here)
-        // without an fsync per transaction, which would dominate a batch's cost.
-        .args(["--sqlite-pragma", "journal_mode=wal"])
-        .args(["--sqlite-pragma", "synchronous=normal"])
-        // A case's `start` is handed to the worker with the workflow task that schedules it,
-        // without a round trip through matching (off by default in the server).
-        .args([
-            "--dynamic-config-value",
-            "system.enableActivityEagerExecution=true",
-        ])
-        // Batches are found by these (`temporal workflow list --query "CasebatchBatchId='x'"`).
-        .args(search_attribute_args())
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err)
-        .spawn()
-        .map_err(|source| {
-            if source.kind() == std::io::ErrorKind::NotFound {
-                DevServerError::NotInstalled { bin: bin.into() }
-            } else {
-                DevServerError::Spawn {
-                    bin: bin.into(),
-                    source,
-                }
-            }
-        })?;
+    // The keeper would only report this in the log: say it here, with what to do.
+    if !is_on_path(bin) {
+        return Err(DevServerError::NotInstalled { bin: bin.into() });
+    }
+    let _ = std::fs::remove_file(dir.join(keeper::SERVER_PID_FILE));
+    let idle = keeper::idle_timeout();
+    // Under a keeper (this very binary), so the server never outlives every user of it; where
+    // no keeper can run, the server alone, as before keepers.
+    let kept = std::env::current_exe().and_then(|exe| {
+        Command::new(exe)
+            .args(["engine", "keep", "--port", &port.to_string()])
+            .arg("--state-dir")
+            .arg(dir)
+            .args(["--idle-secs", &idle.as_secs().to_string()])
+            .env(TEMPORAL_BIN_ENV, bin)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log_err.try_clone()?)
+            .spawn()
+    });
+    let (mut child, keeper_started) = match kept {
+        Ok(child) => (child, true),
+        Err(e) => {
+            tracing::warn!(
+                "the engine keeper could not start ({e}): the dev server runs without one"
+            );
+            let child = server_command(bin, port, dir)
+                .stdout(log)
+                .stderr(log_err)
+                .spawn()
+                .map_err(|source| {
+                    if source.kind() == std::io::ErrorKind::NotFound {
+                        DevServerError::NotInstalled { bin: bin.into() }
+                    } else {
+                        DevServerError::Spawn {
+                            bin: bin.into(),
+                            source,
+                        }
+                    }
+                })?;
+            (child, false)
+        }
+    };
     let address = address(port);
     let fail = |child: &mut Child, reason: String| {
         let _ = child.kill();
         let _ = child.wait();
+        // The keeper's server too: it may not die with its keeper (see `keeper`).
+        if keeper_started && let Some(server) = read_server_pid(dir) {
+            let _ = kill(Pid::from_raw(server as i32), Signal::SIGKILL);
+        }
         DevServerError::NotReady {
             address: address.clone(),
             reason,
@@ -458,14 +505,32 @@ fn start_server(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let Some(ticks) = start_ticks(child.id()) else {
-        return Err(fail(&mut child, "it vanished right after starting".into()));
+    let (server, keeper) = if keeper_started {
+        // Written by the keeper right after the spawn; on a loaded host it may lag the port.
+        let named = loop {
+            match read_server_pid(dir).and_then(ProcessRef::of) {
+                Some(server) => break Some(server),
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                None => break None,
+            }
+        };
+        let Some(server) = named else {
+            return Err(fail(&mut child, "its keeper did not name it".into()));
+        };
+        (server, ProcessRef::of(child.id()))
+    } else {
+        let Some(server) = ProcessRef::of(child.id()) else {
+            return Err(fail(&mut child, "it vanished right after starting".into()));
+        };
+        (server, None)
     };
     let record = EngineRecord {
         address,
-        pid: child.id(),
-        start_ticks: ticks,
+        pid: server.pid,
+        start_ticks: server.start_ticks,
         db: db.display().to_string(),
+        keeper,
+        idle_timeout_secs: keeper.map(|_| idle.as_secs()),
     };
     if let Err(e) = write_record(dir, &record) {
         let _ = child.kill();
@@ -473,6 +538,161 @@ fn start_server(
         return Err(e);
     }
     Ok((child, record))
+}
+
+/// The dev server's command line, on `port` and the state dir's database.
+pub(crate) fn server_command(bin: &str, port: u16, dir: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    server_args(&mut cmd, port, dir);
+    cmd
+}
+
+/// The dev server's arguments (after the binary).
+pub(crate) fn server_args(cmd: &mut Command, port: u16, dir: &Path) {
+    // Loopback only: the dev server has no authentication.
+    cmd.args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
+        .args(["--port", &port.to_string()])
+        .arg("--db-filename")
+        .arg(dir.join(DB_FILE))
+        .args(["--log-level", "warn"])
+        // WAL with synchronous=NORMAL survives process crashes (the failure model here)
+        // without an fsync per transaction, which would dominate a batch's cost.
+        .args(["--sqlite-pragma", "journal_mode=wal"])
+        .args(["--sqlite-pragma", "synchronous=normal"])
+        // A case's `start` is handed to the worker with the workflow task that schedules it,
+        // without a round trip through matching (off by default in the server).
+        .args([
+            "--dynamic-config-value",
+            "system.enableActivityEagerExecution=true",
+        ])
+        // Batches are found by these (`temporal workflow list --query "CasebatchBatchId='x'"`).
+        .args(search_attribute_args())
+        .stdin(Stdio::null());
+}
+
+/// `casebatch engine keep`: the keeper of the dev server of `state_dir` (see
+/// [`crate::keeper`]). Returns the exit code.
+pub fn keep(state_dir: &Path, port: u16, idle: Duration) -> i32 {
+    let bin = std::env::var(TEMPORAL_BIN_ENV).unwrap_or_else(|_| "temporal".into());
+    // The server dies with its keeper: `setpriv` (util-linux) sets its parent-death signal
+    // and execs it, same pid. Without setpriv, stopping the engine still kills the server
+    // by its pid; only a SIGKILLed keeper would leave it behind.
+    let mut server = if is_on_path("setpriv") {
+        let mut c = Command::new("setpriv");
+        c.args(["--pdeathsig", "KILL", "--", &bin]);
+        c
+    } else {
+        Command::new(&bin)
+    };
+    server_args(&mut server, port, state_dir);
+    keeper::keep(state_dir, server, idle)
+}
+
+/// Whether `bin` names an existing file, or one found on PATH.
+fn is_on_path(bin: &str) -> bool {
+    if bin.contains('/') {
+        return Path::new(bin).is_file();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(bin).is_file()))
+}
+
+fn read_server_pid(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join(keeper::SERVER_PID_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Stops the engine a record names: its keeper (the server dies with it) and the server
+/// itself, each only while it is still that very process; then waits until the server is
+/// gone, so its database is free when this returns.
+fn stop_engine(record: &EngineRecord, child: Option<&mut Child>) {
+    let sigkill = |p: u32| {
+        let _ = kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+    };
+    if let Some(k) = record.keeper.filter(ProcessRef::is_alive) {
+        sigkill(k.pid);
+    }
+    if record.is_alive() {
+        sigkill(record.pid);
+    }
+    if let Some(c) = child {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while record.is_alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What `casebatch engine status` shows about an output root's embedded engine.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineStatus {
+    pub state_dir: String,
+    pub running: bool,
+    pub address: Option<String>,
+    pub server_pid: Option<u32>,
+    pub keeper_pid: Option<u32>,
+    /// casebatch processes using it right now.
+    pub users: Vec<u32>,
+    pub idle_timeout_secs: Option<u64>,
+    pub db: String,
+    pub log: String,
+}
+
+impl DevServer {
+    /// The embedded engine of `output_root`, as `casebatch engine status` shows it.
+    pub fn status(output_root: &Path) -> EngineStatus {
+        let dir = Self::state_dir(output_root);
+        let record = read_record(&dir).filter(EngineRecord::is_alive);
+        EngineStatus {
+            state_dir: dir.display().to_string(),
+            running: record.is_some(),
+            address: record.as_ref().map(|r| r.address.clone()),
+            server_pid: record.as_ref().map(|r| r.pid),
+            keeper_pid: record
+                .as_ref()
+                .and_then(|r| r.keeper)
+                .filter(ProcessRef::is_alive)
+                .map(|k| k.pid),
+            users: keeper::live_users(&dir),
+            idle_timeout_secs: record.as_ref().and_then(|r| r.idle_timeout_secs),
+            db: dir.join(DB_FILE).display().to_string(),
+            log: dir.join(LOG_FILE).display().to_string(),
+        }
+    }
+
+    /// `casebatch engine stop`: stops the engine unless a casebatch process is using it (it
+    /// would only start a new one). `Ok(false)`: none was running.
+    pub fn stop_unused(output_root: &Path) -> Result<bool, StopRefused> {
+        let dir = Self::state_dir(output_root);
+        let _lock = StateLock::acquire(&dir).map_err(|e| StopRefused::Io(e.to_string()))?;
+        let users = keeper::live_users(&dir);
+        if !users.is_empty() {
+            return Err(StopRefused::InUse { users });
+        }
+        match read_record(&dir).filter(EngineRecord::is_alive) {
+            Some(record) => {
+                stop_engine(&record, None);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+/// Why `casebatch engine stop` did not stop the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum StopRefused {
+    #[error(
+        "the engine is in use by casebatch process(es) {users:?}: stop them (or let them finish) first; the last one out stops the engine"
+    )]
+    InUse { users: Vec<u32> },
+    #[error("{0}")]
+    Io(String),
 }
 
 /// The last `n` non-empty lines of the server's log, for an error message.
@@ -526,6 +746,7 @@ fn free_port() -> std::io::Result<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use casebatch_runtime::procfs::start_ticks;
 
     #[test]
     fn a_record_names_a_live_server_only_with_its_database_on_the_command_line() {
@@ -538,6 +759,8 @@ mod tests {
             pid: me,
             start_ticks: ticks,
             db: db.into(),
+            keeper: None,
+            idle_timeout_secs: None,
         };
         assert!(
             rec(&arg0, ticks).is_alive(),

@@ -8,8 +8,9 @@
 
 pub mod devserver;
 pub mod engine;
+pub mod keeper;
 pub mod worker;
 
-pub use devserver::{DevServer, DevServerError};
+pub use devserver::{DevServer, DevServerError, EngineStatus, StopRefused};
 pub use engine::{Engine, EngineError, EngineTarget};
 pub use worker::{Workers, build_worker, run_worker_until};

@@ -4,6 +4,7 @@
 mod agent;
 mod config;
 mod demo;
+mod engine;
 mod manifest;
 mod ops;
 mod retry;
@@ -11,7 +12,7 @@ mod run;
 mod status;
 mod worker;
 
-use crate::cli::{BatchCommand, Command, ConfigCommand};
+use crate::cli::{BatchCommand, Command, ConfigCommand, EngineCommand};
 use crate::exit::CliResult;
 
 pub async fn dispatch(command: Command) -> CliResult {
@@ -50,5 +51,14 @@ pub async fn dispatch(command: Command) -> CliResult {
         Command::Demo(args) => demo::run(args).await,
         Command::Harness(h) => demo::harness(h).await,
         Command::History(args) => status::run_history(&args),
+        Command::Engine(EngineCommand::Status { output_dir, json }) => {
+            engine::status(&output_dir, json)
+        }
+        Command::Engine(EngineCommand::Stop { output_dir }) => engine::stop(&output_dir),
+        Command::Engine(EngineCommand::Keep {
+            state_dir,
+            port,
+            idle_secs,
+        }) => engine::keep(&state_dir, port, idle_secs),
     }
 }
