@@ -9,6 +9,10 @@
 //!          └► cleanup (host)   kill what is left, receipt, attempt record; detached from cancel
 //! ```
 //!
+//! A final attempt (`decide::is_final_when_settled`) is closed by `settle` itself, which does
+//! `cleanup`'s work and returns the recorded summary: two activities, not three. Runs recorded
+//! before that ([`SETTLE_CLOSES`]) and attempts that may race a duplicate keep `cleanup`.
+//!
 //! Why regular and not local activities: with many cases in flight, a local activity gets its
 //! sequence number when it is called, and which case calls next depends on when other local
 //! activities completed, which a replay after a crash can regroup. Regular activities resolve
