@@ -83,30 +83,72 @@ fn own_v2_path() -> Option<String> {
 
 /// Where attempt cgroups may be made, in order of preference, each with its method.
 fn candidates(name: &str) -> Vec<Tracking> {
+    PARENTS
+        .iter()
+        .map(|(method, parent)| method.at(parent.join(name)))
+        .collect()
+}
+
+/// The hierarchies' `casebatch` folders usable on this host, in order of preference: looked
+/// up once (mounts do not move under a running worker), each proven by moving a process into
+/// a cgroup there (a folder this user may create but not join would fail every harness).
+static PARENTS: std::sync::LazyLock<Vec<(Tracking, PathBuf)>> = std::sync::LazyLock::new(|| {
+    found_parents()
+        .into_iter()
+        .filter(|(_, parent)| can_join(parent))
+        .collect()
+});
+
+/// A process can be moved into a new cgroup under `parent` (the wrapper's first act).
+fn can_join(parent: &Path) -> bool {
+    let probe = parent.join(format!("probe-{}", std::process::id()));
+    if fs::create_dir_all(&probe).is_err() {
+        return false;
+    }
+    let joined = std::process::Command::new("/bin/sh")
+        .args(["-c", r#"echo $$ > "$1""#, "sh"])
+        .arg(probe.join("cgroup.procs"))
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    // The probe's shell has exited: the cgroup is empty again.
+    let _ = fs::remove_dir(&probe);
+    joined
+}
+
+/// The hierarchies mounted here, in order of preference.
+fn found_parents() -> Vec<(Tracking, PathBuf)> {
     let mut out = Vec::new();
-    for root in V2_ROOTS.map(Path::new) {
-        if !root.join("cgroup.controllers").exists() {
-            continue;
-        }
-        out.push(Tracking::CgroupV2 {
-            dir: root.join(PARENT).join(name),
-        });
+    let v2 = Tracking::CgroupV2 {
+        dir: PathBuf::new(),
+    };
+    if let Some(root) = V2_ROOTS
+        .map(Path::new)
+        .into_iter()
+        .find(|r| r.join("cgroup.controllers").exists())
+    {
+        out.push((v2.clone(), root.join(PARENT)));
         if let Some(own) = own_v2_path() {
-            out.push(Tracking::CgroupV2 {
-                dir: root.join(own).join(PARENT).join(name),
-            });
+            out.push((v2, root.join(own).join(PARENT)));
         }
-        break;
     }
-    if Path::new(FREEZER_ROOT).join("cgroup.procs").exists() {
-        out.push(Tracking::CgroupV1Freezer {
-            dir: Path::new(FREEZER_ROOT).join(PARENT).join(name),
-        });
-    }
-    if Path::new(PIDS_ROOT).join("cgroup.procs").exists() {
-        out.push(Tracking::CgroupV1Pids {
-            dir: Path::new(PIDS_ROOT).join(PARENT).join(name),
-        });
+    for (root, method) in [
+        (
+            FREEZER_ROOT,
+            Tracking::CgroupV1Freezer {
+                dir: PathBuf::new(),
+            },
+        ),
+        (
+            PIDS_ROOT,
+            Tracking::CgroupV1Pids {
+                dir: PathBuf::new(),
+            },
+        ),
+    ] {
+        if Path::new(root).join("cgroup.procs").exists() {
+            out.push((method, Path::new(root).join(PARENT)));
+        }
     }
     out
 }
@@ -134,13 +176,17 @@ impl Tracking {
     /// True when some cgroup hierarchy is writable here, so the marker scan is never needed
     /// for attempts started by this version.
     pub fn cgroups_available() -> bool {
-        static AVAILABLE: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-            let probe = format!("probe-{}", std::process::id());
-            let t = Tracking::create(&probe);
-            t.remove();
-            t != Tracking::MarkerScan
-        });
-        *AVAILABLE
+        !PARENTS.is_empty()
+    }
+
+    /// The same method, at `dir`.
+    fn at(&self, dir: PathBuf) -> Self {
+        match self {
+            Tracking::CgroupV2 { .. } => Tracking::CgroupV2 { dir },
+            Tracking::CgroupV1Freezer { .. } => Tracking::CgroupV1Freezer { dir },
+            Tracking::CgroupV1Pids { .. } => Tracking::CgroupV1Pids { dir },
+            Tracking::MarkerScan => Tracking::MarkerScan,
+        }
     }
 
     fn dir(&self) -> Option<&Path> {

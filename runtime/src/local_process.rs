@@ -156,13 +156,16 @@ static CHILDREN: LazyLock<Mutex<HashMap<String, Child>>> = LazyLock::new(Default
 #[derive(Default)]
 pub struct LocalProcess;
 
-/// This host's name, as used in its activity task queue.
+/// This host's name, as used in its activity task queue (read once: every job names it).
 pub fn hostname() -> String {
-    fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
+    static NAME: LazyLock<String> = LazyLock::new(|| {
+        fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into())
+    });
+    NAME.clone()
 }
 
 fn now_ms() -> u64 {
