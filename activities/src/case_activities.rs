@@ -618,10 +618,9 @@ impl CaseActivities {
         s: &AttemptSummary,
         will_retry: bool,
     ) -> Result<CleanupReport, ActivityError> {
-        let env = env.clone();
         std::fs::create_dir_all(&env.dir)?;
         let receipt = heartbeating(ctx, (), async {
-            with_runtime!(self, env, |rt| rt.cleanup(&env).await)
+            with_runtime!(self, env, |rt| rt.cleanup(env).await)
         })
         .await;
         write_json_atomic(&env.file(attempt_files::CLEANUP), &receipt)?;
@@ -649,7 +648,7 @@ impl CaseActivities {
         if s.speculative_loser {
             if !already_logged {
                 Self::event(
-                    &env,
+                    env,
                     "attempt_finished",
                     format!(
                         "speculative loser: stopped, the other copy counts{}",
@@ -709,7 +708,7 @@ impl CaseActivities {
             // An agent's job.json is fetched with the attempt's files.
             job_starts: match env.case.runtime {
                 RuntimeKind::LocalProcess | RuntimeKind::Agent => {
-                    LocalProcess::recorded_starts(&env)
+                    LocalProcess::recorded_starts(env)
                 }
                 RuntimeKind::Fake => None,
             },
@@ -731,7 +730,7 @@ impl CaseActivities {
         let simulated = if result.simulated { " (simulated)" } else { "" };
         if !already_logged {
             Self::event(
-                &env,
+                env,
                 "attempt_finished",
                 format!(
                     "{}{simulated}: {}{}",

@@ -94,26 +94,7 @@ pub enum JobState {
     Running,
 }
 
-/// A process named by pid and start time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcessId {
-    pub pid: u32,
-    pub start_ticks: u64,
-}
-
-impl ProcessId {
-    fn this() -> Option<Self> {
-        let pid = std::process::id();
-        Some(Self {
-            pid,
-            start_ticks: procfs::start_ticks(pid)?,
-        })
-    }
-
-    fn is_alive(&self) -> bool {
-        procfs::is_same_process(self.pid, self.start_ticks)
-    }
-}
+pub use crate::procfs::ProcessId;
 
 fn one() -> u32 {
     1

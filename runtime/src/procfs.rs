@@ -55,6 +55,33 @@ pub fn is_same_process(pid: u32, ticks: u64) -> bool {
     start_ticks(pid) == Some(ticks) && !matches!(state(pid), Some('Z' | 'X'))
 }
 
+/// A process named by pid and start time (a recycled pid has another start time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProcessId {
+    pub pid: u32,
+    pub start_ticks: u64,
+}
+
+impl ProcessId {
+    /// The process `pid` is now, if it is running.
+    pub fn of(pid: u32) -> Option<Self> {
+        Some(Self {
+            pid,
+            start_ticks: start_ticks(pid)?,
+        })
+    }
+
+    /// This very process.
+    pub fn this() -> Option<Self> {
+        Self::of(std::process::id())
+    }
+
+    /// Alive, and still the same process.
+    pub fn is_alive(&self) -> bool {
+        is_same_process(self.pid, self.start_ticks)
+    }
+}
+
 /// What a scan for marked processes found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct MarkerScan {

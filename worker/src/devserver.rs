@@ -30,14 +30,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use casebatch_runtime::procfs::is_same_process;
+use casebatch_runtime::procfs::{ProcessId, is_same_process, kill_pid};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
-use crate::keeper::{self, Lease, ProcessRef};
+use crate::keeper::{self, Lease};
 
 /// Environment variable naming the `temporal` binary (default: `temporal` on PATH).
 pub const TEMPORAL_BIN_ENV: &str = "CASEBATCH_TEMPORAL_BIN";
@@ -93,7 +91,7 @@ pub struct EngineRecord {
     pub db: String,
     /// Its keeper (the server dies with it); absent for servers started without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keeper: Option<ProcessRef>,
+    pub keeper: Option<ProcessId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_secs: Option<u64>,
 }
@@ -477,7 +475,7 @@ fn start_server(
         let _ = child.wait();
         // The keeper's server too: it may not die with its keeper (see `keeper`).
         if keeper_started && let Some(server) = read_server_pid(dir) {
-            let _ = kill(Pid::from_raw(server as i32), Signal::SIGKILL);
+            kill_pid(server);
         }
         DevServerError::NotReady {
             address: address.clone(),
@@ -508,7 +506,7 @@ fn start_server(
     let (server, keeper) = if keeper_started {
         // Written by the keeper right after the spawn; on a loaded host it may lag the port.
         let named = loop {
-            match read_server_pid(dir).and_then(ProcessRef::of) {
+            match read_server_pid(dir).and_then(ProcessId::of) {
                 Some(server) => break Some(server),
                 None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
                 None => break None,
@@ -517,9 +515,9 @@ fn start_server(
         let Some(server) = named else {
             return Err(fail(&mut child, "its keeper did not name it".into()));
         };
-        (server, ProcessRef::of(child.id()))
+        (server, ProcessId::of(child.id()))
     } else {
-        let Some(server) = ProcessRef::of(child.id()) else {
+        let Some(server) = ProcessId::of(child.id()) else {
             return Err(fail(&mut child, "it vanished right after starting".into()));
         };
         (server, None)
@@ -609,14 +607,11 @@ fn read_server_pid(dir: &Path) -> Option<u32> {
 /// itself, each only while it is still that very process; then waits until the server is
 /// gone, so its database is free when this returns.
 fn stop_engine(record: &EngineRecord, child: Option<&mut Child>) {
-    let sigkill = |p: u32| {
-        let _ = kill(Pid::from_raw(p as i32), Signal::SIGKILL);
-    };
-    if let Some(k) = record.keeper.filter(ProcessRef::is_alive) {
-        sigkill(k.pid);
+    if let Some(k) = record.keeper.filter(ProcessId::is_alive) {
+        kill_pid(k.pid);
     }
     if record.is_alive() {
-        sigkill(record.pid);
+        kill_pid(record.pid);
     }
     if let Some(c) = child {
         let _ = c.kill();
@@ -656,7 +651,7 @@ impl DevServer {
             keeper_pid: record
                 .as_ref()
                 .and_then(|r| r.keeper)
-                .filter(ProcessRef::is_alive)
+                .filter(ProcessId::is_alive)
                 .map(|k| k.pid),
             users: keeper::live_users(&dir),
             idle_timeout_secs: record.as_ref().and_then(|r| r.idle_timeout_secs),

@@ -20,8 +20,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use casebatch_runtime::procfs::{is_same_process, start_ticks};
-use serde::{Deserialize, Serialize};
+use casebatch_runtime::procfs::ProcessId;
 
 /// Seconds an engine with no live lease keeps running before its keeper stops it.
 pub const IDLE_ENV: &str = "CASEBATCH_ENGINE_IDLE_SECS";
@@ -39,26 +38,6 @@ pub fn idle_timeout() -> Duration {
         .map_or(DEFAULT_IDLE, Duration::from_secs)
 }
 
-/// A process named by pid and start time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcessRef {
-    pub pid: u32,
-    pub start_ticks: u64,
-}
-
-impl ProcessRef {
-    pub fn of(pid: u32) -> Option<Self> {
-        Some(Self {
-            pid,
-            start_ticks: start_ticks(pid)?,
-        })
-    }
-
-    pub fn is_alive(&self) -> bool {
-        is_same_process(self.pid, self.start_ticks)
-    }
-}
-
 /// This process's use of the engine. Take and release it under the state lock.
 #[derive(Debug)]
 pub(crate) struct Lease {
@@ -69,7 +48,7 @@ impl Lease {
     pub(crate) fn take(state_dir: &Path) -> std::io::Result<Self> {
         // One per use: a process that connects twice holds two leases, released apart.
         static TAKEN: AtomicU32 = AtomicU32::new(0);
-        let me = ProcessRef::of(std::process::id())
+        let me = ProcessId::this()
             .ok_or_else(|| std::io::Error::other("cannot read this process's start time"))?;
         let dir = state_dir.join(USERS_DIR);
         std::fs::create_dir_all(&dir)?;
@@ -94,7 +73,7 @@ pub fn live_users(state_dir: &Path) -> Vec<u32> {
         let name = entry.file_name();
         let parsed = name.to_str().and_then(|n| {
             let mut parts = n.split('-');
-            Some(ProcessRef {
+            Some(ProcessId {
                 pid: parts.next()?.parse().ok()?,
                 start_ticks: parts.next()?.parse().ok()?,
             })
@@ -170,7 +149,7 @@ mod tests {
         let lease = Lease::take(dir.path()).unwrap();
         assert_eq!(live_users(dir.path()), vec![std::process::id()]);
         // A lease left by a process that is gone (a recycled pid has another start time).
-        let me = ProcessRef::of(std::process::id()).unwrap();
+        let me = ProcessId::this().unwrap();
         let stale = dir
             .path()
             .join(USERS_DIR)
