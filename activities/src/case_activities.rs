@@ -6,14 +6,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use casebatch_bundle::{
-    AttemptRecord, Bundle, CaseResult, EvaluationRecord, Event, RECORD_SCHEMA_VERSION,
-    append_jsonl, layout::attempt_files, read_json, write_batch_files, write_json_atomic,
+    AttemptRecord, Bundle, CaseResult, EvaluationRecord, Event, PreparedRecord,
+    RECORD_SCHEMA_VERSION, ReleasedRecord, append_jsonl, layout::attempt_files, read_json,
+    write_batch_files, write_json_atomic,
 };
 use casebatch_manifest::model::{Plan, RuntimeKind, RuntimeSpec};
 use casebatch_proto::{
     ActorReport, ActorStatus, AttemptKey, AttemptSummary, AwaitInput, CleanupInput, CleanupReport,
-    Evaluation, Failure, FailureCode, FinalizeInput, JobRef, SettleInput, Settled, Stage,
-    StageResult, StartResult, SubmitResult, SweepInput, SweepReport, host_task_queue,
+    Evaluation, Failure, FailureCode, FinalizeInput, JobRef, Prepared, ReleaseInput, SettleInput,
+    Settled, Stage, StageResult, StartResult, SubmitResult, SweepInput, SweepReport,
+    host_task_queue,
 };
 use casebatch_workflows::{contracts, decide};
 use temporalio_macros::activities;
@@ -206,6 +208,10 @@ impl CaseActivities {
     }
 
     async fn provision_stage(&self, env: &AttemptEnv) -> Result<StageResult, ActivityError> {
+        // Provisioned ahead (`prepare`): ready as it is.
+        if env.file(attempt_files::PREPARED).exists() {
+            return Ok(StageResult::Ok);
+        }
         std::fs::create_dir_all(&env.dir)?;
         let spec = serde_json::json!({
             "schema_version": RECORD_SCHEMA_VERSION,
@@ -475,6 +481,100 @@ impl CaseActivities {
             }
         }
         Ok(settled)
+    }
+
+    /// Provisions the attempt's environment while other cases run (`prepare_ahead`) and marks
+    /// it prepared. A failure is reported, not raised: the attempt's `start` provisions again
+    /// and fails as provision failures always do.
+    #[activity(definition = contracts::Prepare)]
+    pub async fn prepare(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        key: AttemptKey,
+    ) -> Result<Prepared, ActivityError> {
+        let env = self.env(&key)?;
+        let host_queue = Self::host_queue(&env);
+        let failure = match heartbeating(&ctx, (), self.provision_stage(&env)).await? {
+            StageResult::Ok => {
+                let record = PreparedRecord {
+                    schema_version: RECORD_SCHEMA_VERSION.into(),
+                    marker: env.marker(),
+                    prepared_at_ms: now_ms(),
+                };
+                write_json_atomic(&env.file(attempt_files::PREPARED), &record)?;
+                None
+            }
+            StageResult::Failed(f) => Some(f),
+        };
+        Ok(Prepared {
+            host_queue,
+            failure,
+        })
+    }
+
+    /// Cleans up an environment provisioned ahead for an attempt that will not start in this
+    /// run: the runtime's cleanup, its receipt kept under the case's `released/`, and the
+    /// attempt's directory removed once confirmed, so the attempt starts fresh when the case
+    /// runs. Nothing is recorded as an attempt.
+    #[activity(definition = contracts::Release)]
+    pub async fn release(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        input: ReleaseInput,
+    ) -> Result<CleanupReport, ActivityError> {
+        let env = self.env(&input.key)?;
+        // Released already (this is a retry): nothing of it is left.
+        if !env.dir.exists() {
+            return Ok(CleanupReport {
+                cleanup_confirmed: true,
+                failure: None,
+            });
+        }
+        let receipt = heartbeating(&ctx, (), async {
+            with_runtime!(self, &env, |rt| rt.cleanup(&env).await)
+        })
+        .await;
+        let confirmed = receipt.cleanup_confirmed;
+        let at_ms = now_ms();
+        let method = receipt.method.clone().unwrap_or_default();
+        let record = ReleasedRecord {
+            schema_version: RECORD_SCHEMA_VERSION.into(),
+            case_id: env.case.case_id.clone(),
+            attempt: env.key.attempt,
+            why: input.why.clone(),
+            released_at_ms: at_ms,
+            receipt,
+        };
+        let path = env
+            .bundle
+            .released(&env.case.case_dir, env.key.attempt, at_ms);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        write_json_atomic(&path, &record)?;
+        if confirmed {
+            std::fs::remove_dir_all(&env.dir)?;
+        } else {
+            // Kept as evidence; the attempt provisions afresh when it runs.
+            let _ = std::fs::remove_file(env.file(attempt_files::PREPARED));
+        }
+        Self::event(
+            &env,
+            "prepared_released",
+            format!(
+                "environment provisioned ahead, released unused ({}): cleanup {} ({method})",
+                input.why,
+                if confirmed {
+                    "confirmed"
+                } else {
+                    "NOT confirmed"
+                }
+            ),
+        );
+        Ok(CleanupReport {
+            cleanup_confirmed: confirmed,
+            failure: None,
+        })
     }
 
     #[activity(definition = contracts::Provision)]

@@ -68,6 +68,13 @@ impl Bundle {
             .join(attempt.to_string())
     }
 
+    /// Records of environments provisioned ahead and released unused ([`crate::ReleasedRecord`]).
+    pub fn released(&self, case_dir: &str, attempt: u32, at_ms: u64) -> PathBuf {
+        self.case(case_dir)
+            .join("released")
+            .join(format!("{attempt}-{at_ms}.json"))
+    }
+
     pub fn exists(&self) -> bool {
         self.plan().exists()
     }
@@ -86,6 +93,8 @@ pub mod attempt_files {
     pub const STDERR: &str = "stderr.log";
     pub const EVALUATION: &str = "evaluation.json";
     pub const CLEANUP: &str = "cleanup.json";
+    /// Present when the environment was provisioned ahead of need (`prepare_ahead`).
+    pub const PREPARED: &str = "prepared.json";
     /// The trace pulled by the collect stage.
     pub const TRACE: &str = "trace.json";
     /// The engine's record of the attempt.

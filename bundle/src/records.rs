@@ -140,6 +140,29 @@ pub struct AttemptRecord {
     pub runtime_name: Option<String>,
 }
 
+/// `attempts/<n>/prepared.json`: the attempt's environment was provisioned ahead of need
+/// (`prepare_ahead`); its `start` only submits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedRecord {
+    pub schema_version: String,
+    pub marker: String,
+    pub prepared_at_ms: u64,
+}
+
+/// `cases/<dir>/released/<attempt>-<ms>.json`: an environment provisioned ahead for an attempt
+/// that never started (the batch drained or was cancelled first), and the cleanup that
+/// removed it. The attempt's number is used again when the case runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReleasedRecord {
+    pub schema_version: String,
+    pub case_id: String,
+    pub attempt: u32,
+    /// `drain`, `cancel` or `supersede`.
+    pub why: String,
+    pub released_at_ms: u64,
+    pub receipt: CleanupReceipt,
+}
+
 /// `attempts/<n>/cleanup.json`: the cleanup receipt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CleanupReceipt {

@@ -202,6 +202,9 @@ fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
     if let Some(line) = spread_line(k) {
         say!("{line}");
     }
+    if let Some(line) = prepared_line(k) {
+        say!("{line}");
+    }
     spread(plan);
     if c.queued > 0 {
         say!(
@@ -224,6 +227,16 @@ fn spread_line(k: &Counters) -> Option<String> {
             "  spillovers {} · dispatches skipped on open circuits {} · width changes {} · \
              tail speculations {} (duplicate won {})",
             k.spillovers, k.circuit_skips, k.width_changes, k.speculations, k.speculation_wins
+        )
+    })
+}
+
+/// Environments provisioned ahead, when the batch provisioned any.
+fn prepared_line(k: &Counters) -> Option<String> {
+    (k.prepared > 0).then(|| {
+        format!(
+            "  provisioned ahead {} · released unused {}",
+            k.prepared, k.released
         )
     })
 }
@@ -348,6 +361,12 @@ pub fn status(view: &StatusView) {
         say!(
             "  tail speculation: a listed case in flight over {:.1}s gets a duplicate once all are dispatched",
             ms as f64 / 1000.0
+        );
+    }
+    if !s.prepared.is_empty() {
+        say!(
+            "  provisioned ahead, next to start: {} case(s)",
+            s.prepared.len()
         );
     }
     for c in &s.open_circuits {

@@ -285,6 +285,7 @@ fn batch_input(
     search_attributes: bool,
 ) -> BatchInput {
     let (envelopes, case_loads) = scheduling::envelopes(plan);
+    let routes = scheduling::routes(plan);
     BatchInput {
         batch_id: plan.batch_id.clone(),
         bundle_dir: bundle.root().display().to_string(),
@@ -306,8 +307,14 @@ fn batch_input(
         search_attributes,
         envelopes,
         case_loads,
-        routes: scheduling::routes(plan),
         speculation: None,
+        // A routed case's runtime is picked at dispatch: nothing to provision it on before.
+        prepare_ahead: if routes.is_some() {
+            0
+        } else {
+            plan.settings.prepare_ahead
+        },
+        routes,
     }
 }
 

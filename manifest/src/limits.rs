@@ -22,6 +22,8 @@ pub const TIMEOUT_SECONDS_RANGE: RangeInclusive<u64> = 1..=MAX_TIMEOUT_SECONDS;
 pub const MAX_SANDBOX_LIFETIME_SECONDS: u64 = MAX_TIMEOUT_SECONDS;
 /// Longest scripted duration of a `fake` attempt, in milliseconds (the same 7 days).
 pub const MAX_FAKE_DURATION_MS: u64 = MAX_TIMEOUT_SECONDS * 1000;
+/// Most environments a batch provisions ahead of need: each holds a sandbox nothing runs in yet.
+pub const MAX_PREPARE_AHEAD: u32 = 64;
 /// Most scripted infra failures of a `fake` case.
 pub const MAX_FAKE_INFRA_FAILURES: u32 = 1000;
 

@@ -73,6 +73,13 @@ pub struct Defaults {
     /// Re-run an `OOM_KILLED` case inside the batch with its memory doubled for that job
     /// only (compounding, up to 16 GB). Off by default: every boost re-runs the case.
     pub oom_auto_boost: Option<bool>,
+    /// Environments provisioned ahead of need (0..=64, default 0): while cases run, up to this
+    /// many of the next queued cases get their environment provisioned, so a freed slot starts
+    /// its next case at once. Worth it where provisioning is slow (a remote sandbox); a drained
+    /// or cancelled batch cleans up the ones it will not use. Off in a batch with cases dealt
+    /// from a `runtime:` list (a case's runtime is picked only when it is dispatched).
+    #[schemars(range(max = crate::limits::MAX_PREPARE_AHEAD))]
+    pub prepare_ahead: Option<u32>,
     /// Extra environment variables for the harness and evaluator, as literal values (they are
     /// in the plan: put secrets in `pass_env`, not here). Names are `[A-Za-z_][A-Za-z0-9_]*`
     /// and may not start with `CASEBATCH_`. A task's `env` is merged over the defaults' by name.
@@ -219,6 +226,15 @@ pub struct FakeScript {
     #[serde(default)]
     #[schemars(range(max = crate::limits::MAX_FAKE_INFRA_FAILURES))]
     pub infra_failures_first: u32,
+    /// Simulated provisioning time of an attempt's environment, in milliseconds: 0 to
+    /// 604800000 (7 days). Paid ahead when `prepare_ahead` is set.
+    #[serde(default, skip_serializing_if = "is_zero_ms")]
+    #[schemars(range(max = crate::limits::MAX_FAKE_DURATION_MS))]
+    pub provision_ms: u64,
+}
+
+fn is_zero_ms(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -383,6 +399,13 @@ pub struct BatchSettings {
     pub device_controller_url: Option<String>,
     #[serde(default)]
     pub oom_auto_boost: bool,
+    /// Queued cases whose environment is provisioned while others run (0: off).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub prepare_ahead: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Where the plan came from: enough to prove which input produced it.

@@ -106,6 +106,14 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
         ));
     }
 
+    let prepare_ahead = defaults.prepare_ahead.unwrap_or(0);
+    if prepare_ahead > 0 && cases.iter().any(|c| !c.runtime_spread.is_empty()) {
+        warnings.push(format!(
+            "prepare_ahead {prepare_ahead} is off: some cases are dealt from a runtime list, and \
+             a case's runtime is picked only when it is dispatched"
+        ));
+    }
+
     let batch_id = batch_id?;
     if !r.is_clean() {
         return None;
@@ -129,6 +137,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
             controller_url: defaults.controller_url,
             device_controller_url: defaults.device_controller_url,
             oom_auto_boost: defaults.oom_auto_boost.unwrap_or(false),
+            prepare_ahead,
         },
         fingerprint: fingerprint(&cases),
         spread: None,
@@ -204,6 +213,7 @@ fn overlay(lower: Defaults, upper: &Defaults) -> Defaults {
         device_controller_url: u.device_controller_url.or(lower.device_controller_url),
         fake: u.fake.or(lower.fake),
         oom_auto_boost: u.oom_auto_boost.or(lower.oom_auto_boost),
+        prepare_ahead: u.prepare_ahead.or(lower.prepare_ahead),
         env,
         pass_env,
     }

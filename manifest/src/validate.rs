@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use crate::limits::{
     CONCURRENCY_RANGE, MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS, MAX_FAKE_INFRA_FAILURES,
-    MAX_MEMORY_MB, MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS, RESERVED_ENV_PREFIX,
-    TIMEOUT_SECONDS_RANGE,
+    MAX_MEMORY_MB, MAX_PREPARE_AHEAD, MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS,
+    RESERVED_ENV_PREFIX, TIMEOUT_SECONDS_RANGE,
 };
 use crate::model::{CommandSpec, Defaults, FakeScript, Resources, RunSpec, Sandbox, SummarySpec};
 use crate::report::{FieldPath, Report};
@@ -44,6 +44,18 @@ pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
                 "set {p} between {} and {}",
                 MAX_RETRIES_RANGE.start(),
                 MAX_RETRIES_RANGE.end()
+            ),
+        );
+    }
+    if let Some(n) = d.prepare_ahead
+        && n > MAX_PREPARE_AHEAD
+    {
+        let p = path.key("prepare_ahead");
+        r.at(
+            &p,
+            format!("prepare_ahead {n} is more than the maximum of {MAX_PREPARE_AHEAD}"),
+            format!(
+                "set {p} between 0 and {MAX_PREPARE_AHEAD} (a few ahead keep every freed slot busy)"
             ),
         );
     }
@@ -112,6 +124,17 @@ fn fake(f: &FakeScript, path: &FieldPath, r: &mut Report) {
             format!(
                 "duration_ms {} is more than the maximum of {MAX_FAKE_DURATION_MS} (7 days)",
                 f.duration_ms
+            ),
+            format!("set {p} between 0 and {MAX_FAKE_DURATION_MS}"),
+        );
+    }
+    if f.provision_ms > MAX_FAKE_DURATION_MS {
+        let p = path.key("provision_ms");
+        r.at(
+            &p,
+            format!(
+                "provision_ms {} is more than the maximum of {MAX_FAKE_DURATION_MS} (7 days)",
+                f.provision_ms
             ),
             format!("set {p} between 0 and {MAX_FAKE_DURATION_MS}"),
         );
@@ -413,6 +436,7 @@ mod tests {
         let d = Defaults {
             concurrency: Some(0),
             max_retries: Some(6),
+            prepare_ahead: Some(65),
             timeout_seconds: Some(0),
             ..Defaults::default()
         };
@@ -423,6 +447,7 @@ mod tests {
             [
                 "defaults.concurrency",
                 "defaults.max_retries",
+                "defaults.prepare_ahead",
                 "defaults.timeout_seconds"
             ]
         );

@@ -29,12 +29,18 @@ pub(crate) const DEFAULTS_FIELDS: &[&str] = &[
     "device_controller_url",
     "fake",
     "oom_auto_boost",
+    "prepare_ahead",
     "env",
     "pass_env",
 ];
 pub(crate) const SANDBOX_FIELDS: &[&str] = &["provider", "template", "platform", "lifetime"];
 pub(crate) const RESOURCES_FIELDS: &[&str] = &["cpu", "memory_mb"];
-pub(crate) const FAKE_FIELDS: &[&str] = &["duration_ms", "outcome", "infra_failures_first"];
+pub(crate) const FAKE_FIELDS: &[&str] = &[
+    "duration_ms",
+    "outcome",
+    "infra_failures_first",
+    "provision_ms",
+];
 pub(crate) const SUMMARY_FIELDS: &[&str] = &["fields", "write_csv"];
 pub(crate) const TASK_FIELDS: &[&str] = &[
     "task_id",
@@ -252,6 +258,7 @@ pub(crate) fn defaults(value: &Value, path: &FieldPath, r: &mut Report) -> Optio
         device_controller_url: o.opt("device_controller_url", r),
         fake: o.nested("fake", r, fake),
         oom_auto_boost: o.opt("oom_auto_boost", r),
+        prepare_ahead: o.opt("prepare_ahead", r),
         env: o.nested("env", r, env),
         pass_env: o.opt("pass_env", r),
     })
@@ -320,6 +327,7 @@ pub(crate) fn fake(value: &Value, path: &FieldPath, r: &mut Report) -> Option<Fa
         duration_ms: o.opt("duration_ms", r).unwrap_or_default(),
         outcome: o.opt("outcome", r).unwrap_or_default(),
         infra_failures_first: o.opt("infra_failures_first", r).unwrap_or_default(),
+        provision_ms: o.opt("provision_ms", r).unwrap_or_default(),
     })
 }
 

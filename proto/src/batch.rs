@@ -53,6 +53,15 @@ pub struct BatchInput {
     /// case names a list, or the batch started before speculation existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculation: Option<Speculation>,
+    /// Queued cases whose environment is provisioned while others run (`prepare_ahead`; 0:
+    /// off, as in every batch started before it existed). The starter sets 0 for a batch with
+    /// `routes`: a routed case's runtime is picked only when it is dispatched.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub prepare_ahead: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// When a straggler of a routed case gets a duplicate on another runtime of its list: once
@@ -193,6 +202,12 @@ pub struct Counters {
     /// Speculations whose duplicate finished first (the original was killed).
     #[serde(default)]
     pub speculation_wins: u32,
+    /// Cases whose environment was provisioned ahead of need (`prepare_ahead`).
+    #[serde(default)]
+    pub prepared: u32,
+    /// Environments provisioned ahead and then cleaned up unused (drain, cancel).
+    #[serde(default)]
+    pub released: u32,
 }
 
 /// One step of the progress timeline.
@@ -293,6 +308,10 @@ pub struct BatchStatus {
     /// the threshold is known (speculation on, a median or a seed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculate_after_ms: Option<u64>,
+    /// Queued cases whose environment is provisioned ahead (or being provisioned), next to
+    /// start when a slot frees.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prepared: Vec<u32>,
 }
 
 /// One runtime envelope's use by the batch, in `status`.

@@ -253,6 +253,24 @@ pub enum StartResult {
     Skipped { circuit: Circuit },
 }
 
+/// What `prepare` (provision ahead of need) reports: where the environment was made, so the
+/// release of an unused one runs there; or why it could not be made (its `start` then
+/// provisions again, and fails as provision failures always do).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prepared {
+    pub host_queue: Option<String>,
+    pub failure: Option<Failure>,
+}
+
+/// Input of `release`: an environment provisioned ahead for an attempt that will not start in
+/// this run (the batch drains, is cancelled or superseded first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseInput {
+    pub key: AttemptKey,
+    /// Why it is released, for its record: `drain`, `cancel` or `supersede`.
+    pub why: String,
+}
+
 /// Input of `settle`: the attempt and the job `start` started.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SettleInput {

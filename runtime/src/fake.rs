@@ -18,6 +18,7 @@ fn script(env: &AttemptEnv) -> FakeScript {
         duration_ms: 0,
         outcome: FakeOutcome::Pass,
         infra_failures_first: 0,
+        provision_ms: 0,
     })
 }
 
@@ -74,7 +75,13 @@ impl Runtime for Fake {
                 FailureCode::ProvisionIo,
                 format!("{}: {e}", env.dir.display()),
             )
-        })
+        })?;
+        // A slow sandbox, simulated: what `prepare_ahead` pays while other cases run.
+        let wait = script(env).provision_ms;
+        if wait > 0 {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+        Ok(())
     }
 
     async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, Failure> {

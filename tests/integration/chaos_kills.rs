@@ -17,7 +17,7 @@ use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use casebatch_proto::{AttemptKey, AwaitInput, CleanupInput, SettleInput};
+use casebatch_proto::{AttemptKey, AwaitInput, CleanupInput, ReleaseInput, SettleInput};
 use casebatch_workflows::BatchWorkflow;
 use serde_json::Value;
 use temporalio_client::WorkflowHistory;
@@ -631,8 +631,8 @@ fn scheduled_activities(json: &[u8]) -> Vec<Scheduled> {
                 .as_str()
                 .and_then(base64_decode)
                 .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-            // `start` takes the attempt key itself; `settle`, `cleanup` and the legacy
-            // `await` carry it as `key`.
+            // `start` and `prepare` take the attempt key itself; `settle`, `cleanup`,
+            // `release` and the legacy `await` carry it as `key`.
             let case = input.and_then(|v| {
                 let key = if v.get("key").is_some() {
                     &v["key"]
@@ -667,7 +667,8 @@ impl WorkflowInterceptor for ActivityRecorder {
             .input_ref::<AttemptKey>()
             .or_else(|| input.input_ref::<SettleInput>().map(|i| &i.key))
             .or_else(|| input.input_ref::<CleanupInput>().map(|i| &i.key))
-            .or_else(|| input.input_ref::<AwaitInput>().map(|i| &i.key));
+            .or_else(|| input.input_ref::<AwaitInput>().map(|i| &i.key))
+            .or_else(|| input.input_ref::<ReleaseInput>().map(|i| &i.key));
         let case = key.map(|k| (k.case_index, k.attempt));
         self.0.lock().unwrap().push(Scheduled {
             activity: input.activity_type().to_string(),

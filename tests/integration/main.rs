@@ -12,6 +12,7 @@ mod demo;
 mod engine;
 mod environment;
 mod lifecycle;
+mod prepare_ahead;
 mod recovery;
 mod replicas;
 mod result_files;

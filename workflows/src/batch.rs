@@ -57,11 +57,11 @@ pub struct BatchWorkflow {
     timeline: Vec<TimelineStep>,
     segment: u32,
     paused: bool,
-    draining: bool,
-    cancelling: bool,
+    pub(crate) draining: bool,
+    pub(crate) cancelling: bool,
     /// Cancelling because the batch is superseded: its jobs are force-killed on every runtime
     /// and the killed cases go back to the queue.
-    superseding: bool,
+    pub(crate) superseding: bool,
     /// Active case limit: the input's until an operator sets another.
     concurrency: u32,
     /// Admission against runtime envelopes; `None` when no runtime declares one.
@@ -76,6 +76,9 @@ pub struct BatchWorkflow {
     /// admission loop wakes up.
     pub(crate) control_gen: u64,
     in_flight: BTreeSet<u32>,
+    /// Cases admitted ahead of a free slot (`prepare_ahead`): provisioning or provisioned,
+    /// still queued; each leaves it when granted a slot or released.
+    pub(crate) prepared: BTreeSet<u32>,
     finished: bool,
 }
 
@@ -119,6 +122,7 @@ impl BatchWorkflow {
             tail,
             control_gen: 0,
             in_flight: BTreeSet::new(),
+            prepared: BTreeSet::new(),
             finished: false,
         }
     }
@@ -167,41 +171,35 @@ impl BatchWorkflow {
             let admitting = !paused && !draining && !cancelling && !history_full;
             // Whether admission ran out of cases (not of room): the tail may have begun.
             let mut exhausted = false;
-            if admitting {
+            // Cases provisioned ahead wait in `inflight` without a slot; they are next in
+            // line (once history is full too: they were admitted).
+            let held = ctx.state(|s| s.prepared.len());
+            if admitting || (held > 0 && !paused && !draining && !cancelling) {
                 // Read on every pass: a lowered limit lets running cases finish and admits
-                // nothing until fewer run; a raised one admits at once. Open circuits narrow
-                // it the same way, never cancelling what runs. Duplicates take room too.
+                // nothing until fewer run; a raised one admits at once. Open circuits narrow it
+                // the same way, never cancelling what runs. Duplicates take room too.
                 let limit = width(ctx) as usize;
-                while inflight.len() + tail_load(ctx) < limit {
-                    let next = match ctx.state_mut(|s| s.admission.as_mut().map(Envelopes::next)) {
-                        Some(next) => next,
-                        None => next_queued(ctx, &mut cursor),
-                    };
-                    let Some(index) = next else {
+                let mut running = inflight.len() - held;
+                while running + tail_load(ctx) < limit && grant_prepared(ctx) {
+                    running += 1;
+                }
+                while admitting && running + tail_load(ctx) < limit {
+                    let Some(index) = next_case(ctx, &mut cursor) else {
                         exhausted = true;
                         break;
                     };
-                    let params = ctx.state_mut(|s| {
-                        s.slots[index as usize].state = CaseState::Running;
-                        s.in_flight.insert(index);
-                        CaseParams {
-                            batch_id: s.input.batch_id.clone(),
-                            bundle_dir: s.input.bundle_dir.clone(),
-                            case_index: index,
-                            attempts_before: s.slots[index as usize].attempts,
-                            policy: crate::decide::Policy {
-                                max_retries: s.input.max_retries,
-                                oom_auto_boost: s.input.oom_auto_boost,
-                            },
-                            memory_boost_mb: s.input.memory_boosts.get(&index).copied(),
-                            retry_backoff_ms: s.input.retry_backoff_ms,
-                            max_timeout_seconds: s.input.max_timeout_seconds,
-                            pipeline,
-                            settle_closes,
-                        }
-                    });
-                    let fut = run_case(ctx.clone(), params, case_cancel.clone());
-                    inflight.push((index, Box::pin(fut)));
+                    let case = admit(ctx, index, false, pipeline, settle_closes, &case_cancel);
+                    inflight.push(case);
+                    running += 1;
+                }
+                // Then the next cases provision ahead of need.
+                let ahead = ctx.state(|s| s.input.prepare_ahead) as usize;
+                while admitting && ctx.state(|s| s.prepared.len()) < ahead {
+                    let Some(index) = next_case(ctx, &mut cursor) else {
+                        break;
+                    };
+                    let case = admit(ctx, index, true, pipeline, settle_closes, &case_cancel);
+                    inflight.push(case);
                 }
             }
             if exhausted && !inflight.is_empty() {
@@ -555,6 +553,7 @@ impl BatchWorkflow {
                 .map(Circuits::open_circuits)
                 .unwrap_or_default(),
             speculate_after_ms: self.tail.as_ref().and_then(Tail::threshold_ms),
+            prepared: self.prepared.iter().copied().collect(),
         }
     }
 
@@ -617,6 +616,64 @@ fn width(ctx: &WorkflowContext<BatchWorkflow>) -> u32 {
     now.unwrap_or(limit)
 }
 
+/// The next case to admit: by envelope when runtimes declare one, else in plan order.
+fn next_case(ctx: &WorkflowContext<BatchWorkflow>, cursor: &mut usize) -> Option<u32> {
+    match ctx.state_mut(|s| s.admission.as_mut().map(Envelopes::next)) {
+        Some(next) => next,
+        None => next_queued(ctx, cursor),
+    }
+}
+
+/// Admits case `index`: running now, or (`ahead`) provisioning ahead of a free slot, held in
+/// the prepared set until [`grant_prepared`] gives it one. Returns its future.
+fn admit(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    index: u32,
+    ahead: bool,
+    pipeline: Pipeline,
+    settle_closes: bool,
+    case_cancel: &WorkflowCancellationToken,
+) -> (u32, LocalBoxFuture<'static, CaseDone>) {
+    let params = ctx.state_mut(|s| {
+        if ahead {
+            s.prepared.insert(index);
+        } else {
+            s.slots[index as usize].state = CaseState::Running;
+            s.in_flight.insert(index);
+        }
+        CaseParams {
+            batch_id: s.input.batch_id.clone(),
+            bundle_dir: s.input.bundle_dir.clone(),
+            case_index: index,
+            attempts_before: s.slots[index as usize].attempts,
+            policy: crate::decide::Policy {
+                max_retries: s.input.max_retries,
+                oom_auto_boost: s.input.oom_auto_boost,
+            },
+            memory_boost_mb: s.input.memory_boosts.get(&index).copied(),
+            retry_backoff_ms: s.input.retry_backoff_ms,
+            max_timeout_seconds: s.input.max_timeout_seconds,
+            pipeline,
+            settle_closes,
+            ahead,
+        }
+    });
+    let fut = run_case(ctx.clone(), params, case_cancel.clone());
+    (index, Box::pin(fut))
+}
+
+/// Gives the first case provisioned ahead (in plan order) its slot. `false`: none waits.
+fn grant_prepared(ctx: &WorkflowContext<BatchWorkflow>) -> bool {
+    ctx.state_mut(|s| {
+        let Some(index) = s.prepared.pop_first() else {
+            return false;
+        };
+        s.slots[index as usize].state = CaseState::Running;
+        s.in_flight.insert(index);
+        true
+    })
+}
+
 /// The next queued case at or after the cursor (cases are admitted in plan order).
 fn next_queued(ctx: &WorkflowContext<BatchWorkflow>, cursor: &mut usize) -> Option<u32> {
     ctx.state(|s| {
@@ -644,6 +701,7 @@ fn record_case(ctx: &WorkflowContext<BatchWorkflow>, done: CaseDone) {
         };
         slot.attempts = done.attempts;
         s.in_flight.remove(&done.case_index);
+        s.prepared.remove(&done.case_index);
         s.counters.adopted += done.adopted;
         s.counters.redispatched += done.redispatched;
         s.counters.retries += done.retries;
@@ -653,6 +711,8 @@ fn record_case(ctx: &WorkflowContext<BatchWorkflow>, done: CaseDone) {
         s.counters.circuit_skips += done.circuit_skips;
         s.counters.speculations += done.speculations;
         s.counters.speculation_wins += done.speculation_wins;
+        s.counters.prepared += done.prepared;
+        s.counters.released += done.released;
     });
 }
 

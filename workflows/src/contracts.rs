@@ -10,8 +10,8 @@
 
 use casebatch_proto::{
     ActorReport, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation, Failure,
-    FinalizeInput, SettleInput, Settled, StageResult, StartResult, SubmitResult, SweepInput,
-    SweepReport,
+    FinalizeInput, Prepared, ReleaseInput, SettleInput, Settled, StageResult, StartResult,
+    SubmitResult, SweepInput, SweepReport,
 };
 use temporalio_common::ActivityDefinition;
 
@@ -41,6 +41,16 @@ contract!(
     /// Wait for the job to end, heartbeating its reference (a retry adopts the job), then
     /// run the evaluator and pull the trace: everything that needs the attempt's host.
     Settle, "casebatch.settle", SettleInput => Settled
+);
+contract!(
+    /// Provision the attempt's environment ahead of need (`prepare_ahead`), marking it
+    /// prepared: the attempt's `start` then only submits. Runs on any worker.
+    Prepare, "casebatch.prepare", AttemptKey => Prepared
+);
+contract!(
+    /// Clean up an environment provisioned ahead for an attempt that will not start in this
+    /// run, with a receipt; no attempt is recorded. Runs where it was provisioned.
+    Release, "casebatch.release", ReleaseInput => CleanupReport
 );
 contract!(
     /// Prepare a fresh environment for the attempt (working and evidence directories).

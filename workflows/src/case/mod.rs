@@ -20,6 +20,7 @@
 //! began on the old local-activity pipeline keep it ([`legacy`]), chosen once per run by a
 //! patch marker.
 
+mod ahead;
 mod legacy;
 mod speculate;
 
@@ -100,6 +101,9 @@ pub(crate) struct CaseParams {
     pub pipeline: Pipeline,
     /// `settle` closes final attempts ([`Pipeline::settle_closes`]).
     pub settle_closes: bool,
+    /// Admitted ahead of a free slot: provision the first attempt's environment, then wait
+    /// for the batch to grant a slot ([`ahead`]).
+    pub ahead: bool,
 }
 
 /// What a finished case reports back to admission.
@@ -117,6 +121,10 @@ pub(crate) struct CaseDone {
     pub circuit_skips: u32,
     pub speculations: u32,
     pub speculation_wins: u32,
+    /// The first attempt's environment was provisioned ahead of need.
+    pub prepared: u32,
+    /// An environment provisioned ahead was released unused (the case stays queued).
+    pub released: u32,
     /// Timeline messages about this case (the case is named by the step, not the text).
     pub notes: Vec<String>,
 }
@@ -214,6 +222,8 @@ pub(crate) async fn run_case(
         circuit_skips: 0,
         speculations: 0,
         speculation_wins: 0,
+        prepared: 0,
+        released: 0,
         notes: Vec::new(),
     };
     let mut spent = Spent::default();
@@ -223,16 +233,24 @@ pub(crate) async fn run_case(
         Pipeline::Activities => Route::of(&ctx, p.case_index),
         Pipeline::LocalActivities => None,
     };
+    let key_of = |attempt, memory_boost_mb| AttemptKey {
+        batch_id: p.batch_id.clone(),
+        bundle_dir: p.bundle_dir.clone(),
+        case_index: p.case_index,
+        attempt,
+        memory_boost_mb,
+        runtime: None,
+    };
+    if p.ahead {
+        let first = key_of(done.attempts + 1, memory_boost_mb);
+        if let ahead::Ahead::Released = ahead::prepare_then_wait(&ctx, &first, &mut done).await {
+            done.state = CaseState::Queued;
+            return done;
+        }
+    }
     loop {
         done.attempts += 1;
-        let key = AttemptKey {
-            batch_id: p.batch_id.clone(),
-            bundle_dir: p.bundle_dir.clone(),
-            case_index: p.case_index,
-            attempt: done.attempts,
-            memory_boost_mb,
-            runtime: None,
-        };
+        let key = key_of(done.attempts, memory_boost_mb);
         let spent_before = spent;
         let (summary, next) = match p.pipeline {
             Pipeline::Activities => {

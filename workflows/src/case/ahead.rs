@@ -1,0 +1,97 @@
+//! Provision ahead (`prepare_ahead`), the case's side: a case the batch admits ahead of a free
+//! slot provisions its first attempt's environment (`prepare`), then waits until the batch
+//! grants it a slot, so a freed slot starts its next case without waiting for provisioning.
+//! If the batch drains, is cancelled or superseded first, the environment is cleaned up
+//! (`release`, with a receipt) and the case stays queued: no attempt is spent.
+//!
+//! ```text
+//!   prepare ──► wait for a slot ──► granted: the attempt's start only submits
+//!                     └── drain / cancel ──► release (receipt) ──► queued
+//! ```
+
+use std::time::Duration;
+
+use casebatch_proto::{AttemptKey, ReleaseInput};
+use temporalio_sdk::{WorkflowCancellationToken, WorkflowContext};
+
+use super::{CaseDone, stage_options};
+use crate::batch::BatchWorkflow;
+use crate::contracts::{Prepare, Release};
+
+/// How a case provisioned ahead left the wait.
+pub(super) enum Ahead {
+    /// It has a slot: its first attempt runs on the prepared environment.
+    Granted,
+    /// The batch stopped admitting first: the environment was released, the case is queued.
+    Released,
+}
+
+/// Provisions `key`'s environment, then waits for a slot or for the batch to stop admitting.
+pub(super) async fn prepare_then_wait(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    key: &AttemptKey,
+    done: &mut CaseDone,
+) -> Ahead {
+    let case = key.case_index;
+    let short = Duration::from_secs(60);
+    // Detached from the batch's cancel: an environment half made when a cancel arrives would
+    // otherwise be left for nobody to release.
+    let detached = WorkflowCancellationToken::new();
+    let opts = stage_options("prepare", key, short, None, &detached);
+    let mut host_queue = None;
+    match ctx.execute_activity(Prepare, key.clone(), opts).await {
+        Ok(p) => {
+            host_queue = p.host_queue;
+            match p.failure {
+                None => done.prepared += 1,
+                Some(f) => done.notes.push(format!(
+                    "provisioning ahead failed ({f}); provisioned again when it starts"
+                )),
+            }
+        }
+        Err(e) => done.notes.push(format!(
+            "provisioning ahead failed ({e}); provisioned again when it starts"
+        )),
+    }
+
+    // The batch grants a slot by taking the case out of its prepared set.
+    let _ = ctx
+        .wait_condition(move |s: &BatchWorkflow| {
+            !s.prepared.contains(&case) || s.draining || s.cancelling
+        })
+        .await;
+    let (granted, why) = ctx.state(|s| {
+        let why = if s.superseding {
+            "supersede"
+        } else if s.cancelling || ctx.cancellation_token().is_cancelled() {
+            "cancel"
+        } else {
+            "drain"
+        };
+        (!s.prepared.contains(&case), why)
+    });
+    if granted {
+        return Ahead::Granted;
+    }
+
+    let input = ReleaseInput {
+        key: key.clone(),
+        why: why.into(),
+    };
+    let opts = stage_options("release", key, short, host_queue, &detached);
+    let confirmed = ctx
+        .execute_activity(Release, input, opts)
+        .await
+        .is_ok_and(|r| r.cleanup_confirmed);
+    done.released += 1;
+    done.cleanup_unconfirmed += u32::from(!confirmed);
+    done.notes.push(format!(
+        "environment provisioned ahead released unused ({why}): cleanup {}",
+        if confirmed {
+            "confirmed"
+        } else {
+            "NOT confirmed"
+        }
+    ));
+    Ahead::Released
+}
