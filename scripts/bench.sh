@@ -9,6 +9,7 @@
 #   ONLY=agent scripts/bench.sh # only the agent-vs-local-process comparison
 #   ONLY=tail scripts/bench.sh  # only the uniform-vs-weighted split over a fast and a slow agent
 #   ONLY=local scripts/bench.sh # only the local-process cost per case (sleep 1, true, 256 wide)
+#   ONLY=prepare scripts/bench.sh # only provision-ahead against provisioning at dispatch
 #
 # Per scenario: wall time, cases/s, the ratio to xargs, and the CPU time (user + system) of
 # casebatch's own runner process (worker in-process) and of the embedded Temporal server.
@@ -189,14 +190,48 @@ local_cost() {
   C=256 scenario "local-process, sleep 1, 256 in flight" local-process 'sleep 1' 1024 'sleep 1'
 }
 
+# Slow sandboxes, SIMULATED (the fake runtime: 1 s to provision, 1 s to run), 40 cases at 4
+# in flight: provisioned at dispatch (`prepare_ahead: 0`) against 4 provisioned ahead, paired
+# per round.
+prepare_vs_dispatch() {
+  local f0="$WORK/ahead-0.yaml" f4="$WORK/ahead-4.yaml" r a b walls_0="" walls_4="" ratios="" cpus_0="" cpus_4=""
+  for ahead in 0 4; do
+    {
+      echo "batch_id: ahead-$ahead"
+      echo "defaults:"
+      echo "  concurrency: 4"
+      echo "  prepare_ahead: $ahead"
+      echo "  runtime: fake"
+      echo "  fake: {duration_ms: 1000, provision_ms: 1000}"
+      echo "tasks:"
+      for i in $(seq 1 40); do echo "  - task_id: t$i"; done
+    } > "$WORK/ahead-$ahead.yaml"
+  done
+  for r in $(seq 1 "$RUNS"); do
+    a=$(run_batch at-dispatch "$f0")
+    b=$(run_batch ahead "$f4")
+    walls_0+="${a%% *}"$'\n'; walls_4+="${b%% *}"$'\n'
+    cpus_0+="$(echo "$a" | cut -d' ' -f2)"$'\n'; cpus_4+="$(echo "$b" | cut -d' ' -f2)"$'\n'
+    ratios+="$(calc "${b%% *} / ${a%% *}")"$'\n'
+  done
+  printf "%-40s %6d cases %7.2fs · CPU runner %.1fs\n" "simulated sandboxes, provisioned at dispatch" 40 \
+    "$(printf "%s" "$walls_0" | median)" "$(printf "%s" "$cpus_0" | median)"
+  printf "%-40s %6d cases %7.2fs · CPU runner %.1fs\n" "simulated sandboxes, 4 provisioned ahead" 40 \
+    "$(printf "%s" "$walls_4" | median)" "$(printf "%s" "$cpus_4" | median)"
+  printf "  ahead/at-dispatch wall time %.2fx (median of %d paired rounds)\n" \
+    "$(printf "%s" "$ratios" | median)" "$RUNS"
+}
+
 echo "casebatch benchmark: N=$N, concurrency $C, $(nproc) cores, embedded dev server, median of $RUNS"
 if [ "${ONLY:-}" = agent ]; then agent_vs_local; exit 0; fi
 if [ "${ONLY:-}" = tail ]; then tail_vs_uniform; exit 0; fi
 if [ "${ONLY:-}" = local ]; then local_cost; exit 0; fi
+if [ "${ONLY:-}" = prepare ]; then prepare_vs_dispatch; exit 0; fi
 local_cost
 scenario "fake runtime (simulation), no-op" fake '' "$N"
 agent_vs_local
 tail_vs_uniform
+prepare_vs_dispatch
 if [ -z "${SKIP_10K:-}" ]; then
   RUNS=1 scenario "fake runtime (simulation), $BIG cases" fake '' "$BIG"
 fi

@@ -325,3 +325,27 @@ ids = [json.loads(base64.b64decode(p["data"]))["id"]
 sys.exit(0 if "settle-closes-final-attempts" in ids else 1)
 PY
 done
+
+# 16. Provision ahead (`prepare_ahead`): a batch of slow-to-provision simulated sandboxes run
+# one at a time with two provisioned ahead (granted slots as they free up); then the same
+# drained, and cancelled, while two wait provisioned: their environments are released.
+cat > "$WORK/ahead.yaml" <<'YAML'
+batch_id: ahead
+defaults: {runtime: fake, concurrency: 1, prepare_ahead: 2, fake: {duration_ms: 300, provision_ms: 200}}
+tasks: [{task_id: a}, {task_id: b}, {task_id: c}, {task_id: d}, {task_id: e}]
+YAML
+cb batch run --manifest "$WORK/ahead.yaml" --output-dir "$WORK/out" > "$WORK/ahead.log"
+grep -q "provisioned ahead 4 · released unused 0" "$WORK/ahead.log" || { cat "$WORK/ahead.log"; exit 1; }
+show ahead "" prepared-ahead
+prepared() { ls "$WORK/out/$1"/cases/*/attempts/1/prepared.json 2>/dev/null | wc -l; }
+for end in drain cancel; do
+  sed -e "s/^batch_id: ahead/batch_id: ahead-$end/" -e 's/duration_ms: 300/duration_ms: 4000/' \
+    "$WORK/ahead.yaml" > "$WORK/ahead-$end.yaml"
+  cb batch run --manifest "$WORK/ahead-$end.yaml" --output-dir "$WORK/out" > "$WORK/ahead-$end.log" & RUNNER=$!
+  for _ in $(seq 1 300); do [ "$(prepared "ahead-$end")" -ge 2 ] && break; sleep 0.1; done
+  cb batch "$end" --batch-id "ahead-$end" --output-dir "$WORK/out" > /dev/null
+  wait $RUNNER || true
+  grep -q "released unused 2" "$WORK/ahead-$end.log" || { cat "$WORK/ahead-$end.log"; exit 1; }
+done
+show ahead-drain "" prepared-drained
+show ahead-cancel "" prepared-cancelled
