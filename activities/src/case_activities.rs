@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use casebatch_bundle::{
     AttemptRecord, Bundle, CaseResult, EvaluationRecord, Event, PreparedRecord,
@@ -30,6 +30,7 @@ use casebatch_runtime::fake::Fake;
 use casebatch_runtime::harness;
 use casebatch_runtime::local_process::{LocalProcess, hostname};
 use casebatch_runtime::{AttemptEnv, Liveness, Runtime};
+use casebatch_telemetry::{AttemptEnd, Metrics};
 
 /// The stage activities. One instance per worker; runtimes keep per-process state (children
 /// this worker spawned, connections to agents) and plans are cached per bundle because they
@@ -42,6 +43,8 @@ pub struct CaseActivities {
     plans: Mutex<HashMap<String, Arc<Plan>>>,
     /// Without a client (unit tests) every breaker reads as closed.
     breakers: Breakers,
+    /// Recorded as attempts end; a no-op meter unless the worker serves metrics.
+    metrics: Metrics,
 }
 
 /// Heartbeats through the activity context.
@@ -89,6 +92,11 @@ impl CaseActivities {
             breakers: Breakers::new(client),
             ..Self::default()
         }
+    }
+
+    /// The same, recording into `metrics`.
+    pub fn with_metrics(self, metrics: Metrics) -> Self {
+        Self { metrics, ..self }
     }
 
     fn plan(&self, bundle_dir: &str) -> Result<Arc<Plan>, ActivityError> {
@@ -409,6 +417,7 @@ impl CaseActivities {
         ctx: ActivityContext,
         key: AttemptKey,
     ) -> Result<StartResult, ActivityError> {
+        let began = Instant::now();
         let env = self.env(&key)?;
         // Heartbeating throughout: the breaker's answer can take a moment too.
         let start = async {
@@ -444,7 +453,9 @@ impl CaseActivities {
             }
             Ok(result)
         };
-        heartbeating(&ctx, (), start).await
+        let started = heartbeating(&ctx, (), start).await;
+        self.metrics.stage("start", began.elapsed());
+        started
     }
 
     #[activity(definition = contracts::Settle)]
@@ -453,8 +464,11 @@ impl CaseActivities {
         ctx: ActivityContext,
         input: SettleInput,
     ) -> Result<Settled, ActivityError> {
+        let began = Instant::now();
         let env = self.env(&input.key)?;
+        let awaiting = self.metrics.awaiting(env.case.runtime.as_str());
         let (job, actor) = self.await_stage(&ctx, &env, input.job).await?;
+        drop(awaiting);
         let finished = actor.status == ActorStatus::Finished && actor.failure.is_none();
         let (evaluation, collect_failure) = if finished && !ctx.is_cancelled() {
             // Heartbeating the job: a retry after a crash here re-attaches to it.
@@ -480,6 +494,7 @@ impl CaseActivities {
                 settled.closed = Some(summary);
             }
         }
+        self.metrics.stage("settle", began.elapsed());
         Ok(settled)
     }
 
@@ -492,6 +507,7 @@ impl CaseActivities {
         ctx: ActivityContext,
         key: AttemptKey,
     ) -> Result<Prepared, ActivityError> {
+        let began = Instant::now();
         let env = self.env(&key)?;
         let host_queue = Self::host_queue(&env);
         let failure = match heartbeating(&ctx, (), self.provision_stage(&env)).await? {
@@ -506,6 +522,7 @@ impl CaseActivities {
             }
             StageResult::Failed(f) => Some(f),
         };
+        self.metrics.stage("prepare", began.elapsed());
         Ok(Prepared {
             host_queue,
             failure,
@@ -558,6 +575,7 @@ impl CaseActivities {
             // Kept as evidence; the attempt provisions afresh when it runs.
             let _ = std::fs::remove_file(env.file(attempt_files::PREPARED));
         }
+        self.metrics.released(env.case.runtime.as_str());
         Self::event(
             &env,
             "prepared_released",
@@ -678,9 +696,13 @@ impl CaseActivities {
         ctx: ActivityContext,
         input: CleanupInput,
     ) -> Result<CleanupReport, ActivityError> {
+        let began = Instant::now();
         let env = self.env(&input.key)?;
-        self.close(&ctx, &env, &input.summary, input.will_retry)
-            .await
+        let report = self
+            .close(&ctx, &env, &input.summary, input.will_retry)
+            .await;
+        self.metrics.stage("cleanup", began.elapsed());
+        report
     }
 
     #[activity(definition = contracts::Finalize)]
@@ -744,9 +766,19 @@ impl CaseActivities {
                 .flatten();
         let already_logged = previous.as_ref() == Some(&record);
         write_json_atomic(&env.file(attempt_files::RECORD), &record)?;
+        let end = |outcome| AttemptEnd {
+            outcome,
+            failure_class: s.failure.as_ref().map(|f| f.class.as_str()),
+            failure_code: s.failure.as_ref().map(|f| f.code.as_str()),
+            is_final: !will_retry,
+            adopted: s.adopted,
+            cleanup_confirmed: confirmed,
+            runtime: env.case.runtime.as_str(),
+        };
         // A speculation's loser is evidence, never the case's result: the winner writes that.
         if s.speculative_loser {
             if !already_logged {
+                self.metrics.attempt_closed(end("speculative_loser"));
                 Self::event(
                     env,
                     "attempt_finished",
@@ -829,6 +861,7 @@ impl CaseActivities {
         write_json_atomic(&env.bundle.case_result(&env.case.case_dir), &result)?;
         let simulated = if result.simulated { " (simulated)" } else { "" };
         if !already_logged {
+            self.metrics.attempt_closed(end(state.as_str()));
             Self::event(
                 env,
                 "attempt_finished",

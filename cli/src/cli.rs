@@ -277,6 +277,36 @@ pub struct EngineArgs {
     pub profile: Option<String>,
 }
 
+/// Where a process hosting a worker serves its metrics and probes.
+#[derive(Debug, Clone, Args)]
+pub struct MetricsArgs {
+    /// Serve Prometheus metrics (the Temporal SDK's worker metrics and casebatch's own) at
+    /// `/metrics`, and `/healthz` and `/readyz` for probes, on this address (e.g.
+    /// 127.0.0.1:9464). Unauthenticated: a non-loopback address also needs --metrics-public.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_bind: Option<std::net::SocketAddr>,
+    /// Allow --metrics-bind on a non-loopback address (a pod IP that Prometheus and the
+    /// kubelet reach). The endpoints carry counts and timings, never a secret.
+    #[arg(long, requires = "metrics_bind")]
+    pub metrics_public: bool,
+}
+
+impl MetricsArgs {
+    /// The address to serve on, refused off loopback unless asked for on purpose.
+    pub fn bind(&self) -> Result<Option<std::net::SocketAddr>, CliError> {
+        match self.metrics_bind {
+            Some(addr) if !addr.ip().is_loopback() && !self.metrics_public => {
+                Err(CliError::usage(format!(
+                    "--metrics-bind {addr} is not a loopback address and the endpoint is \
+                     unauthenticated: add --metrics-public to serve it there on purpose, or \
+                     bind 127.0.0.1"
+                )))
+            }
+            addr => Ok(addr),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -306,6 +336,8 @@ pub struct RunArgs {
     /// else `<output-dir>/.casebatch-history.sqlite`).
     #[arg(long)]
     pub history_db: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -384,6 +416,8 @@ pub struct WorkerArgs {
     /// With the embedded engine: the output directory whose dev server to join.
     #[arg(long, default_value = "logs/batch")]
     pub output_dir: PathBuf,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
 }

@@ -12,7 +12,7 @@ use casebatch_proto::{
     TASK_QUEUE, workflow_id,
 };
 use casebatch_runtime::local_process::hostname;
-use casebatch_worker::{Engine, build_worker, run_worker_until};
+use casebatch_worker::{Engine, host_until};
 use casebatch_workflows::BatchWorkflow;
 use futures::StreamExt;
 use temporalio_client::{
@@ -99,6 +99,8 @@ pub struct DriveOptions {
     pub no_speculation: bool,
     /// The run-history index (`None`: `CASEBATCH_HISTORY_DB`, else under the output root).
     pub history_db: Option<PathBuf>,
+    /// Serve the in-process worker's metrics, `/healthz` and `/readyz` here.
+    pub metrics_bind: Option<std::net::SocketAddr>,
 }
 
 /// How a run of `execute` ended.
@@ -120,18 +122,14 @@ pub(crate) async fn execute(
     observer: &mut dyn Observer,
 ) -> Result<Finished> {
     let client = engine.client.clone();
-    let without_worker = opts.without_worker;
+    let (without_worker, metrics_bind) = (opts.without_worker, opts.metrics_bind);
     let followed = drive(&client, bundle, plan, opts, observer);
     let finished = if without_worker {
         followed.await
     } else {
-        let runtime = temporalio_sdk::Runtime::from_current_tokio(Default::default())
-            .map_err(|e| ControlError::engine_call("start the worker runtime", e))?;
-        let mut worker = build_worker(&runtime, client.clone())
-            .map_err(|e| ControlError::engine_call("build the worker", e))?;
-        run_worker_until(&mut worker, followed)
+        host_until(client.clone(), metrics_bind, followed)
             .await
-            .map_err(|e| ControlError::engine_call("run the worker", e))?
+            .map_err(|e| ControlError::engine_call("host the worker", e))?
     };
     if let Some(server) = engine.embedded.as_mut() {
         server.stop();

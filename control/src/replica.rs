@@ -2,11 +2,12 @@
 //! share batches through the task queue.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::Path;
 
 use casebatch_proto::{TASK_QUEUE, host_task_queue};
 use casebatch_runtime::local_process::hostname;
-use casebatch_worker::{Engine, build_worker, run_worker_until};
+use casebatch_worker::{Engine, host_until};
 
 use crate::error::{ControlError, Result};
 use crate::location::{EngineChoice, absolute};
@@ -35,14 +36,15 @@ impl Replica {
         [TASK_QUEUE.to_string(), host_task_queue(&hostname())]
     }
 
-    /// Polls until `stop` completes, then shuts down gracefully.
-    pub async fn run_until(self, stop: impl Future<Output = ()>) -> Result<()> {
-        let runtime = temporalio_sdk::Runtime::from_current_tokio(Default::default())
-            .map_err(|e| ControlError::engine_call("start the worker runtime", e))?;
-        let mut worker = build_worker(&runtime, self.engine.client.clone())
-            .map_err(|e| ControlError::engine_call("build the worker", e))?;
-        run_worker_until(&mut worker, stop)
+    /// Polls until `stop` completes, then shuts down gracefully. With `metrics_bind`, serves
+    /// the worker's metrics, `/healthz` and `/readyz` there meanwhile.
+    pub async fn run_until(
+        self,
+        metrics_bind: Option<SocketAddr>,
+        stop: impl Future<Output = ()>,
+    ) -> Result<()> {
+        host_until(self.engine.client.clone(), metrics_bind, stop)
             .await
-            .map_err(|e| ControlError::engine_call("run the worker", e))
+            .map_err(|e| ControlError::engine_call("host the worker", e))
     }
 }

@@ -12,6 +12,7 @@ mod demo;
 mod engine;
 mod environment;
 mod lifecycle;
+mod metrics;
 mod prepare_ahead;
 mod recovery;
 mod replicas;

@@ -13,4 +13,4 @@ pub mod worker;
 
 pub use devserver::{DevServer, DevServerError, EngineStatus, StopRefused};
 pub use engine::{Engine, EngineError, EngineTarget};
-pub use worker::{Workers, build_worker, run_worker_until};
+pub use worker::{Workers, build_worker, host_until, run_worker_until, worker_runtime};

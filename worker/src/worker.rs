@@ -3,14 +3,17 @@
 //! Several replicas on one task queue share batches safely: the workflow owns continuation.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use casebatch_activities::CaseActivities;
 use casebatch_proto::{TASK_QUEUE, host_task_queue};
 use casebatch_runtime::local_process::hostname;
+use casebatch_telemetry::{Metrics, Readiness, Telemetry};
 use casebatch_workflows::{BatchWorkflow, RuntimeBreaker};
 use temporalio_client::Client;
-use temporalio_sdk::runtime::PollerBehavior;
+use temporalio_common::telemetry::TelemetryOptions;
+use temporalio_sdk::runtime::{PollerBehavior, RuntimeOptions};
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 
 /// Concurrent activity polls: a round of cases finishing together schedules dozens of
@@ -26,15 +29,44 @@ const EAGER_STARTS_PER_TASK: usize = 32;
 pub struct Workers {
     shared: Worker,
     host: Worker,
+    /// `/readyz` of the process's telemetry listener, if it serves one.
+    ready: Option<Readiness>,
 }
 
-/// Builds the workers for the casebatch task queue and this host's queue.
-pub fn build_worker(runtime: &Runtime, client: Client) -> anyhow::Result<Workers> {
+/// The SDK runtime workers run on. With `metrics_bind`, its worker metrics and casebatch's
+/// own are served there with `/healthz` and `/readyz` ([`Telemetry`]).
+pub async fn worker_runtime(
+    metrics_bind: Option<SocketAddr>,
+) -> anyhow::Result<(Runtime, Option<Telemetry>)> {
+    let telemetry = match metrics_bind {
+        Some(bind) => Some(Telemetry::serve(bind).await?),
+        None => None,
+    };
+    let mut options = RuntimeOptions::default();
+    if let Some(t) = &telemetry {
+        options = RuntimeOptions::builder()
+            .telemetry_options(TelemetryOptions::builder().metrics(t.meter.clone()).build())
+            .build()
+            .map_err(anyhow::Error::msg)?;
+    }
+    Ok((Runtime::from_current_tokio(options)?, telemetry))
+}
+
+/// Builds the workers for the casebatch task queue and this host's queue, recording into
+/// `telemetry`'s metrics when there is one.
+pub fn build_worker(
+    runtime: &Runtime,
+    client: Client,
+    telemetry: Option<&Telemetry>,
+) -> anyhow::Result<Workers> {
+    let metrics = telemetry.map_or_else(Metrics::disabled, |t| t.metrics.clone());
     let shared = WorkerOptions::new(TASK_QUEUE)
         .register_workflow::<BatchWorkflow>()?
         .register_workflow::<RuntimeBreaker>()?
         // `start` runs here, and consults the runtimes' breakers through the client.
-        .register_activities(CaseActivities::with_breakers(client.clone()))
+        .register_activities(
+            CaseActivities::with_breakers(client.clone()).with_metrics(metrics.clone()),
+        )
         // A crashed worker's sticky queue is abandoned quickly.
         .sticky_queue_schedule_to_start_timeout(Duration::from_secs(3))
         .graceful_shutdown_period(Duration::from_secs(2))
@@ -42,14 +74,30 @@ pub fn build_worker(runtime: &Runtime, client: Client) -> anyhow::Result<Workers
         .max_eager_activity_reservations_per_workflow_task(EAGER_STARTS_PER_TASK)
         .build();
     let host = WorkerOptions::new(host_task_queue(&hostname()))
-        .register_activities(CaseActivities::default())
+        .register_activities(CaseActivities::default().with_metrics(metrics))
         .graceful_shutdown_period(Duration::from_secs(2))
         .activity_task_poller_behavior(PollerBehavior::SimpleMaximum(ACTIVITY_POLLERS))
         .build();
     Ok(Workers {
         shared: Worker::new(runtime, client.clone(), shared)?,
         host: Worker::new(runtime, client, host)?,
+        ready: telemetry.map(|t| t.ready.clone()),
     })
+}
+
+/// Hosts this process's workers on `client` until `until` completes, serving metrics and
+/// probes on `metrics_bind` if given.
+pub async fn host_until<F, T>(
+    client: Client,
+    metrics_bind: Option<SocketAddr>,
+    until: F,
+) -> anyhow::Result<T>
+where
+    F: Future<Output = T>,
+{
+    let (runtime, telemetry) = worker_runtime(metrics_bind).await?;
+    let mut workers = build_worker(&runtime, client, telemetry.as_ref())?;
+    run_worker_until(&mut workers, until).await
 }
 
 /// Runs the workers until `until` completes, then shuts them down. `Worker::run` is not
@@ -64,19 +112,29 @@ where
     let run = async { tokio::join!(shared, host) };
     tokio::pin!(run);
     tokio::pin!(until);
-    tokio::select! {
+    // Connected (the client is) and polling from here on, until shutdown begins.
+    let ready = |now: bool| {
+        if let Some(r) = &workers.ready {
+            r.set(now);
+        }
+    };
+    ready(true);
+    let out = tokio::select! {
         (a, b) = &mut run => {
+            ready(false);
             a?;
             b?;
             anyhow::bail!("the worker stopped before the work was done")
         }
         out = &mut until => {
+            ready(false);
             stop_shared();
             stop_host();
             let (a, b) = run.await;
             a?;
             b?;
-            Ok(out)
+            out
         }
-    }
+    };
+    Ok(out)
 }

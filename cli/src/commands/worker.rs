@@ -7,6 +7,7 @@ use crate::cli::WorkerArgs;
 use crate::exit::{CliError, CliResult, Exit};
 
 pub async fn run(args: WorkerArgs) -> CliResult {
+    let metrics_bind = args.metrics.bind()?;
     let replica = Replica::connect(&args.output_dir, &args.engine.choice()).await?;
     let [shared, host] = replica.task_queues();
     eprintln!(
@@ -17,8 +18,11 @@ pub async fn run(args: WorkerArgs) -> CliResult {
     // Stop on Ctrl-C or SIGTERM (what container runtimes send).
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| CliError::usage(format!("failed to watch SIGTERM: {e}")))?;
+    if let Some(addr) = metrics_bind {
+        eprintln!("metrics, /healthz and /readyz on http://{addr}");
+    }
     replica
-        .run_until(async {
+        .run_until(metrics_bind, async {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}

@@ -1,0 +1,16 @@
+//! What operators scrape from a worker: one listener (`--metrics-bind`) serving
+//!
+//! - `/metrics`: the Temporal SDK's worker metrics (its Prometheus exporter) and casebatch's
+//!   own instruments ([`Metrics`]), recorded through the same meter, in one text exposition;
+//! - `/healthz`: the process serves (liveness);
+//! - `/readyz`: connected to the engine and polling its task queues (readiness).
+//!
+//! The SDK's exporter owns its registry and its own HTTP server; that server listens on an
+//! ephemeral loopback port, and this listener forwards `/metrics` to it, so there is one
+//! address to probe and scrape.
+
+mod metrics;
+mod probes;
+
+pub use metrics::{AttemptEnd, Awaiting, Metrics};
+pub use probes::{Readiness, Telemetry, is_loopback};

@@ -1,0 +1,184 @@
+//! casebatch's own instruments, recorded where an attempt's stages run (the activities).
+//! Without `--metrics-bind` they record into a no-op meter, so callers never branch.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use temporalio_common::telemetry::metrics::{
+    CoreMeter, Counter, HistogramDuration, MetricAttributes, MetricKeyValue, MetricParameters,
+    NewAttributes, NoOpCoreMeter, UpDownCounter,
+};
+
+/// The instruments. Cloning is cheap (each is a handle).
+#[derive(Clone)]
+pub struct Metrics {
+    meter: Arc<dyn CoreMeter>,
+    cases_finished: Counter,
+    attempts: Counter,
+    adopted: Counter,
+    redispatched: Counter,
+    retries: Counter,
+    oom_escalations: Counter,
+    cleanup_unconfirmed: Counter,
+    released: Counter,
+    jobs_awaited: UpDownCounter,
+    stage_duration: HistogramDuration,
+}
+
+/// How one attempt ended, as its `cleanup` (or the `settle` that closed it) recorded it.
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptEnd<'a> {
+    /// The recorded state: `succeeded`, `failed`, `cancelled`, `retrying`, or
+    /// `speculative_loser` for a duplicate that lost its race.
+    pub outcome: &'a str,
+    /// `infra`, `harness`, `agent`, `evaluator`, `config`, …; `None` when nothing failed.
+    pub failure_class: Option<&'a str>,
+    /// The failure code (`JOB_LOST`, `OOM_KILLED`, …).
+    pub failure_code: Option<&'a str>,
+    /// The case ends with this attempt (no retry, boost or spillover follows).
+    pub is_final: bool,
+    /// The job was re-attached after a worker died (not run again).
+    pub adopted: bool,
+    pub cleanup_confirmed: bool,
+    /// The runtime kind (`local-process`, `agent`, `fake`).
+    pub runtime: &'a str,
+}
+
+fn params(name: &'static str, description: &'static str) -> MetricParameters {
+    MetricParameters::builder()
+        .name(name)
+        .description(description)
+        .build()
+}
+
+impl Metrics {
+    pub fn new(meter: Arc<dyn CoreMeter>) -> Self {
+        let counter = |name, description| meter.counter(params(name, description));
+        Self {
+            cases_finished: counter(
+                "casebatch_cases_finished",
+                "Cases that reached their end, by outcome and failure class",
+            ),
+            attempts: counter("casebatch_attempts", "Attempts closed, by outcome"),
+            adopted: counter(
+                "casebatch_adopted",
+                "Attempts whose job was re-attached after a worker died (not run again)",
+            ),
+            redispatched: counter(
+                "casebatch_redispatched",
+                "Attempts whose job was lost with nothing to adopt, so the case runs again",
+            ),
+            retries: counter(
+                "casebatch_retries",
+                "Attempts followed by another attempt of the case, by failure class",
+            ),
+            oom_escalations: counter(
+                "casebatch_oom_escalations",
+                "OOM-killed attempts re-run with more memory inside the batch",
+            ),
+            cleanup_unconfirmed: counter(
+                "casebatch_cleanup_unconfirmed",
+                "Cleanups that could not confirm every process of the attempt gone",
+            ),
+            released: counter(
+                "casebatch_prepared_released",
+                "Environments provisioned ahead and cleaned up unused",
+            ),
+            jobs_awaited: meter.up_down_counter(params(
+                "casebatch_jobs_awaited",
+                "Jobs this worker is waiting on now (a settle in progress)",
+            )),
+            stage_duration: meter.histogram_duration(params(
+                "casebatch_stage_duration_seconds",
+                "How long each stage activity took (start, settle, cleanup, prepare, release)",
+            )),
+            meter,
+        }
+    }
+
+    /// Records nothing: a worker without `--metrics-bind`.
+    pub fn disabled() -> Self {
+        Self::new(Arc::new(NoOpCoreMeter))
+    }
+
+    fn attributes(&self, pairs: &[(&'static str, &str)]) -> MetricAttributes {
+        let kvs = pairs
+            .iter()
+            .map(|(k, v)| MetricKeyValue::new(*k, v.to_string()));
+        self.meter
+            .new_attributes(NewAttributes::new(kvs.collect::<Vec<_>>()))
+    }
+
+    /// An attempt was closed. Call once per attempt (not again on an activity retry).
+    pub fn attempt_closed(&self, end: AttemptEnd<'_>) {
+        let class = end.failure_class.unwrap_or("none");
+        self.attempts.add(
+            1,
+            &self.attributes(&[("outcome", end.outcome), ("runtime", end.runtime)]),
+        );
+        let by_runtime = self.attributes(&[("runtime", end.runtime)]);
+        if end.adopted {
+            self.adopted.add(1, &by_runtime);
+        }
+        if !end.cleanup_confirmed {
+            self.cleanup_unconfirmed.add(1, &by_runtime);
+        }
+        if end.outcome == "speculative_loser" {
+            return;
+        }
+        if end.is_final {
+            self.cases_finished.add(
+                1,
+                &self.attributes(&[("outcome", end.outcome), ("failure_class", class)]),
+            );
+            return;
+        }
+        self.retries
+            .add(1, &self.attributes(&[("failure_class", class)]));
+        match end.failure_code {
+            Some("JOB_LOST") => self.redispatched.add(1, &by_runtime),
+            Some("OOM_KILLED") => self.oom_escalations.add(1, &by_runtime),
+            _ => {}
+        }
+    }
+
+    /// An environment provisioned ahead was released unused.
+    pub fn released(&self, runtime: &str) {
+        self.released
+            .add(1, &self.attributes(&[("runtime", runtime)]));
+    }
+
+    /// A stage activity took `took`.
+    pub fn stage(&self, stage: &'static str, took: Duration) {
+        self.stage_duration
+            .record(took, &self.attributes(&[("stage", stage)]));
+    }
+
+    /// Counts a job as awaited until the returned guard is dropped.
+    pub fn awaiting(&self, runtime: &str) -> Awaiting {
+        let attributes = self.attributes(&[("runtime", runtime)]);
+        self.jobs_awaited.add(1, &attributes);
+        Awaiting {
+            gauge: self.jobs_awaited.clone(),
+            attributes,
+        }
+    }
+}
+
+/// One awaited job, counted in `casebatch_jobs_awaited` while it lives.
+pub struct Awaiting {
+    gauge: UpDownCounter,
+    attributes: MetricAttributes,
+}
+
+impl Drop for Awaiting {
+    fn drop(&mut self) {
+        self.gauge.add(-1, &self.attributes);
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::disabled()
+    }
+}

@@ -1,0 +1,151 @@
+//! Metrics and probes: a worker replica serving `/metrics`, `/healthz` and `/readyz` runs a
+//! real batch; its counters move while the batch runs and match the report at the end.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use crate::support::*;
+
+/// `GET path` on loopback: (status, body).
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut response = String::new();
+    s.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// The sum of a metric's samples whose labels include every pair of `labels`.
+fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_worker_s_metrics_move_with_a_batch_and_match_its_report() {
+    let sb = Sandbox::engine();
+    let out = sb.out().display().to_string();
+    let manifest = sb.write(
+        "metered.yaml",
+        r#"batch_id: metered
+defaults:
+  concurrency: 4
+  pass_env: [SANDBOX]
+  runtime: local-process
+  harness: 'case "$CASEBATCH_CASE_ID" in crash) exit 3;; gated) while [ ! -e "$SANDBOX/go" ]; do sleep 0.05; done;; esac; echo "{}" > "$CASEBATCH_RESULT"'
+tasks:
+  - task_id: ok-1
+  - task_id: ok-2
+  - task_id: crash
+  - task_id: gated
+"#,
+    );
+    let mut runner = sb.spawn(
+        &[
+            "batch",
+            "run",
+            "--no-worker",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--output-dir",
+            &out,
+        ],
+        "run.log",
+    );
+    let engine = sb.out().join(".casebatch-engine/engine.json");
+    wait_until(Duration::from_secs(60), "the embedded engine is up", || {
+        engine.exists()
+    });
+    let port = free_port();
+    let bind = format!("127.0.0.1:{port}");
+    let mut worker = sb.spawn(
+        &["worker", "--output-dir", &out, "--metrics-bind", &bind],
+        "worker.log",
+    );
+    wait_until(Duration::from_secs(60), "the worker is ready", || {
+        get(port, "/readyz").is_some_and(|(status, _)| status == 200)
+    });
+    assert_eq!(get(port, "/healthz").map(|r| r.0), Some(200));
+    assert_eq!(get(port, "/nothing").map(|r| r.0), Some(404));
+
+    // Three cases end while the gated one runs: the counters show them as they happen.
+    let finished = "casebatch_cases_finished_total";
+    let mut text = String::new();
+    wait_until(Duration::from_secs(120), "three cases counted", || {
+        text = get(port, "/metrics").map(|r| r.1).unwrap_or_default();
+        value(&text, finished, &[]) >= 3.0
+    });
+    assert_eq!(
+        value(&text, finished, &[("outcome", "succeeded")]),
+        2.0,
+        "{text}"
+    );
+    let harness_failures = [("outcome", "failed"), ("failure_class", "harness")];
+    assert_eq!(value(&text, finished, &harness_failures), 1.0, "{text}");
+    assert_eq!(value(&text, "casebatch_jobs_awaited", &[]), 1.0, "{text}");
+    // The SDK's own worker metrics are on the same page.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("temporal_") && l.contains("task_queue=\"casebatch\"")),
+        "no SDK worker metric: {text}"
+    );
+
+    sb.write("go", "");
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(120)),
+        4,
+        "a batch with a failed case exits 4: {}",
+        tail(&sb.path("run.log"), 20)
+    );
+    let text = get(port, "/metrics").unwrap().1;
+    let summary = sb.json(&sb.bundle("metered").join("batch_summary.json"));
+    for outcome in ["succeeded", "failed", "cancelled"] {
+        assert_eq!(
+            value(&text, finished, &[("outcome", outcome)]),
+            summary["counts"][outcome].as_f64().unwrap_or(0.0),
+            "{outcome}: {summary:#}\n{text}"
+        );
+    }
+    assert_eq!(
+        value(&text, "casebatch_attempts_total", &[]),
+        summary["attempts_total"].as_f64().unwrap(),
+        "{text}"
+    );
+    assert_eq!(value(&text, "casebatch_jobs_awaited", &[]), 0.0, "{text}");
+    let settles = value(
+        &text,
+        "casebatch_stage_duration_seconds_count",
+        &[("stage", "settle")],
+    );
+    assert_eq!(settles, 4.0, "one settle per case: {text}");
+    assert_eq!(stop(&mut worker), 0, "the worker stops cleanly on SIGTERM");
+}
+
+#[test]
+fn metrics_off_loopback_must_be_asked_for() {
+    let sb = Sandbox::new();
+    let out = sb.out().display().to_string();
+    let o = sb.run(&[
+        "worker",
+        "--output-dir",
+        &out,
+        "--metrics-bind",
+        "0.0.0.0:9464",
+    ]);
+    assert_exit(&o, 2);
+    assert!(stderr(&o).contains("--metrics-public"), "{}", stderr(&o));
+}
