@@ -21,6 +21,7 @@ use casebatch_workflows::{contracts, decide};
 use temporalio_macros::activities;
 use temporalio_sdk::ApplicationFailure;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
+use tracing::Instrument;
 
 use crate::breakers::{BreakerOf, Breakers};
 use crate::evaluator;
@@ -380,6 +381,17 @@ impl CaseActivities {
     }
 }
 
+/// One span per attempt: every log line of its stages carries batch, case and attempt.
+fn attempt_span(env: &AttemptEnv) -> tracing::Span {
+    tracing::info_span!(
+        "attempt",
+        batch = %env.key.batch_id,
+        case = %env.case.case_id,
+        attempt = env.key.attempt,
+        runtime = env.case.runtime_label(),
+    )
+}
+
 /// How often a stage heartbeats while it works: well inside the stages' heartbeat timeout, so
 /// a worker that dies mid-stage is noticed within seconds and the stage retried elsewhere.
 const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -419,43 +431,56 @@ impl CaseActivities {
     ) -> Result<StartResult, ActivityError> {
         let began = Instant::now();
         let env = self.env(&key)?;
-        // Heartbeating throughout: the breaker's answer can take a moment too.
-        let start = async {
-            // A routed case consults its runtime's breaker first: an open circuit sends it
-            // elsewhere before anything is provisioned.
-            let breaker = self.breaker_of(&env);
-            let pass = match &breaker {
-                None => None,
-                Some(of) => match self.breakers.before(of).await {
-                    Ok(pass) => Some(pass),
-                    Err(circuit) => {
-                        let message =
-                            format!("runtime {}: circuit open, not dispatched", of.runtime);
-                        Self::event(&env, "circuit_open", message);
-                        return Ok(StartResult::Skipped { circuit });
+        let span = attempt_span(&env);
+        async move {
+            // Heartbeating throughout: the breaker's answer can take a moment too.
+            let start = async {
+                // A routed case consults its runtime's breaker first: an open circuit sends it
+                // elsewhere before anything is provisioned.
+                let breaker = self.breaker_of(&env);
+                let pass = match &breaker {
+                    None => None,
+                    Some(of) => match self.breakers.before(of).await {
+                        Ok(pass) => Some(pass),
+                        Err(circuit) => {
+                            let message =
+                                format!("runtime {}: circuit open, not dispatched", of.runtime);
+                            Self::event(&env, "circuit_open", message);
+                            return Ok(StartResult::Skipped { circuit });
+                        }
+                    },
+                };
+                let mut result = self.dispatch_stage(&ctx, &env).await?;
+                if let (Some(of), Some(pass)) = (&breaker, pass) {
+                    match &mut result {
+                        StartResult::Started(_) => {
+                            self.breakers.after(of, pass, true).await;
+                        }
+                        // Only the runtime's own failures count against it.
+                        StartResult::Failed {
+                            failure, circuit, ..
+                        } if decide::spills(failure) => {
+                            *circuit = self.breakers.after(of, pass, false).await;
+                        }
+                        StartResult::Failed { .. } | StartResult::Skipped { .. } => {}
                     }
-                },
-            };
-            let mut result = self.dispatch_stage(&ctx, &env).await?;
-            if let (Some(of), Some(pass)) = (&breaker, pass) {
-                match &mut result {
-                    StartResult::Started(_) => {
-                        self.breakers.after(of, pass, true).await;
-                    }
-                    // Only the runtime's own failures count against it.
-                    StartResult::Failed {
-                        failure, circuit, ..
-                    } if decide::spills(failure) => {
-                        *circuit = self.breakers.after(of, pass, false).await;
-                    }
-                    StartResult::Failed { .. } | StartResult::Skipped { .. } => {}
                 }
+                Ok(result)
+            };
+            let started = heartbeating(&ctx, (), start).await;
+            match &started {
+                Ok(StartResult::Started(job)) => tracing::info!(job = %job.marker, "started"),
+                Ok(StartResult::Failed { failure, .. }) => {
+                    tracing::info!(%failure, "start failed")
+                }
+                Ok(StartResult::Skipped { .. }) => tracing::info!("not dispatched: circuit open"),
+                Err(e) => tracing::info!(error = ?e, "start raised"),
             }
-            Ok(result)
-        };
-        let started = heartbeating(&ctx, (), start).await;
-        self.metrics.stage("start", began.elapsed());
-        started
+            self.metrics.stage("start", began.elapsed());
+            started
+        }
+        .instrument(span)
+        .await
     }
 
     #[activity(definition = contracts::Settle)]
@@ -466,36 +491,42 @@ impl CaseActivities {
     ) -> Result<Settled, ActivityError> {
         let began = Instant::now();
         let env = self.env(&input.key)?;
-        let awaiting = self.metrics.awaiting(env.case.runtime.as_str());
-        let (job, actor) = self.await_stage(&ctx, &env, input.job).await?;
-        drop(awaiting);
-        let finished = actor.status == ActorStatus::Finished && actor.failure.is_none();
-        let (evaluation, collect_failure) = if finished && !ctx.is_cancelled() {
-            // Heartbeating the job: a retry after a crash here re-attaches to it.
-            let (evaluation, collect_failure) = heartbeating(&ctx, job, self.judge(&env)).await;
-            (Some(evaluation), collect_failure)
-        } else {
-            (None, None)
-        };
-        let mut settled = Settled {
-            key: input.key,
-            actor,
-            evaluation,
-            collect_failure,
-            closed: None,
-        };
-        // A final attempt is closed here, as `cleanup` would close it: one round trip less.
-        if let Some(mut summary) = input.close_from {
-            summary.apply_settled(&settled);
-            if decide::is_final_when_settled(&summary) {
-                summary.ended_at_ms = Some(now_ms());
-                let report = self.close(&ctx, &env, &summary, false).await?;
-                summary.cleanup_confirmed = Some(report.cleanup_confirmed);
-                settled.closed = Some(summary);
+        let span = attempt_span(&env);
+        async move {
+            let awaiting = self.metrics.awaiting(env.case.runtime.as_str());
+            let (job, actor) = self.await_stage(&ctx, &env, input.job).await?;
+            drop(awaiting);
+            tracing::info!(status = ?actor.status, exit_code = ?actor.exit_code, "job ended");
+            let finished = actor.status == ActorStatus::Finished && actor.failure.is_none();
+            let (evaluation, collect_failure) = if finished && !ctx.is_cancelled() {
+                // Heartbeating the job: a retry after a crash here re-attaches to it.
+                let (evaluation, collect_failure) = heartbeating(&ctx, job, self.judge(&env)).await;
+                (Some(evaluation), collect_failure)
+            } else {
+                (None, None)
+            };
+            let mut settled = Settled {
+                key: input.key,
+                actor,
+                evaluation,
+                collect_failure,
+                closed: None,
+            };
+            // A final attempt is closed here, as `cleanup` would close it: one round trip less.
+            if let Some(mut summary) = input.close_from {
+                summary.apply_settled(&settled);
+                if decide::is_final_when_settled(&summary) {
+                    summary.ended_at_ms = Some(now_ms());
+                    let report = self.close(&ctx, &env, &summary, false).await?;
+                    summary.cleanup_confirmed = Some(report.cleanup_confirmed);
+                    settled.closed = Some(summary);
+                }
             }
+            self.metrics.stage("settle", began.elapsed());
+            Ok(settled)
         }
-        self.metrics.stage("settle", began.elapsed());
-        Ok(settled)
+        .instrument(span)
+        .await
     }
 
     /// Provisions the attempt's environment while other cases run (`prepare_ahead`) and marks
@@ -509,24 +540,30 @@ impl CaseActivities {
     ) -> Result<Prepared, ActivityError> {
         let began = Instant::now();
         let env = self.env(&key)?;
-        let host_queue = Self::host_queue(&env);
-        let failure = match heartbeating(&ctx, (), self.provision_stage(&env)).await? {
-            StageResult::Ok => {
-                let record = PreparedRecord {
-                    schema_version: RECORD_SCHEMA_VERSION.into(),
-                    marker: env.marker(),
-                    prepared_at_ms: now_ms(),
-                };
-                write_json_atomic(&env.file(attempt_files::PREPARED), &record)?;
-                None
-            }
-            StageResult::Failed(f) => Some(f),
-        };
-        self.metrics.stage("prepare", began.elapsed());
-        Ok(Prepared {
-            host_queue,
-            failure,
-        })
+        let span = attempt_span(&env);
+        async move {
+            let host_queue = Self::host_queue(&env);
+            let failure = match heartbeating(&ctx, (), self.provision_stage(&env)).await? {
+                StageResult::Ok => {
+                    let record = PreparedRecord {
+                        schema_version: RECORD_SCHEMA_VERSION.into(),
+                        marker: env.marker(),
+                        prepared_at_ms: now_ms(),
+                    };
+                    write_json_atomic(&env.file(attempt_files::PREPARED), &record)?;
+                    None
+                }
+                StageResult::Failed(f) => Some(f),
+            };
+            tracing::info!(failure = ?failure, "provisioned ahead");
+            self.metrics.stage("prepare", began.elapsed());
+            Ok(Prepared {
+                host_queue,
+                failure,
+            })
+        }
+        .instrument(span)
+        .await
     }
 
     /// Cleans up an environment provisioned ahead for an attempt that will not start in this
@@ -540,59 +577,65 @@ impl CaseActivities {
         input: ReleaseInput,
     ) -> Result<CleanupReport, ActivityError> {
         let env = self.env(&input.key)?;
-        // Released already (this is a retry): nothing of it is left.
-        if !env.dir.exists() {
-            return Ok(CleanupReport {
-                cleanup_confirmed: true,
+        let span = attempt_span(&env);
+        async move {
+            // Released already (this is a retry): nothing of it is left.
+            if !env.dir.exists() {
+                return Ok(CleanupReport {
+                    cleanup_confirmed: true,
+                    failure: None,
+                });
+            }
+            let receipt = heartbeating(&ctx, (), async {
+                with_runtime!(self, &env, |rt| rt.cleanup(&env).await)
+            })
+            .await;
+            let confirmed = receipt.cleanup_confirmed;
+            let at_ms = now_ms();
+            let method = receipt.method.clone().unwrap_or_default();
+            let record = ReleasedRecord {
+                schema_version: RECORD_SCHEMA_VERSION.into(),
+                case_id: env.case.case_id.clone(),
+                attempt: env.key.attempt,
+                why: input.why.clone(),
+                released_at_ms: at_ms,
+                receipt,
+            };
+            let path = env
+                .bundle
+                .released(&env.case.case_dir, env.key.attempt, at_ms);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            write_json_atomic(&path, &record)?;
+            if confirmed {
+                std::fs::remove_dir_all(&env.dir)?;
+            } else {
+                // Kept as evidence; the attempt provisions afresh when it runs.
+                let _ = std::fs::remove_file(env.file(attempt_files::PREPARED));
+            }
+            tracing::info!(why = %input.why, cleanup_confirmed = confirmed, "released unused");
+            self.metrics.released(env.case.runtime.as_str());
+            Self::event(
+                &env,
+                "prepared_released",
+                format!(
+                    "environment provisioned ahead, released unused ({}): cleanup {} ({method})",
+                    input.why,
+                    if confirmed {
+                        "confirmed"
+                    } else {
+                        "NOT confirmed"
+                    }
+                ),
+            );
+            Ok(CleanupReport {
+                cleanup_confirmed: confirmed,
                 failure: None,
-            });
+            })
         }
-        let receipt = heartbeating(&ctx, (), async {
-            with_runtime!(self, &env, |rt| rt.cleanup(&env).await)
-        })
-        .await;
-        let confirmed = receipt.cleanup_confirmed;
-        let at_ms = now_ms();
-        let method = receipt.method.clone().unwrap_or_default();
-        let record = ReleasedRecord {
-            schema_version: RECORD_SCHEMA_VERSION.into(),
-            case_id: env.case.case_id.clone(),
-            attempt: env.key.attempt,
-            why: input.why.clone(),
-            released_at_ms: at_ms,
-            receipt,
-        };
-        let path = env
-            .bundle
-            .released(&env.case.case_dir, env.key.attempt, at_ms);
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        write_json_atomic(&path, &record)?;
-        if confirmed {
-            std::fs::remove_dir_all(&env.dir)?;
-        } else {
-            // Kept as evidence; the attempt provisions afresh when it runs.
-            let _ = std::fs::remove_file(env.file(attempt_files::PREPARED));
-        }
-        self.metrics.released(env.case.runtime.as_str());
-        Self::event(
-            &env,
-            "prepared_released",
-            format!(
-                "environment provisioned ahead, released unused ({}): cleanup {} ({method})",
-                input.why,
-                if confirmed {
-                    "confirmed"
-                } else {
-                    "NOT confirmed"
-                }
-            ),
-        );
-        Ok(CleanupReport {
-            cleanup_confirmed: confirmed,
-            failure: None,
-        })
+        .instrument(span)
+        .await
     }
 
     #[activity(definition = contracts::Provision)]
@@ -698,11 +741,16 @@ impl CaseActivities {
     ) -> Result<CleanupReport, ActivityError> {
         let began = Instant::now();
         let env = self.env(&input.key)?;
-        let report = self
-            .close(&ctx, &env, &input.summary, input.will_retry)
-            .await;
-        self.metrics.stage("cleanup", began.elapsed());
-        report
+        let span = attempt_span(&env);
+        async move {
+            let report = self
+                .close(&ctx, &env, &input.summary, input.will_retry)
+                .await;
+            self.metrics.stage("cleanup", began.elapsed());
+            report
+        }
+        .instrument(span)
+        .await
     }
 
     #[activity(definition = contracts::Finalize)]
@@ -861,6 +909,11 @@ impl CaseActivities {
         write_json_atomic(&env.bundle.case_result(&env.case.case_dir), &result)?;
         let simulated = if result.simulated { " (simulated)" } else { "" };
         if !already_logged {
+            tracing::info!(
+                state = state.as_str(),
+                cleanup_confirmed = confirmed,
+                "attempt closed"
+            );
             self.metrics.attempt_closed(end(state.as_str()));
             Self::event(
                 env,

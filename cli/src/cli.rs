@@ -21,6 +21,16 @@ use crate::exit::{CliError, CliResult};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// How stderr is written: `text`, or `json` (one object per line, progress included).
+    /// What is logged follows RUST_LOG.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "CASEBATCH_LOG_FORMAT"
+    )]
+    pub log_format: crate::logs::LogFormat,
 }
 
 #[derive(Debug, Subcommand)]

@@ -18,19 +18,14 @@ macro_rules! say {
 mod cli;
 mod commands;
 mod exit;
+mod logs;
 mod render;
 
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CASEBATCH_LOG")
-                .unwrap_or_else(|_| "warn,temporalio_sdk_core=error".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    logs::init(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -43,6 +38,10 @@ fn main() -> std::process::ExitCode {
     };
     let code = match runtime.block_on(commands::dispatch(cli.command)) {
         Ok(exit) => exit,
+        Err(e) if logs::json() => {
+            tracing::error!(exit = e.exit as u8, "{e}");
+            e.exit
+        }
         Err(e) => {
             eprintln!("error: {e}");
             e.exit

@@ -93,13 +93,33 @@ impl Observer for Progress {
 
 impl Progress {
     fn line(&mut self, msg: &str) {
+        if crate::logs::json() {
+            tracing::info!(target: "casebatch::progress", batch = %self.batch_id, "{}{msg}", self.tag);
+            return;
+        }
         self.clear();
         eprintln!("{}{msg}", self.tag);
     }
 
     fn update(&mut self, s: &BatchStatus) {
         let c = &s.counts;
-        if self.tty {
+        if crate::logs::json() {
+            if self.last.as_ref() != Some(c) {
+                tracing::info!(
+                    target: "casebatch::progress",
+                    batch = %self.batch_id,
+                    done = c.done(),
+                    total = self.total,
+                    running = c.running,
+                    succeeded = c.succeeded,
+                    failed = c.failed,
+                    cancelled = c.cancelled,
+                    phase = ?s.phase,
+                    "progress"
+                );
+                self.last = Some(c.clone());
+            }
+        } else if self.tty {
             let width = 30usize;
             let done = c.done() as usize;
             let filled = (done * width)
@@ -151,7 +171,11 @@ impl Progress {
 
 pub fn warnings(plan: &Plan) {
     for w in &plan.warnings {
-        eprintln!("warning: {w}");
+        if crate::logs::json() {
+            tracing::warn!(target: "casebatch::plan", "{w}");
+        } else {
+            eprintln!("warning: {w}");
+        }
     }
 }
 

@@ -12,6 +12,7 @@ mod demo;
 mod engine;
 mod environment;
 mod lifecycle;
+mod logs;
 mod metrics;
 mod prepare_ahead;
 mod recovery;
