@@ -62,6 +62,14 @@ pub enum Command {
     /// commands start when no cluster is named): whether it runs, who uses it, stopping it.
     #[command(subcommand)]
     Engine(EngineCommand),
+    /// Print a shell completion script (e.g. `casebatch completions bash >
+    /// /etc/bash_completion.d/casebatch`).
+    Completions {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), e.g. `casebatch man > casebatch.1`.
+    Man,
 }
 
 #[derive(Debug, Clone, Subcommand)]
@@ -176,13 +184,23 @@ pub enum SchemaKind {
 #[derive(Debug, Subcommand)]
 pub enum BatchCommand {
     /// Check a manifest and report every problem at once (exit 2 if any).
-    Validate(ManifestArgs),
+    Validate {
+        #[command(flatten)]
+        manifest: ManifestArgs,
+        /// Print JSON: `{"valid": true, …}`, or `{"valid": false, "problems": […]}` (exit 2).
+        #[arg(long)]
+        json: bool,
+    },
     /// Materialize every case into batch_plan.json without executing anything.
     Plan {
         #[command(flatten)]
         manifest: ManifestArgs,
+        /// Root of result bundles (`<output-dir>/<batch_id>/`).
         #[arg(long, default_value = "logs/batch")]
         output_dir: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Run a batch to the end (or until drained), writing the result bundle as cases finish.
     Run(RunArgs),

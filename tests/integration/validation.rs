@@ -239,3 +239,97 @@ fn runtimes_flags_reach_the_plan_and_a_bad_table_writes_nothing() {
         "{token}"
     );
 }
+
+#[test]
+fn validate_and_plan_answer_in_json_when_asked() {
+    let sb = Sandbox::new();
+    let out = sb.out().display().to_string();
+    let good = sb.write(
+        "good.yaml",
+        "batch_id: j\ndefaults: {runtime: fake}\ntasks: [{task_id: a}, {task_id: b}]\n",
+    );
+    let o = sb.run(&[
+        "batch",
+        "validate",
+        "--manifest",
+        good.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_exit(&o, 0);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (v["valid"].clone(), v["cases"].clone()),
+        (true.into(), 2.into()),
+        "{v}"
+    );
+
+    // Refused: still JSON on stdout, every problem with its line and field; exit 2.
+    let bad = sb.write(
+        "bad.yaml",
+        "batch_id: j\ndefaults: {runtime: fake, concurrency: 0}\ntasks:\n  - task_id: a\n  - task_id: a\n",
+    );
+    let o = sb.run(&[
+        "batch",
+        "validate",
+        "--manifest",
+        bad.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_exit(&o, 2);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["valid"], false, "{v}");
+    let fields: Vec<&str> = v["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["field"].as_str().unwrap())
+        .collect();
+    assert!(fields.contains(&"defaults.concurrency"), "{v}");
+    assert!(
+        v["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["line"].is_u64()),
+        "{v}"
+    );
+
+    let o = sb.run(&[
+        "batch",
+        "plan",
+        "--manifest",
+        good.to_str().unwrap(),
+        "--output-dir",
+        &out,
+        "--json",
+    ]);
+    assert_exit(&o, 0);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cases"], 2, "{v}");
+    assert!(
+        std::path::Path::new(v["plan"].as_str().unwrap()).exists(),
+        "{v}"
+    );
+}
+
+#[test]
+fn completions_and_a_man_page_are_generated() {
+    let sb = Sandbox::new();
+    for shell in ["bash", "zsh", "fish"] {
+        let o = sb.run(&["completions", shell]);
+        assert_exit(&o, 0);
+        let script = stdout(&o);
+        // Every subcommand group and a nested command's flag are completed.
+        for word in ["batch", "worker", "retry-failed", "--metrics-bind"] {
+            assert!(script.contains(word), "{shell} completion lacks {word}");
+        }
+    }
+    let o = sb.run(&["man"]);
+    assert_exit(&o, 0);
+    let page = stdout(&o);
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH casebatch"),
+        "{page}"
+    );
+    assert!(page.contains("completions"), "{page}");
+}

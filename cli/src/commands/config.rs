@@ -1,7 +1,10 @@
-//! `casebatch config schema`.
+//! `casebatch config schema`, `casebatch completions`, `casebatch man`: what describes the CLI
+//! and its input rather than running anything.
 
-use crate::cli::SchemaKind;
-use crate::exit::{CliResult, Exit};
+use clap::CommandFactory;
+
+use crate::cli::{Cli, SchemaKind};
+use crate::exit::{CliError, CliResult, Exit};
 
 pub fn schema(kind: SchemaKind) -> CliResult {
     let schema = match kind {
@@ -11,5 +14,18 @@ pub fn schema(kind: SchemaKind) -> CliResult {
         "{}",
         serde_json::to_string_pretty(&schema).expect("schema serializes")
     );
+    Ok(Exit::Success)
+}
+
+pub fn completions(shell: clap_complete::Shell) -> CliResult {
+    let mut command = Cli::command();
+    clap_complete::generate(shell, &mut command, "casebatch", &mut std::io::stdout());
+    Ok(Exit::Success)
+}
+
+pub fn man() -> CliResult {
+    clap_mangen::Man::new(Cli::command())
+        .render(&mut std::io::stdout())
+        .map_err(|e| CliError::usage(format!("failed to write the man page: {e}")))?;
     Ok(Exit::Success)
 }

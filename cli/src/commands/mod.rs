@@ -19,11 +19,12 @@ pub async fn dispatch(command: Command) -> CliResult {
     match command {
         Command::Config(ConfigCommand::Schema { kind }) => config::schema(kind),
         Command::Batch(b) => match b {
-            BatchCommand::Validate(m) => manifest::validate(&m),
+            BatchCommand::Validate { manifest, json } => manifest::validate(&manifest, json),
             BatchCommand::Plan {
                 manifest,
                 output_dir,
-            } => manifest::plan(&manifest, &output_dir),
+                json,
+            } => manifest::plan(&manifest, &output_dir, json),
             BatchCommand::Run(args) => run::run(args).await,
             BatchCommand::Resume(args) => run::resume(args).await,
             BatchCommand::Rerun(args) => run::rerun(args).await,
@@ -60,5 +61,7 @@ pub async fn dispatch(command: Command) -> CliResult {
             port,
             idle_secs,
         }) => engine::keep(&state_dir, port, idle_secs),
+        Command::Completions { shell } => config::completions(shell),
+        Command::Man => config::man(),
     }
 }
