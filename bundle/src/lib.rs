@@ -16,6 +16,7 @@
 
 pub mod layout;
 pub mod records;
+pub mod stats;
 pub mod summary;
 mod write;
 

@@ -35,6 +35,10 @@ pub struct BatchSummary {
     #[serde(default)]
     pub speculative_losers: usize,
     pub simulated: bool,
+    /// Pass rates, score means with standard errors, duration percentiles (absent in
+    /// summaries written before they existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<crate::stats::BatchStats>,
     pub rows: Vec<SummaryRow>,
 }
 
@@ -174,6 +178,7 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
             .filter(|a| a.summary.speculative_loser)
             .count(),
         simulated,
+        stats: Some(crate::stats::BatchStats::of(&results, &attempts)),
         rows,
     };
     Ok(Assembled {

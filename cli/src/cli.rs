@@ -238,6 +238,28 @@ pub enum BatchCommand {
     /// the source batch is never changed. OOM-killed cases get their memory doubled for that
     /// job only, compounding over retries up to 16 GB.
     RetryFailed(RetryArgs),
+    /// Line up two batches of an output directory by case id (a batch and its retry-failed
+    /// child, or any two runs): cases that flipped, pass-rate and score deltas. Reads the
+    /// bundles only.
+    Diff {
+        /// The batch compared from.
+        a: String,
+        /// The batch compared to.
+        b: String,
+        #[arg(long, default_value = "logs/batch")]
+        output_dir: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The batches of an output directory with their case counts and outcome.
+    List {
+        #[arg(long, default_value = "logs/batch")]
+        output_dir: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Export a run's workflow history as JSON (for replay tests and bug reports).
     History {
         #[command(flatten)]

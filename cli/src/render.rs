@@ -179,7 +179,7 @@ pub fn warnings(plan: &Plan) {
     }
 }
 
-pub fn json(value: &serde_json::Value) {
+pub fn json(value: &impl serde::Serialize) {
     say!(
         "{}",
         serde_json::to_string_pretty(value).expect("serializes")
@@ -333,6 +333,108 @@ pub fn history_view(view: &HistoryView) {
     }
 }
 
+/// `75.0% (3 of 4 finished cases …)`, or `- (no finished case)`.
+fn rate(r: &casebatch_bundle::stats::Rate) -> String {
+    match r.rate {
+        Some(x) => format!(
+            "{:.1}% ({} of {} {})",
+            100.0 * x,
+            r.passed,
+            r.of,
+            r.denominator
+        ),
+        None => format!("- (no {})", r.denominator),
+    }
+}
+
+fn stats_lines(st: &casebatch_bundle::stats::BatchStats) {
+    say!("  pass rate: {}", rate(&st.pass_rate));
+    say!(
+        "  pass rate excluding infra: {}",
+        rate(&st.pass_rate_excluding_infra)
+    );
+    for (name, sc) in &st.scores {
+        let stderr = sc.stderr.map_or("-".to_string(), |e| format!("{e:.3}"));
+        say!(
+            "  score {name}: mean {:.3} ± {stderr} (standard error, n={})",
+            sc.mean,
+            sc.n
+        );
+    }
+    if let Some(d) = &st.durations {
+        let secs = |ms: u64| format!("{:.1}s", ms as f64 / 1000.0);
+        say!(
+            "  attempt durations: p50 {} · p90 {} · p99 {} · max {} ({} attempts)",
+            secs(d.p50_ms),
+            secs(d.p90_ms),
+            secs(d.p99_ms),
+            secs(d.max_ms),
+            d.n
+        );
+    }
+}
+
+pub fn diff(d: &casebatch_control::BatchDiff) {
+    say!("{} → {}", d.a, d.b);
+    if !d.same_task_list {
+        say!("  note: the two batches ran different task lists; cases are matched by id");
+    }
+    let delta = |r: &casebatch_control::compare::RateDelta| match r.delta {
+        Some(x) => format!("{:+.1} points", 100.0 * x),
+        None => "-".into(),
+    };
+    say!(
+        "  pass rate: {} → {} ({})",
+        rate(&d.pass_rate.a),
+        rate(&d.pass_rate.b),
+        delta(&d.pass_rate)
+    );
+    say!(
+        "  pass rate excluding infra: {} → {} ({})",
+        rate(&d.pass_rate_excluding_infra.a),
+        rate(&d.pass_rate_excluding_infra.b),
+        delta(&d.pass_rate_excluding_infra)
+    );
+    for (name, s) in &d.scores {
+        say!(
+            "  score {name}: {:.3} → {:.3} ({:+.3}, n={})",
+            s.mean_a,
+            s.mean_b,
+            s.delta,
+            s.n
+        );
+    }
+    say!("  flipped: {}", d.flipped.len());
+    for f in &d.flipped {
+        say!("    {:<29} {} → {}", truncate(&f.case_id, 29), f.from, f.to);
+    }
+    for (side, ids) in [(&d.a, &d.only_in_a), (&d.b, &d.only_in_b)] {
+        if !ids.is_empty() {
+            say!("  only in {side}: {}", ids.join(", "));
+        }
+    }
+}
+
+pub fn list(listed: &[casebatch_control::Listed]) {
+    if listed.is_empty() {
+        say!("no batch in this output directory");
+        return;
+    }
+    say!("  batch                          cases  outcome        pass rate  counts");
+    for b in listed {
+        let counts: Vec<String> = b.counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        say!(
+            "  {:<30} {:>5}  {:<14} {:>9}  {}",
+            truncate(&b.batch_id, 30),
+            b.cases,
+            b.outcome,
+            b.pass_rate
+                .map_or("-".into(), |r| format!("{:.1}%", 100.0 * r)),
+            counts.join(" · ")
+        );
+    }
+}
+
 fn counters_line(k: &Counters) -> String {
     format!(
         "  adopted {} · re-dispatched {} · retries {} · OOM boosts {} · cleanup unconfirmed {}",
@@ -451,6 +553,9 @@ pub fn report(view: &ReportView) {
     );
     let counts: Vec<String> = s.counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
     say!("  cases: {}", counts.join(" · "));
+    if let Some(stats) = &s.stats {
+        stats_lines(stats);
+    }
     say!(
         "  recovery: {} attempt(s) adopted after a crash, {} re-dispatched",
         s.adopted_attempts,

@@ -7,6 +7,7 @@
 //! maps errors to exit codes; policy (what a success is, what gets re-run) lives here and in
 //! `casebatch_workflows::decide`, never in the CLI.
 
+pub mod compare;
 mod drive;
 mod error;
 mod inspect;
@@ -20,6 +21,7 @@ mod run;
 mod run_history;
 mod scheduling;
 
+pub use compare::{BatchDiff, Listed, diff, list};
 pub use drive::{DriveEvent, DriveOptions, Observer};
 pub use error::{ControlError, Result};
 pub use inspect::{ReportView, StatusView, history, report, status};

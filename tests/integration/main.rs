@@ -17,6 +17,7 @@ mod metrics;
 mod prepare_ahead;
 mod recovery;
 mod replicas;
+mod reports;
 mod result_files;
 mod retry;
 mod shared_cluster;

@@ -39,6 +39,13 @@ pub async fn dispatch(command: Command) -> CliResult {
                 ops::control(&batch, ops::Control::SetConcurrency(limit)).await
             }
             BatchCommand::RetryFailed(args) => retry::retry_failed(args).await,
+            BatchCommand::Diff {
+                a,
+                b,
+                output_dir,
+                json,
+            } => status::diff(&output_dir, &a, &b, json),
+            BatchCommand::List { output_dir, json } => status::list(&output_dir, json),
             BatchCommand::History {
                 batch,
                 run_id,

@@ -1,6 +1,10 @@
 //! `batch status` (live when the batch runs), `batch report` (from the bundle alone; no
 //! engine needed) and `batch history`.
 
+use std::path::Path;
+
+use casebatch_control::BatchLocation;
+
 use crate::cli::{BatchRef, HistoryArgs, HistoryCommand};
 use crate::exit::{CliResult, Exit};
 use crate::render;
@@ -25,6 +29,29 @@ pub fn report(r: &BatchRef) -> CliResult {
         );
     } else {
         render::report(&view);
+    }
+    Ok(Exit::Success)
+}
+
+pub fn diff(output_dir: &Path, a: &str, b: &str, json: bool) -> CliResult {
+    let d = casebatch_control::diff(
+        &BatchLocation::new(output_dir, a)?,
+        &BatchLocation::new(output_dir, b)?,
+    )?;
+    if json {
+        render::json(&d);
+    } else {
+        render::diff(&d);
+    }
+    Ok(Exit::Success)
+}
+
+pub fn list(output_dir: &Path, json: bool) -> CliResult {
+    let listed = casebatch_control::list(output_dir)?;
+    if json {
+        render::json(&listed);
+    } else {
+        render::list(&listed);
     }
     Ok(Exit::Success)
 }

@@ -1,0 +1,173 @@
+//! The numbers eval engineers compare batches by: pass rates with their denominators named,
+//! score means with standard errors, attempt duration percentiles. Pure: computed from the
+//! records a bundle holds.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use casebatch_proto::FailureClass;
+
+use crate::{AttemptRecord, CaseRecordState, CaseResult};
+
+/// A share of cases, with what it is a share of.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rate {
+    pub passed: usize,
+    pub of: usize,
+    /// What `of` counts, in words (the denominator named).
+    pub denominator: String,
+    /// `passed / of`; `None` when `of` is 0.
+    pub rate: Option<f64>,
+}
+
+impl Rate {
+    fn new(passed: usize, of: usize, denominator: &str) -> Self {
+        Self {
+            passed,
+            of,
+            denominator: denominator.into(),
+            rate: (of > 0).then(|| passed as f64 / of as f64),
+        }
+    }
+}
+
+/// Mean of one numeric score over the cases that report it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScoreStat {
+    pub n: usize,
+    pub mean: f64,
+    /// Standard error of the mean (sample standard deviation / √n); `None` below 2 cases.
+    pub stderr: Option<f64>,
+}
+
+/// Percentiles of attempt durations (dispatch to end), in milliseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Durations {
+    pub n: usize,
+    pub p50_ms: u64,
+    pub p90_ms: u64,
+    pub p99_ms: u64,
+    pub max_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchStats {
+    /// Succeeded among the cases that finished (succeeded or failed).
+    pub pass_rate: Rate,
+    /// The same with infra failures left out: what the agent scored, not the platform.
+    pub pass_rate_excluding_infra: Rate,
+    /// By score name, over the latest result of every case that has it as a number.
+    pub scores: BTreeMap<String, ScoreStat>,
+    /// Attempts with both ends recorded, speculative losers excluded; `None` without any.
+    pub durations: Option<Durations>,
+}
+
+impl BatchStats {
+    pub fn of(results: &[Option<CaseResult>], attempts: &[AttemptRecord]) -> Self {
+        let finished: Vec<&CaseResult> = results
+            .iter()
+            .flatten()
+            .filter(|r| {
+                matches!(
+                    r.state,
+                    CaseRecordState::Succeeded | CaseRecordState::Failed
+                )
+            })
+            .collect();
+        let passed = finished
+            .iter()
+            .filter(|r| r.state == CaseRecordState::Succeeded)
+            .count();
+        let infra = finished
+            .iter()
+            .filter(|r| {
+                r.state == CaseRecordState::Failed
+                    && r.failure
+                        .as_ref()
+                        .is_some_and(|f| f.class == FailureClass::Infra)
+            })
+            .count();
+
+        let mut values: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for r in results.iter().flatten() {
+            for (name, v) in &r.scores {
+                if let Some(x) = v.as_f64() {
+                    values.entry(name.clone()).or_default().push(x);
+                }
+            }
+        }
+
+        let mut ms: Vec<u64> = attempts
+            .iter()
+            .filter(|a| !a.summary.speculative_loser)
+            .filter_map(|a| a.summary.duration_ms())
+            .collect();
+        ms.sort_unstable();
+
+        Self {
+            pass_rate: Rate::new(
+                passed,
+                finished.len(),
+                "finished cases (succeeded + failed)",
+            ),
+            pass_rate_excluding_infra: Rate::new(
+                passed,
+                finished.len() - infra,
+                "finished cases without an infra failure",
+            ),
+            scores: values
+                .into_iter()
+                .map(|(name, xs)| (name, mean_and_stderr(&xs)))
+                .collect(),
+            durations: (!ms.is_empty()).then(|| Durations {
+                n: ms.len(),
+                p50_ms: percentile(&ms, 50),
+                p90_ms: percentile(&ms, 90),
+                p99_ms: percentile(&ms, 99),
+                max_ms: *ms.last().expect("not empty"),
+            }),
+        }
+    }
+}
+
+fn mean_and_stderr(xs: &[f64]) -> ScoreStat {
+    let n = xs.len();
+    let mean = xs.iter().sum::<f64>() / n as f64;
+    let stderr = (n >= 2).then(|| {
+        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+        (var / n as f64).sqrt()
+    });
+    ScoreStat { n, mean, stderr }
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[u64], p: usize) -> u64 {
+    let rank = (p * sorted.len()).div_ceil(100).max(1);
+    sorted[rank - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_standard_error_is_the_sample_deviation_over_root_n() {
+        let s = mean_and_stderr(&[1.0, 0.0, 1.0, 0.0]);
+        assert_eq!(s.mean, 0.5);
+        // sample variance 1/3, so √(1/3 / 4)
+        assert!((s.stderr.unwrap() - (1.0f64 / 12.0).sqrt()).abs() < 1e-12);
+        assert_eq!(mean_and_stderr(&[0.7]).stderr, None);
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(
+            (percentile(&v, 50), percentile(&v, 90), percentile(&v, 99)),
+            (50, 90, 99)
+        );
+        assert_eq!(percentile(&[7], 99), 7);
+        assert_eq!(percentile(&[1, 2, 3], 50), 2);
+    }
+}
