@@ -2,7 +2,7 @@
 //! outcomes, status and reports. Simulated runs say so in every output.
 
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::Instant;
 
 use casebatch_bundle::{Bundle, Lineage};
@@ -23,7 +23,9 @@ pub fn sim_tag(plan: &Plan) -> &'static str {
     }
 }
 
-/// Draws a running batch on stderr.
+/// Draws a running batch on stderr: a width-aware bar with counts, rate and ETA on a
+/// terminal (redrawn in place), a plain line per change (at most every 2 s) otherwise, and
+/// events when stderr carries JSON logs.
 pub struct Progress {
     tty: bool,
     tag: &'static str,
@@ -31,21 +33,44 @@ pub struct Progress {
     total: u32,
     last: Option<Counts>,
     last_print: Instant,
-    drawn: bool,
+    bar: Option<indicatif::ProgressBar>,
 }
 
 impl Default for Progress {
     fn default() -> Self {
         Self {
-            tty: std::io::stderr().is_terminal(),
+            tty: std::io::stderr().is_terminal() && !crate::logs::json(),
             tag: "",
             batch_id: String::new(),
             total: 0,
             last: None,
             last_print: Instant::now(),
-            drawn: false,
+            bar: None,
         }
     }
+}
+
+/// `[####----] 12/50 · 4 run · 11 ok · 1 failed · Running · 3.2/s · eta 12s`: the bar takes
+/// what the terminal's width leaves (indicatif). A simulation says so as `[sim]`.
+fn progress_bar(tag: &str, total: u32) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(u64::from(total)),
+        indicatif::ProgressDrawTarget::stderr_with_hz(4),
+    );
+    let style = indicatif::ProgressStyle::with_template(
+        "{prefix}[{wide_bar}] {pos}/{len} · {msg} · {rate} · eta {eta}",
+    )
+    .expect("the template is valid")
+    .with_key(
+        "rate",
+        |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = write!(w, "{:.1}/s", state.per_sec());
+        },
+    )
+    .progress_chars("#>-");
+    bar.set_style(style);
+    bar.set_prefix(if tag.is_empty() { "" } else { "[sim] " });
+    bar
 }
 
 impl Observer for Progress {
@@ -55,6 +80,9 @@ impl Observer for Progress {
                 self.tag = sim_tag(plan);
                 self.batch_id = plan.batch_id.clone();
                 self.total = plan.cases.len() as u32;
+                if self.tty {
+                    self.bar = Some(progress_bar(self.tag, self.total));
+                }
             }
             DriveEvent::Reattached => {
                 self.line(&format!("re-attaching to running batch {}", self.batch_id));
@@ -97,8 +125,10 @@ impl Progress {
             tracing::info!(target: "casebatch::progress", batch = %self.batch_id, "{}{msg}", self.tag);
             return;
         }
-        self.clear();
-        eprintln!("{}{msg}", self.tag);
+        match &self.bar {
+            Some(bar) => bar.println(format!("{}{msg}", self.tag)),
+            None => eprintln!("{}{msg}", self.tag),
+        }
     }
 
     fn update(&mut self, s: &BatchStatus) {
@@ -119,26 +149,15 @@ impl Progress {
                 );
                 self.last = Some(c.clone());
             }
-        } else if self.tty {
-            let width = 30usize;
-            let done = c.done() as usize;
-            let filled = (done * width)
-                .checked_div(self.total as usize)
-                .unwrap_or(width);
-            eprint!(
-                "\r{}[{}{}] {}/{} done · {} running · {} ok · {} failed · {:?}   ",
-                self.tag,
-                "#".repeat(filled),
-                "-".repeat(width - filled),
-                done,
-                self.total,
+        } else if let Some(bar) = &self.bar {
+            bar.set_position(u64::from(c.done()));
+            bar.set_message(format!(
+                "{} run · {} ok · {} failed · {:?}",
                 c.running,
                 c.succeeded,
                 c.failed + c.cancelled,
                 s.phase
-            );
-            let _ = std::io::stderr().flush();
-            self.drawn = true;
+            ));
         } else if self.last.as_ref() != Some(c) && self.last_print.elapsed().as_secs() >= 2 {
             eprintln!(
                 "{}progress: {}/{} done, {} running, {} succeeded, {} failed, {} cancelled ({:?})",
@@ -156,16 +175,11 @@ impl Progress {
         }
     }
 
-    fn clear(&mut self) {
-        if self.drawn {
-            eprintln!();
-            self.drawn = false;
-        }
-    }
-
-    /// Ends the bar's line before anything else is printed.
+    /// Takes the bar away before the outcome is printed.
     pub fn finish(&mut self) {
-        self.clear();
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
     }
 }
 
