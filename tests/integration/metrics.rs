@@ -54,22 +54,7 @@ tasks:
   - task_id: gated
 "#,
     );
-    let mut runner = sb.spawn(
-        &[
-            "batch",
-            "run",
-            "--no-worker",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--output-dir",
-            &out,
-        ],
-        "run.log",
-    );
-    let engine = sb.out().join(".casebatch-engine/engine.json");
-    wait_until(Duration::from_secs(60), "the embedded engine is up", || {
-        engine.exists()
-    });
+    let mut runner = sb.spawn_batch_without_worker(&manifest, "run.log");
     let port = free_port();
     let bind = format!("127.0.0.1:{port}");
     let mut worker = sb.spawn(

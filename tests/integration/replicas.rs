@@ -26,22 +26,7 @@ tasks:
 {tasks}"#
         ),
     );
-    let mut runner = sb.spawn(
-        &[
-            "batch",
-            "run",
-            "--no-worker",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--output-dir",
-            &out,
-        ],
-        "run.log",
-    );
-    let engine = sb.out().join(".casebatch-engine/engine.json");
-    wait_until(Duration::from_secs(60), "the embedded engine is up", || {
-        engine.exists()
-    });
+    let mut runner = sb.spawn_batch_without_worker(&manifest, "run.log");
     let mut w1 = sb.spawn(&["worker", "--output-dir", &out], "w1.log");
     let mut w2 = sb.spawn(&["worker", "--output-dir", &out], "w2.log");
 

@@ -108,6 +108,27 @@ impl Sandbox {
         self.spawn(&batch_run_args(manifest, &self.out()), log)
     }
 
+    /// `batch run --no-worker` in the background on the embedded engine, returned once that
+    /// engine is up: worker replicas joining it do the work.
+    pub fn spawn_batch_without_worker(&self, manifest: &Path, log: &str) -> Child {
+        let out = self.out().display().to_string();
+        let args = [
+            "batch",
+            "run",
+            "--no-worker",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--output-dir",
+            &out,
+        ];
+        let runner = self.spawn(&args, log);
+        let engine = self.out().join(".casebatch-engine/engine.json");
+        wait_until(Duration::from_secs(60), "the embedded engine is up", || {
+            engine.exists()
+        });
+        runner
+    }
+
     /// `casebatch batch <verb> --batch-id B --output-dir <out>`.
     pub fn op(&self, verb: &str, batch: &str) -> Output {
         let out = self.out();
