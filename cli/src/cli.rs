@@ -367,6 +367,9 @@ pub struct RunArgs {
     /// Plan only: write batch_plan.json and execute nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Print the outcome as JSON on stdout (progress stays on stderr).
+    #[arg(long)]
+    pub json: bool,
     /// Do not run an in-process worker (standalone `casebatch worker` replicas do the work).
     #[arg(long)]
     pub no_worker: bool,

@@ -201,6 +201,29 @@ pub fn json(value: &impl serde::Serialize) {
 }
 
 /// Prints how a run ended; returns the exit code it deserves.
+/// The run's outcome as one JSON object on stdout (`--json`); same exit code as the text.
+pub fn run_report_json(report: &RunReport) -> Exit {
+    let plan = &report.plan;
+    let mut v = serde_json::json!({
+        "batch_id": plan.batch_id,
+        "bundle": report.bundle.root(),
+        "simulated": !sim_tag(plan).is_empty(),
+    });
+    match &report.ending {
+        Ending::Ran(o) => {
+            v["end"] = serde_json::json!(o.end);
+            v["counts"] = serde_json::json!(o.status.counts);
+            v["counters"] = serde_json::json!(o.status.counters);
+        }
+        Ending::AlreadyComplete(summary) => {
+            v["end"] = "already_complete".into();
+            v["counts"] = serde_json::json!(summary.counts);
+        }
+    }
+    json(&v);
+    report.verdict().into()
+}
+
 pub fn run_report(report: &RunReport) -> Exit {
     let plan = &report.plan;
     match &report.ending {

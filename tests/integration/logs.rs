@@ -11,14 +11,19 @@ tasks: [{task_id: a}, {task_id: b}, {task_id: c}]
 "#;
 
 #[test]
-fn json_logs_parse_line_by_line_and_name_each_attempt() {
+fn json_logs_parse_line_by_line_and_name_each_attempt_and_the_outcome_is_json() {
     let sb = Sandbox::engine();
     let manifest = sb.write("logged.yaml", MANIFEST);
     let out = sb.out();
     let mut args = batch_run_args(&manifest, &out).to_vec();
-    args.extend(["--log-format", "json"]);
+    args.extend(["--log-format", "json", "--json"]);
     let o = sb.run_env(&args, &[("RUST_LOG", "warn,casebatch=info")]);
     assert_exit(&o, 0);
+    // The outcome is one JSON object on stdout, apart from the logs.
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("the outcome is JSON");
+    assert_eq!(outcome["end"], "completed", "{outcome:#}");
+    assert_eq!(outcome["counts"]["succeeded"], 3, "{outcome:#}");
+    assert_eq!(outcome["simulated"], true, "{outcome:#}");
     let lines: Vec<Value> = stderr(&o)
         .lines()
         .filter(|l| !l.trim().is_empty())

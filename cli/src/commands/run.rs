@@ -38,7 +38,15 @@ pub async fn run(args: RunArgs) -> CliResult {
     let mut progress = Progress::default();
     let report = casebatch_control::run(request, &mut progress).await;
     progress.finish();
-    Ok(render::run_report(&report?))
+    Ok(outcome(&report?, args.json))
+}
+
+fn outcome(report: &casebatch_control::RunReport, json: bool) -> Exit {
+    if json {
+        render::run_report_json(report)
+    } else {
+        render::run_report(report)
+    }
 }
 
 pub async fn run_one(args: SingleRunArgs) -> CliResult {
@@ -92,5 +100,5 @@ async fn resume_with(args: ResumeArgs, requeue: Requeue) -> CliResult {
     let mut progress = Progress::default();
     let report = casebatch_control::resume(request, &mut progress).await;
     progress.finish();
-    Ok(render::run_report(&report?))
+    Ok(outcome(&report?, args.batch.json))
 }
