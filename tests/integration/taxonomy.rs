@@ -146,18 +146,7 @@ fn a_config_failure_raised_by_an_activity_is_typed_and_never_retried() {
     );
     let out = sb.out();
     let out = out.to_str().unwrap();
-    let mut runner = sb.spawn(
-        &[
-            "batch",
-            "run",
-            "--no-worker",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--output-dir",
-            out,
-        ],
-        "run.log",
-    );
+    let mut runner = sb.spawn_batch_without_worker(&manifest, "run.log");
     let plan_path = sb.bundle("two").join("batch_plan.json");
     // run_config.json is written once the engine answers, after the plan's last write.
     let run_config = sb.bundle("two").join("run_config.json");
