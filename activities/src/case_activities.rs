@@ -25,6 +25,7 @@ use tracing::Instrument;
 
 use crate::breakers::{BreakerOf, Breakers};
 use crate::evaluator;
+use crate::timings::StageTimings;
 use casebatch_runtime::agent::AgentRuntime;
 use casebatch_runtime::attempt_io;
 use casebatch_runtime::fake::Fake;
@@ -217,10 +218,6 @@ impl CaseActivities {
     }
 
     async fn provision_stage(&self, env: &AttemptEnv) -> Result<StageResult, ActivityError> {
-        // Provisioned ahead (`prepare`): ready as it is.
-        if env.file(attempt_files::PREPARED).exists() {
-            return Ok(StageResult::Ok);
-        }
         std::fs::create_dir_all(&env.dir)?;
         let spec = serde_json::json!({
             "schema_version": RECORD_SCHEMA_VERSION,
@@ -333,20 +330,39 @@ impl CaseActivities {
         &self,
         ctx: &ActivityContext,
         env: &AttemptEnv,
+        timings: &mut StageTimings,
     ) -> Result<StartResult, ActivityError> {
         let failed = |failure| StartResult::Failed {
             failure,
             host_queue: Self::host_queue(env),
             circuit: None,
         };
-        if let StageResult::Failed(f) = self.provision_stage(env).await? {
-            return Ok(failed(f));
+        // Provisioned ahead (`prepare`, which kept its own timing): ready as it is.
+        if !env.file(attempt_files::PREPARED).exists() {
+            let provisioned = timings
+                .time(Stage::Provision, self.provision_stage(env))
+                .await?;
+            if let StageResult::Failed(f) = provisioned {
+                return Ok(failed(f));
+            }
         }
+        let submitted = timings.time(Stage::Submit, self.submit_until_taken(ctx, env));
+        Ok(match submitted.await? {
+            SubmitResult::Started(job) => StartResult::Started(job),
+            SubmitResult::Failed(f) => failed(f),
+        })
+    }
+
+    /// Submits, waiting out a full runtime (the wait counts as the submit stage's time).
+    async fn submit_until_taken(
+        &self,
+        ctx: &ActivityContext,
+        env: &AttemptEnv,
+    ) -> Result<SubmitResult, ActivityError> {
         let mut pause = FULL_FIRST_PAUSE;
         let mut waiting = false;
         loop {
             match self.submit_stage(env).await {
-                SubmitResult::Started(job) => return Ok(StartResult::Started(job)),
                 SubmitResult::Failed(f) if f.code == FailureCode::RuntimeFull => {
                     if !waiting {
                         waiting = true;
@@ -358,26 +374,29 @@ impl CaseActivities {
                     }
                     pause = (pause * 2).min(FULL_MAX_PAUSE);
                 }
-                SubmitResult::Failed(f) => return Ok(failed(f)),
+                taken_or_failed => return Ok(taken_or_failed),
             }
         }
     }
 
     /// Evaluate and collect for a finished actor.
-    async fn judge(&self, env: &AttemptEnv) -> (Evaluation, Option<Failure>) {
-        let evaluation = self
-            .evaluate_stage(env)
-            .await
-            .unwrap_or_else(|e| Evaluation {
-                configured: true,
-                verdict: None,
-                failure: Some(Failure::infra(
-                    Stage::Evaluate,
-                    FailureCode::ActivityError,
-                    format!("failed to record the evaluation: {e:?}"),
-                )),
-            });
-        (evaluation, self.collect_stage(env).await)
+    async fn judge(
+        &self,
+        env: &AttemptEnv,
+        timings: &mut StageTimings,
+    ) -> (Evaluation, Option<Failure>) {
+        let evaluated = timings.time(Stage::Evaluate, self.evaluate_stage(env));
+        let evaluation = evaluated.await.unwrap_or_else(|e| Evaluation {
+            configured: true,
+            verdict: None,
+            failure: Some(Failure::infra(
+                Stage::Evaluate,
+                FailureCode::ActivityError,
+                format!("failed to record the evaluation: {e:?}"),
+            )),
+        });
+        let collect_failure = timings.time(Stage::Collect, self.collect_stage(env)).await;
+        (evaluation, collect_failure)
     }
 }
 
@@ -433,6 +452,7 @@ impl CaseActivities {
         let env = self.env(&key)?;
         let span = attempt_span(&env);
         async move {
+            let mut timings = StageTimings::default();
             // Heartbeating throughout: the breaker's answer can take a moment too.
             let start = async {
                 // A routed case consults its runtime's breaker first: an open circuit sends it
@@ -450,7 +470,7 @@ impl CaseActivities {
                         }
                     },
                 };
-                let mut result = self.dispatch_stage(&ctx, &env).await?;
+                let mut result = self.dispatch_stage(&ctx, &env, &mut timings).await?;
                 if let (Some(of), Some(pass)) = (&breaker, pass) {
                     match &mut result {
                         StartResult::Started(_) => {
@@ -468,6 +488,7 @@ impl CaseActivities {
                 Ok(result)
             };
             let started = heartbeating(&ctx, (), start).await;
+            timings.append_to(&env);
             match &started {
                 Ok(StartResult::Started(job)) => tracing::info!(job = %job.marker, "started"),
                 Ok(StartResult::Failed { failure, .. }) => {
@@ -493,14 +514,17 @@ impl CaseActivities {
         let env = self.env(&input.key)?;
         let span = attempt_span(&env);
         async move {
+            let mut timings = StageTimings::default();
             let awaiting = self.metrics.awaiting(env.case.runtime.as_str());
-            let (job, actor) = self.await_stage(&ctx, &env, input.job).await?;
+            let awaited = timings.time(Stage::Await, self.await_stage(&ctx, &env, input.job));
+            let (job, actor) = awaited.await?;
             drop(awaiting);
             tracing::info!(status = ?actor.status, exit_code = ?actor.exit_code, "job ended");
             let finished = actor.status == ActorStatus::Finished && actor.failure.is_none();
             let (evaluation, collect_failure) = if finished && !ctx.is_cancelled() {
                 // Heartbeating the job: a retry after a crash here re-attaches to it.
-                let (evaluation, collect_failure) = heartbeating(&ctx, job, self.judge(&env)).await;
+                let judged = self.judge(&env, &mut timings);
+                let (evaluation, collect_failure) = heartbeating(&ctx, job, judged).await;
                 (Some(evaluation), collect_failure)
             } else {
                 (None, None)
@@ -517,11 +541,13 @@ impl CaseActivities {
                 summary.apply_settled(&settled);
                 if decide::is_final_when_settled(&summary) {
                     summary.ended_at_ms = Some(now_ms());
-                    let report = self.close(&ctx, &env, &summary, false).await?;
+                    let timings = std::mem::take(&mut timings);
+                    let report = self.close(&ctx, &env, &summary, false, timings).await?;
                     summary.cleanup_confirmed = Some(report.cleanup_confirmed);
                     settled.closed = Some(summary);
                 }
             }
+            timings.append_to(&env);
             self.metrics.stage("settle", began.elapsed());
             Ok(settled)
         }
@@ -543,7 +569,11 @@ impl CaseActivities {
         let span = attempt_span(&env);
         async move {
             let host_queue = Self::host_queue(&env);
-            let failure = match heartbeating(&ctx, (), self.provision_stage(&env)).await? {
+            let mut timings = StageTimings::default();
+            let provisioned = timings.time(Stage::Provision, self.provision_stage(&env));
+            let provisioned = heartbeating(&ctx, (), provisioned).await?;
+            timings.append_to(&env);
+            let failure = match provisioned {
                 StageResult::Ok => {
                     let record = PreparedRecord {
                         schema_version: RECORD_SCHEMA_VERSION.into(),
@@ -744,7 +774,13 @@ impl CaseActivities {
         let span = attempt_span(&env);
         async move {
             let report = self
-                .close(&ctx, &env, &input.summary, input.will_retry)
+                .close(
+                    &ctx,
+                    &env,
+                    &input.summary,
+                    input.will_retry,
+                    StageTimings::default(),
+                )
                 .await;
             self.metrics.stage("cleanup", began.elapsed());
             report
@@ -787,12 +823,13 @@ impl CaseActivities {
         env: &AttemptEnv,
         s: &AttemptSummary,
         will_retry: bool,
+        mut timings: StageTimings,
     ) -> Result<CleanupReport, ActivityError> {
         std::fs::create_dir_all(&env.dir)?;
-        let receipt = heartbeating(ctx, (), async {
+        let cleaned = timings.time(Stage::Cleanup, async {
             with_runtime!(self, env, |rt| rt.cleanup(env).await)
-        })
-        .await;
+        });
+        let receipt = heartbeating(ctx, (), cleaned).await;
         write_json_atomic(&env.file(attempt_files::CLEANUP), &receipt)?;
         let confirmed = receipt.cleanup_confirmed;
 
@@ -804,15 +841,26 @@ impl CaseActivities {
             will_retry,
             runtime: env.case.runtime.as_str().into(),
             runtime_name: env.case.runtime_name.clone(),
+            stages: Vec::new(),
         };
         // Cleanup can run more than once for an attempt (an activity retry, or a local
-        // activity re-run on replay): log an attempt only once per distinct record.
+        // activity re-run on replay): log an attempt only once per distinct record (its
+        // timings aside: each run of cleanup has its own).
         let previous: Option<AttemptRecord> =
             attempt_io::read_json(env.file(attempt_files::RECORD), attempt_io::RECORD_LIMIT)
                 .await
                 .ok()
                 .flatten();
-        let already_logged = previous.as_ref() == Some(&record);
+        let already_logged = previous.is_some_and(|p| {
+            AttemptRecord {
+                stages: Vec::new(),
+                ..p
+            } == record
+        });
+        let record = AttemptRecord {
+            stages: timings.with_recorded(env),
+            ..record
+        };
         write_json_atomic(&env.file(attempt_files::RECORD), &record)?;
         let end = |outcome| AttemptEnd {
             outcome,

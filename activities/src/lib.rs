@@ -9,6 +9,7 @@
 mod breakers;
 mod case_activities;
 pub mod evaluator;
+mod timings;
 pub mod trace;
 
 pub use case_activities::CaseActivities;

@@ -99,6 +99,8 @@ pub mod attempt_files {
     pub const TRACE: &str = "trace.json";
     /// The engine's record of the attempt.
     pub const RECORD: &str = "attempt.json";
+    /// Stage timings appended as the stages end, folded into the record at cleanup.
+    pub const STAGES: &str = "stages.jsonl";
     /// The runtime's job identity (pid, start time, marker).
     pub const JOB: &str = "job.json";
     /// The harness's exit status, written by the wrapper that outlives a worker crash.

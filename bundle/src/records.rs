@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use casebatch_proto::{ActorStatus, AttemptSummary, CaseState, Failure, Verdict};
+use casebatch_proto::{ActorStatus, AttemptSummary, CaseState, Failure, Stage, Verdict};
 use serde::{Deserialize, Serialize};
 
 pub const RECORD_SCHEMA_VERSION: &str = "casebatch_v1";
@@ -138,6 +138,19 @@ pub struct AttemptRecord {
     /// The runtimes-table entry that ran the attempt (absent for the built-ins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_name: Option<String>,
+    /// When each stage of the attempt began and ended, in the order they ran (a stage retried
+    /// after a worker died appears once per try). Absent in records made before they were kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<StageTiming>,
+}
+
+/// One stage's wall-clock span, as the worker that ran it saw it (ms since the epoch).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageTiming {
+    pub stage: Stage,
+    pub started_at_ms: u64,
+    pub ended_at_ms: u64,
+    pub duration_ms: u64,
 }
 
 /// `attempts/<n>/prepared.json`: the attempt's environment was provisioned ahead of need

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use casebatch_proto::FailureClass;
+use casebatch_proto::{FailureClass, Stage};
 
 use crate::{AttemptRecord, CaseRecordState, CaseResult};
 
@@ -41,7 +41,7 @@ pub struct ScoreStat {
     pub stderr: Option<f64>,
 }
 
-/// Percentiles of attempt durations (dispatch to end), in milliseconds.
+/// Percentiles of durations, in milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Durations {
     pub n: usize,
@@ -49,6 +49,21 @@ pub struct Durations {
     pub p90_ms: u64,
     pub p99_ms: u64,
     pub max_ms: u64,
+}
+
+impl Durations {
+    /// `None` without any value.
+    pub fn of(mut ms: Vec<u64>) -> Option<Self> {
+        ms.sort_unstable();
+        let max_ms = *ms.last()?;
+        Some(Self {
+            n: ms.len(),
+            p50_ms: percentile(&ms, 50),
+            p90_ms: percentile(&ms, 90),
+            p99_ms: percentile(&ms, 99),
+            max_ms,
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,8 +74,13 @@ pub struct BatchStats {
     pub pass_rate_excluding_infra: Rate,
     /// By score name, over the latest result of every case that has it as a number.
     pub scores: BTreeMap<String, ScoreStat>,
-    /// Attempts with both ends recorded, speculative losers excluded; `None` without any.
+    /// Attempts (dispatch to end) with both ends recorded, speculative losers excluded;
+    /// `None` without any.
     pub durations: Option<Durations>,
+    /// By stage, in pipeline order (`provision` … `cleanup`), over every timed run of it in
+    /// the batch's attempts.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stage_durations: BTreeMap<Stage, Durations>,
 }
 
 impl BatchStats {
@@ -98,12 +118,15 @@ impl BatchStats {
             }
         }
 
-        let mut ms: Vec<u64> = attempts
+        let ms: Vec<u64> = attempts
             .iter()
             .filter(|a| !a.summary.speculative_loser)
             .filter_map(|a| a.summary.duration_ms())
             .collect();
-        ms.sort_unstable();
+        let mut by_stage: BTreeMap<Stage, Vec<u64>> = BTreeMap::new();
+        for t in attempts.iter().flat_map(|a| &a.stages) {
+            by_stage.entry(t.stage).or_default().push(t.duration_ms);
+        }
 
         Self {
             pass_rate: Rate::new(
@@ -120,13 +143,11 @@ impl BatchStats {
                 .into_iter()
                 .map(|(name, xs)| (name, mean_and_stderr(&xs)))
                 .collect(),
-            durations: (!ms.is_empty()).then(|| Durations {
-                n: ms.len(),
-                p50_ms: percentile(&ms, 50),
-                p90_ms: percentile(&ms, 90),
-                p99_ms: percentile(&ms, 99),
-                max_ms: *ms.last().expect("not empty"),
-            }),
+            durations: Durations::of(ms),
+            stage_durations: by_stage
+                .into_iter()
+                .filter_map(|(stage, ms)| Some((stage, Durations::of(ms)?)))
+                .collect(),
         }
     }
 }

@@ -398,14 +398,24 @@ fn stats_lines(st: &casebatch_bundle::stats::BatchStats) {
             sc.n
         );
     }
-    if let Some(d) = &st.durations {
-        let secs = |ms: u64| format!("{:.1}s", ms as f64 / 1000.0);
-        say!(
-            "  attempt durations: p50 {} · p90 {} · p99 {} · max {} ({} attempts)",
+    let secs = |ms: u64| format!("{:.1}s", ms as f64 / 1000.0);
+    let percentiles = |d: &casebatch_bundle::stats::Durations| {
+        format!(
+            "p50 {} · p90 {} · p99 {} · max {}",
             secs(d.p50_ms),
             secs(d.p90_ms),
             secs(d.p99_ms),
-            secs(d.max_ms),
+            secs(d.max_ms)
+        )
+    };
+    if let Some(d) = &st.durations {
+        say!("  attempt durations: {} ({} attempts)", percentiles(d), d.n);
+    }
+    for (stage, d) in &st.stage_durations {
+        let stage = stage.as_str();
+        say!(
+            "  stage durations, {stage}: {} ({} runs)",
+            percentiles(d),
             d.n
         );
     }

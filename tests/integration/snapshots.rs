@@ -13,14 +13,14 @@ fn filtered(sb: &Sandbox, text: &[u8]) -> String {
     let text = text
         .replace(&canonical, "[SANDBOX]")
         .replace(&sandbox, "[SANDBOX]");
-    // Durations depend on the machine's load; how many attempts were timed does not.
+    // Durations depend on the machine's load; how many attempts or stages were timed does not.
+    let timed =
+        |l: &str| l.starts_with("  attempt durations: ") || l.starts_with("  stage durations, ");
     text.lines()
-        .map(
-            |l| match (l.strip_prefix("  attempt durations: "), l.rfind('(')) {
-                (Some(_), Some(i)) => format!("  attempt durations: [TIMES] {}\n", &l[i..]),
-                _ => format!("{l}\n"),
-            },
-        )
+        .map(|l| match (timed(l), l.find(": "), l.rfind('(')) {
+            (true, Some(colon), Some(i)) => format!("{}: [TIMES] {}\n", &l[..colon], &l[i..]),
+            _ => format!("{l}\n"),
+        })
         .collect()
 }
 
