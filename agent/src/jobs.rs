@@ -255,6 +255,65 @@ impl Jobs {
         self.envelope
     }
 
+    /// The Prometheus text exposition of the table and the envelope, read at each scrape.
+    pub(crate) async fn exposition(&self) -> String {
+        let counts = self
+            .table
+            .with(table::count_by_state)
+            .await
+            .unwrap_or_default();
+        let in_flight = self.table.with(table::in_flight).await.unwrap_or_default();
+        let mut out = String::new();
+        let mut gauge = |name: &str, help: &str, lines: Vec<(String, u64)>| {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+            for (labels, value) in lines {
+                out.push_str(&format!("{name}{labels} {value}\n"));
+            }
+        };
+        let count_of = |state: RowState| {
+            counts
+                .iter()
+                .find(|(s, _)| s == state.as_str())
+                .map_or(0, |(_, n)| *n)
+        };
+        gauge(
+            "casebatch_agent_jobs",
+            "Jobs in the agent's table, by state",
+            [RowState::Starting, RowState::Running, RowState::Ended]
+                .into_iter()
+                .map(|s| (format!("{{state=\"{}\"}}", s.as_str()), count_of(s)))
+                .collect(),
+        );
+        gauge(
+            "casebatch_agent_envelope_jobs",
+            "Jobs counted against the envelope now (not ended)",
+            vec![(String::new(), u64::from(in_flight.jobs))],
+        );
+        gauge(
+            "casebatch_agent_envelope_max_jobs",
+            "The envelope's job limit (--max-concurrent)",
+            vec![(String::new(), u64::from(self.envelope.max_concurrent))],
+        );
+        gauge(
+            "casebatch_agent_envelope_memory_mb",
+            "Memory declared by the jobs not ended, in MB",
+            vec![(String::new(), in_flight.memory_mb)],
+        );
+        if let Some(budget) = self.envelope.memory_budget_mb {
+            gauge(
+                "casebatch_agent_envelope_memory_budget_mb",
+                "The envelope's declared-memory budget (--memory-budget-mb)",
+                vec![(String::new(), budget)],
+            );
+        }
+        gauge(
+            "casebatch_agent_jobs_reattached",
+            "Jobs not ended when this agent started, awaited again",
+            vec![(String::new(), u64::from(self.reattached()))],
+        );
+        out
+    }
+
     /// Set when the agent stops serving: open Watch streams end.
     pub(crate) fn stopping(&self) -> &watch::Sender<bool> {
         &self.stopping

@@ -105,6 +105,18 @@ impl AgentError {
     }
 }
 
+/// What an agent's `/metrics` shows. Cloning shares the agent's job table.
+#[derive(Clone)]
+pub struct AgentMetrics(Arc<jobs::Jobs>);
+
+impl AgentMetrics {
+    /// The Prometheus text exposition: `casebatch_agent_jobs{state}`, the envelope's use and
+    /// limits, jobs re-attached at start.
+    pub async fn render(&self) -> String {
+        self.0.exposition().await
+    }
+}
+
 /// A started agent: data dir locked, job table open, jobs re-attached, socket bound. Serving
 /// starts with [`Agent::serve`].
 pub struct Agent {
@@ -170,6 +182,12 @@ impl Agent {
 
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
+    }
+
+    /// Its metrics (jobs by state, envelope use), rendered at each scrape: give it to a
+    /// metrics listener before [`Agent::serve`] consumes the agent.
+    pub fn metrics(&self) -> AgentMetrics {
+        AgentMetrics(self.jobs.clone())
     }
 
     /// Jobs of the table that were not ended when this agent started, now awaited again.

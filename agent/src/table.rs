@@ -243,6 +243,13 @@ pub fn in_flight(conn: &Connection) -> rusqlite::Result<InFlight> {
     })
 }
 
+/// How many rows are in each state (states without a row are left out).
+pub fn count_by_state(conn: &Connection) -> rusqlite::Result<Vec<(String, u64)>> {
+    conn.prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state ORDER BY state")?
+        .query_map([], |row| Ok((row.get(0)?, row.get::<_, i64>(1)? as u64)))?
+        .collect()
+}
+
 /// Every row not ended, oldest first.
 pub fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<JobRow>> {
     conn.prepare_cached("SELECT * FROM jobs WHERE state != 'ended' ORDER BY submitted_at_ms")?

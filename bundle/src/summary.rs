@@ -192,6 +192,12 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
 /// the manifest asks for it).
 pub fn write_batch_files(bundle: &Bundle, plan: &Plan) -> Result<BatchSummary, BundleError> {
     let a = assemble(bundle, plan)?;
+    write_assembled(bundle, plan, &a)?;
+    Ok(a.summary)
+}
+
+/// [`write_batch_files`] for records already read.
+pub fn write_assembled(bundle: &Bundle, plan: &Plan, a: &Assembled) -> Result<(), BundleError> {
     let results: Vec<_> = a.results.iter().flatten().collect();
     write_json_atomic(
         &bundle.results(),
@@ -213,7 +219,7 @@ pub fn write_batch_files(bundle: &Bundle, plan: &Plan) -> Result<BatchSummary, B
     if plan.summary.write_csv {
         write_csv(&bundle.summary_csv(), &a.summary, &plan.summary.fields)?;
     }
-    Ok(a.summary)
+    Ok(())
 }
 
 fn read_attempts(bundle: &Bundle, case_dir: &str) -> Result<Vec<AttemptRecord>, BundleError> {

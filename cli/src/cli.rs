@@ -77,6 +77,7 @@ pub enum EngineCommand {
     /// Whether the embedded engine runs, where, and which casebatch processes use it.
     Status {
         /// Root of result bundles whose engine is shown.
+        /// Root of result bundles holding the batches.
         #[arg(long, default_value = "logs/batch")]
         output_dir: PathBuf,
         /// Print JSON instead of text.
@@ -148,8 +149,10 @@ pub enum DemoCommand {
     /// Serve the fixture web app on loopback and write <directory>/batch.yaml; prints
     /// `ready: true` once it listens. Runs until Ctrl-C.
     Serve {
+        /// Fixture directory (batch.yaml and events.jsonl land here).
         #[arg(long)]
         directory: PathBuf,
+        /// Seconds each fixture page takes to load.
         #[arg(long, default_value_t = 0.0)]
         response_delay: f64,
         /// Port on 127.0.0.1 (default: a free one, or the one this directory used before).
@@ -170,6 +173,7 @@ pub enum HarnessCommand {
 pub enum ConfigCommand {
     /// Print the JSON Schema of a configuration file.
     Schema {
+        /// Which configuration file.
         #[arg(long, value_enum)]
         kind: SchemaKind,
     },
@@ -196,6 +200,7 @@ pub enum BatchCommand {
         #[command(flatten)]
         manifest: ManifestArgs,
         /// Root of result bundles (`<output-dir>/<batch_id>/`).
+        /// Root of result bundles holding the batches.
         #[arg(long, default_value = "logs/batch")]
         output_dir: PathBuf,
         /// Print JSON instead of text.
@@ -212,7 +217,14 @@ pub enum BatchCommand {
     /// Per-state counts, in-flight cases and the progress timeline.
     Status(BatchRef),
     /// Summary and failure breakdown (stage × class); actor, verdict and cleanup apart.
-    Report(BatchRef),
+    Report {
+        #[command(flatten)]
+        batch: BatchRef,
+        /// Also write the report as one self-contained HTML file (plots inline, nothing
+        /// fetched) to open in a browser.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+    },
     /// Admit nothing new; admitted cases finish; the runner exits 1 with queued work left.
     Drain(BatchRef),
     /// Stop admissions; the runner keeps waiting.
@@ -246,6 +258,7 @@ pub enum BatchCommand {
         a: String,
         /// The batch compared to.
         b: String,
+        /// Root of result bundles holding the batches.
         #[arg(long, default_value = "logs/batch")]
         output_dir: PathBuf,
         /// Print JSON instead of text.
@@ -254,6 +267,7 @@ pub enum BatchCommand {
     },
     /// The batches of an output directory with their case counts and outcome.
     List {
+        /// Root of result bundles holding the batches.
         #[arg(long, default_value = "logs/batch")]
         output_dir: PathBuf,
         /// Print JSON instead of text.
@@ -327,12 +341,13 @@ pub struct EngineArgs {
     pub profile: Option<String>,
 }
 
-/// Where a process hosting a worker serves its metrics and probes.
+/// Where a worker or an agent serves its metrics and probes.
 #[derive(Debug, Clone, Args)]
 pub struct MetricsArgs {
-    /// Serve Prometheus metrics (the Temporal SDK's worker metrics and casebatch's own) at
-    /// `/metrics`, and `/healthz` and `/readyz` for probes, on this address (e.g.
-    /// 127.0.0.1:9464). Unauthenticated: a non-loopback address also needs --metrics-public.
+    /// Serve Prometheus metrics at `/metrics` (a worker: the Temporal SDK's worker metrics
+    /// and casebatch's own; an agent: its jobs by state and envelope use), and `/healthz` and
+    /// `/readyz` for probes, on this address (e.g. 127.0.0.1:9464). Unauthenticated: a
+    /// non-loopback address also needs --metrics-public.
     #[arg(long, value_name = "ADDR")]
     pub metrics_bind: Option<std::net::SocketAddr>,
     /// Allow --metrics-bind on a non-loopback address (a pod IP that Prometheus and the
@@ -399,6 +414,7 @@ pub struct RunArgs {
 pub struct ResumeArgs {
     #[command(flatten)]
     pub batch: BatchRef,
+    /// Do not run an in-process worker (standalone `casebatch worker` replicas do the work).
     #[arg(long)]
     pub no_worker: bool,
     /// Also give failed and cancelled cases a new attempt.
@@ -420,6 +436,7 @@ pub struct RerunArgs {
     /// Every case.
     #[arg(long)]
     pub all: bool,
+    /// Do not run an in-process worker (standalone `casebatch worker` replicas do the work).
     #[arg(long)]
     pub no_worker: bool,
 }
@@ -431,6 +448,7 @@ pub struct SingleRunArgs {
     /// The task id of the case to run.
     #[arg(long = "case")]
     pub case_id: String,
+    /// Root of result bundles (`<output-dir>/<batch_id>--<case_dir>/`).
     #[arg(long, default_value = "logs/batch")]
     pub output_dir: PathBuf,
     #[command(flatten)]
@@ -447,14 +465,17 @@ pub struct RetryArgs {
     /// Id of the new batch (default: <batch-id>-retry<N>).
     #[arg(long)]
     pub new_batch_id: Option<String>,
+    /// Do not run an in-process worker (standalone `casebatch worker` replicas do the work).
     #[arg(long)]
     pub no_worker: bool,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct BatchRef {
+    /// The batch (its id within the output directory).
     #[arg(long)]
     pub batch_id: String,
+    /// Root of result bundles (`<output-dir>/<batch_id>/`).
     #[arg(long, default_value = "logs/batch")]
     pub output_dir: PathBuf,
     /// Print JSON instead of text.
@@ -505,6 +526,8 @@ pub struct AgentArgs {
     /// File holding the bearer token every call must present.
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
 }
 
 // Flags → the library's typed inputs.
@@ -585,5 +608,38 @@ impl EngineArgs {
 impl BatchRef {
     pub fn location(&self) -> CliResult<BatchLocation> {
         Ok(BatchLocation::new(&self.output_dir, &self.batch_id)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every flag and argument of every command says what it is for (`--help`, the man
+    /// page and completions all show it).
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", cmd.get_name());
+            if cmd.get_about().is_none() && !path.ends_with(" help") {
+                missing.push(format!("{path} (the command)"));
+            }
+            for arg in cmd.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} --{}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "without help text:\n{}",
+            missing.join("\n")
+        );
     }
 }

@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use casebatch_bundle::{BatchSummary, Bundle, summary, write_batch_files, write_bytes_atomic};
+use casebatch_bundle::{
+    AttemptRecord, BatchSummary, Bundle, summary, write_assembled, write_bytes_atomic,
+};
 use casebatch_manifest::Plan;
 use casebatch_proto::{BatchEnd, BatchStatus, Counts, FailureCode, Phase, workflow_id};
 use casebatch_workflows::BatchWorkflow;
@@ -86,6 +88,8 @@ fn from_bundle(bundle: &Bundle, plan: &Plan, phase: Phase) -> Result<BatchStatus
 pub struct ReportView {
     pub plan: Plan,
     pub summary: BatchSummary,
+    /// Every attempt record, in case order (what the HTML report plots).
+    pub attempts: Vec<AttemptRecord>,
     /// Attempts whose job was lost with nothing to adopt, so the case was run again.
     pub redispatched: usize,
 }
@@ -93,8 +97,9 @@ pub struct ReportView {
 /// Needs no engine: the bundle is the source of truth.
 pub fn report(location: &BatchLocation) -> Result<ReportView> {
     let (bundle, plan) = location.open()?;
-    let summary = write_batch_files(&bundle, &plan)?;
-    let redispatched = summary::assemble(&bundle, &plan)?
+    let assembled = summary::assemble(&bundle, &plan)?;
+    write_assembled(&bundle, &plan, &assembled)?;
+    let redispatched = assembled
         .attempts
         .iter()
         .filter(|a| {
@@ -106,7 +111,8 @@ pub fn report(location: &BatchLocation) -> Result<ReportView> {
         .count();
     Ok(ReportView {
         plan,
-        summary,
+        summary: assembled.summary,
+        attempts: assembled.attempts,
         redispatched,
     })
 }

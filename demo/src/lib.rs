@@ -8,6 +8,7 @@
 //! the harness contract. Knows nothing of Temporal or the engine.
 
 pub mod actor;
+pub mod browser;
 pub mod fixture;
 
 pub use fixture::{Fixture, FixtureOptions, MANIFEST_BATCH_ID};

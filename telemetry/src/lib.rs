@@ -7,10 +7,11 @@
 //!
 //! The SDK's exporter owns its registry and its own HTTP server; that server listens on an
 //! ephemeral loopback port, and this listener forwards `/metrics` to it, so there is one
-//! address to probe and scrape.
+//! address to probe and scrape. A process without a Temporal worker (the agent) serves the
+//! same three endpoints with a `/metrics` body it renders itself ([`serve_rendered`]).
 
 mod metrics;
 mod probes;
 
 pub use metrics::{AttemptEnd, Awaiting, Metrics};
-pub use probes::{Readiness, Telemetry, is_loopback};
+pub use probes::{Readiness, Render, Telemetry, is_loopback, serve_rendered};

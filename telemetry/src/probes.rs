@@ -1,7 +1,9 @@
 //! The listener: `/metrics` (forwarded from the SDK's exporter), `/healthz`, `/readyz`.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -42,6 +44,37 @@ pub struct Telemetry {
     pub addr: SocketAddr,
 }
 
+/// A `/metrics` body made at each scrape.
+pub type Render = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = String> + Send>> + Send + Sync>;
+
+/// Where `/metrics` comes from.
+#[derive(Clone)]
+enum Source {
+    /// The SDK's exporter on loopback (a worker).
+    Exporter(SocketAddr),
+    /// Rendered by the process itself (the agent: gauges read from its job table).
+    Rendered(Render),
+}
+
+/// Serves `/metrics` from `render`, with `/healthz` and `/readyz`, on `bind`: for a process
+/// without a Temporal worker. Returns the bound address and the readiness flag to set.
+pub async fn serve_rendered(
+    bind: SocketAddr,
+    render: Render,
+) -> anyhow::Result<(SocketAddr, Readiness)> {
+    let listener = bind_listener(bind).await?;
+    let addr = listener.local_addr()?;
+    let ready = Readiness::default();
+    tokio::spawn(accept(listener, Source::Rendered(render), ready.clone()));
+    Ok((addr, ready))
+}
+
+async fn bind_listener(bind: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(bind)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {bind} for metrics: {e}"))
+}
+
 /// Whether an address is loopback only: the listener is unauthenticated, so anything else must
 /// be asked for on purpose.
 pub fn is_loopback(addr: &SocketAddr) -> bool {
@@ -58,12 +91,11 @@ impl Telemetry {
             .use_seconds_for_durations(true)
             .build();
         let exporter = start_prometheus_metric_exporter(options)?;
-        let listener = TcpListener::bind(bind)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {bind} for metrics: {e}"))?;
+        let listener = bind_listener(bind).await?;
         let addr = listener.local_addr()?;
         let ready = Readiness::default();
-        tokio::spawn(accept(listener, exporter.bound_addr, ready.clone()));
+        let source = Source::Exporter(exporter.bound_addr);
+        tokio::spawn(accept(listener, source, ready.clone()));
         let meter: Arc<dyn CoreMeter> = exporter.meter;
         Ok(Self {
             metrics: Metrics::new(meter.clone()),
@@ -74,14 +106,14 @@ impl Telemetry {
     }
 }
 
-async fn accept(listener: TcpListener, exporter: SocketAddr, ready: Readiness) {
+async fn accept(listener: TcpListener, source: Source, ready: Readiness) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let ready = ready.clone();
+        let (source, ready) = (source.clone(), ready.clone());
         tokio::spawn(async move {
-            let service = service_fn(move |req| answer(req, exporter, ready.clone()));
+            let service = service_fn(move |req| answer(req, source.clone(), ready.clone()));
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
@@ -99,28 +131,32 @@ fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Resp
 
 async fn answer(
     req: Request<Incoming>,
-    exporter: SocketAddr,
+    source: Source,
     ready: Readiness,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     const TEXT: &str = "text/plain; charset=utf-8";
+    const EXPOSITION: &str = "text/plain; version=0.0.4";
     if req.method() != Method::GET {
         return Ok(reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n"));
     }
     Ok(match req.uri().path() {
-        "/metrics" => match scrape(exporter).await {
-            Ok(body) => reply(StatusCode::OK, "text/plain; version=0.0.4", body),
-            Err(e) => reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                TEXT,
-                format!("the SDK's metrics exporter did not answer: {e}\n"),
-            ),
+        "/metrics" => match source {
+            Source::Exporter(exporter) => match scrape(exporter).await {
+                Ok(body) => reply(StatusCode::OK, EXPOSITION, body),
+                Err(e) => reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    TEXT,
+                    format!("the SDK's metrics exporter did not answer: {e}\n"),
+                ),
+            },
+            Source::Rendered(render) => reply(StatusCode::OK, EXPOSITION, render().await),
         },
         "/healthz" => reply(StatusCode::OK, TEXT, "ok\n"),
-        "/readyz" if ready.get() => reply(StatusCode::OK, TEXT, "ready: polling\n"),
+        "/readyz" if ready.get() => reply(StatusCode::OK, TEXT, "ready\n"),
         "/readyz" => reply(
             StatusCode::SERVICE_UNAVAILABLE,
             TEXT,
-            "not ready: the worker is not polling\n",
+            "not ready: not connected and serving yet, or stopping\n",
         ),
         _ => reply(
             StatusCode::NOT_FOUND,

@@ -20,17 +20,20 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn start_agent(sb: &Sandbox, data: &Path, log: &str) -> (Child, String) {
+    start_agent_with(sb, data, log, &[])
+}
+
+fn start_agent_with(sb: &Sandbox, data: &Path, log: &str, extra: &[&str]) -> (Child, String) {
     let _ = std::fs::remove_file(data.join("agent.addr"));
-    let agent = sb.spawn(
-        &[
-            "agent",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
-        log,
-    );
+    let mut args = vec![
+        "agent",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let agent = sb.spawn(&args, log);
     let addr_file = data.join("agent.addr");
     wait_until(
         Duration::from_secs(30),
@@ -117,10 +120,34 @@ fn a_sigkilled_agent_restarted_on_its_data_dir_harvests_its_job_without_running_
     let pid = job.pid.unwrap();
     assert!(alive(pid), "the job outlives its agent");
 
-    let (mut again, addr) = start_agent(&sb, &data, "agent-2.log");
+    // The second agent serves metrics: its table and envelope as they are.
+    let port = free_port();
+    let bind = format!("127.0.0.1:{port}");
+    let metrics_flags = ["--metrics-bind", bind.as_str(), "--max-concurrent", "3"];
+    let (mut again, addr) = start_agent_with(&sb, &data, "agent-2.log", &metrics_flags);
     wait_until(Duration::from_secs(10), "the ready line", || {
         sb.read("agent-2.log").contains("1 jobs re-attached")
     });
+    assert_eq!(http_get(port, "/readyz").map(|r| r.0), Some(200));
+    let text = http_get(port, "/metrics").unwrap().1;
+    let jobs = "casebatch_agent_jobs";
+    assert_eq!(metric(&text, jobs, &[("state", "running")]), 1.0, "{text}");
+    assert_eq!(metric(&text, jobs, &[("state", "ended")]), 0.0, "{text}");
+    assert_eq!(
+        metric(&text, "casebatch_agent_envelope_jobs", &[]),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "casebatch_agent_envelope_max_jobs", &[]),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "casebatch_agent_jobs_reattached", &[]),
+        1.0,
+        "{text}"
+    );
     assert!(
         sb.read("agent-2.log").contains(&format!(
             "casebatch agent listening on {addr} (data dir {}",
@@ -179,6 +206,14 @@ fn a_sigkilled_agent_restarted_on_its_data_dir_harvests_its_job_without_running_
     assert!(report.adopted, "harvested from the killed agent's process");
     assert_eq!(end.starts, 1);
     assert_eq!(sb.lines("counter"), 1, "the job ran exactly once");
+    let text = http_get(port, "/metrics").unwrap().1;
+    assert_eq!(metric(&text, jobs, &[("state", "running")]), 0.0, "{text}");
+    assert_eq!(metric(&text, jobs, &[("state", "ended")]), 1.0, "{text}");
+    assert_eq!(
+        metric(&text, "casebatch_agent_envelope_jobs", &[]),
+        0.0,
+        "{text}"
+    );
 
     assert_eq!(stop(&mut again), 0, "SIGTERM stops the agent cleanly");
     assert!(!data.join("agent.addr").exists());

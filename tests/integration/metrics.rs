@@ -1,39 +1,9 @@
 //! Metrics and probes: a worker replica serving `/metrics`, `/healthz` and `/readyz` runs a
 //! real batch; its counters move while the batch runs and match the report at the end.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::support::*;
-
-/// `GET path` on loopback: (status, body).
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut response = String::new();
-    s.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
-}
-
-/// The sum of a metric's samples whose labels include every pair of `labels`.
-fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
 
 #[test]
 fn a_worker_s_metrics_move_with_a_batch_and_match_its_report() {
@@ -62,26 +32,26 @@ tasks:
         "worker.log",
     );
     wait_until(Duration::from_secs(60), "the worker is ready", || {
-        get(port, "/readyz").is_some_and(|(status, _)| status == 200)
+        http_get(port, "/readyz").is_some_and(|(status, _)| status == 200)
     });
-    assert_eq!(get(port, "/healthz").map(|r| r.0), Some(200));
-    assert_eq!(get(port, "/nothing").map(|r| r.0), Some(404));
+    assert_eq!(http_get(port, "/healthz").map(|r| r.0), Some(200));
+    assert_eq!(http_get(port, "/nothing").map(|r| r.0), Some(404));
 
     // Three cases end while the gated one runs: the counters show them as they happen.
     let finished = "casebatch_cases_finished_total";
     let mut text = String::new();
     wait_until(Duration::from_secs(120), "three cases counted", || {
-        text = get(port, "/metrics").map(|r| r.1).unwrap_or_default();
-        value(&text, finished, &[]) >= 3.0
+        text = http_get(port, "/metrics").map(|r| r.1).unwrap_or_default();
+        metric(&text, finished, &[]) >= 3.0
     });
     assert_eq!(
-        value(&text, finished, &[("outcome", "succeeded")]),
+        metric(&text, finished, &[("outcome", "succeeded")]),
         2.0,
         "{text}"
     );
     let harness_failures = [("outcome", "failed"), ("failure_class", "harness")];
-    assert_eq!(value(&text, finished, &harness_failures), 1.0, "{text}");
-    assert_eq!(value(&text, "casebatch_jobs_awaited", &[]), 1.0, "{text}");
+    assert_eq!(metric(&text, finished, &harness_failures), 1.0, "{text}");
+    assert_eq!(metric(&text, "casebatch_jobs_awaited", &[]), 1.0, "{text}");
     // The SDK's own worker metrics are on the same page.
     assert!(
         text.lines()
@@ -96,22 +66,22 @@ tasks:
         "a batch with a failed case exits 4: {}",
         tail(&sb.path("run.log"), 20)
     );
-    let text = get(port, "/metrics").unwrap().1;
+    let text = http_get(port, "/metrics").unwrap().1;
     let summary = sb.json(&sb.bundle("metered").join("batch_summary.json"));
     for outcome in ["succeeded", "failed", "cancelled"] {
         assert_eq!(
-            value(&text, finished, &[("outcome", outcome)]),
+            metric(&text, finished, &[("outcome", outcome)]),
             summary["counts"][outcome].as_f64().unwrap_or(0.0),
             "{outcome}: {summary:#}\n{text}"
         );
     }
     assert_eq!(
-        value(&text, "casebatch_attempts_total", &[]),
+        metric(&text, "casebatch_attempts_total", &[]),
         summary["attempts_total"].as_f64().unwrap(),
         "{text}"
     );
-    assert_eq!(value(&text, "casebatch_jobs_awaited", &[]), 0.0, "{text}");
-    let settles = value(
+    assert_eq!(metric(&text, "casebatch_jobs_awaited", &[]), 0.0, "{text}");
+    let settles = metric(
         &text,
         "casebatch_stage_duration_seconds_count",
         &[("stage", "settle")],

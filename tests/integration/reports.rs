@@ -1,6 +1,6 @@
 //! Reports that compare: pass rates with their denominators, score means with standard
-//! errors, duration percentiles; `batch diff` of a batch and its retry-failed child;
-//! `batch list`.
+//! errors, duration percentiles, per-stage timings; the HTML report rendered in headless
+//! Chromium; `batch diff` of a batch and its retry-failed child; `batch list`.
 
 use serde_json::Value;
 
@@ -77,6 +77,113 @@ tasks:
         stats["durations"]["n"], 4,
         "one timed attempt per case: {stats:#}"
     );
+    // Every attempt's stages are timed, in the order they ran: judged only when the job ended
+    // cleanly.
+    let summary = sb.json(&sb.bundle("eval").join("batch_summary.json"));
+    let stages_of = |case_id: &str| -> Vec<Value> {
+        let row = summary["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["case_id"] == case_id)
+            .unwrap();
+        let case_dir = row["case_dir"].as_str().unwrap();
+        let record = sb
+            .bundle("eval")
+            .join(format!("cases/{case_dir}/attempts/1/attempt.json"));
+        sb.json(&record)["stages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    for (case_id, expected) in [
+        (
+            "right",
+            &[
+                "provision",
+                "submit",
+                "await",
+                "evaluate",
+                "collect",
+                "cleanup",
+            ][..],
+        ),
+        ("crash", &["provision", "submit", "await", "cleanup"][..]),
+    ] {
+        let stages = stages_of(case_id);
+        let names: Vec<&str> = stages
+            .iter()
+            .map(|t| t["stage"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, expected, "{case_id}: {stages:#?}");
+        let mut previous_end = 0;
+        for t in &stages {
+            let (start, end) = (
+                t["started_at_ms"].as_u64().unwrap(),
+                t["ended_at_ms"].as_u64().unwrap(),
+            );
+            assert!(
+                start >= previous_end,
+                "{case_id}: stages overlap: {stages:#?}"
+            );
+            assert_eq!(t["duration_ms"].as_u64().unwrap(), end - start, "{t}");
+            previous_end = end;
+        }
+    }
+    let by_stage = &stats["stage_durations"];
+    assert_eq!(
+        (
+            by_stage["provision"]["n"].clone(),
+            by_stage["evaluate"]["n"].clone(),
+            by_stage["cleanup"]["n"].clone()
+        ),
+        (4.into(), 2.into(), 4.into()),
+        "every attempt provisioned and cleaned up, two judged: {stats:#}"
+    );
+
+    // The HTML report: one file, nothing fetched, its plots drawn by a real browser.
+    let html = sb.path("report.html");
+    let o = sb.run(&[
+        "batch",
+        "report",
+        "--batch-id",
+        "eval",
+        "--output-dir",
+        out,
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 0);
+    let page = sb.read("report.html");
+    for plot in [
+        "<svg id=\"outcomes\"",
+        "<svg id=\"classes\"",
+        "<svg id=\"durations\"",
+    ] {
+        assert!(page.contains(plot), "no {plot} in the report");
+    }
+    assert!(page.contains("66.7%") && page.contains("<code>casualty</code>"));
+    if let Some(browser) = browser_or_skip("the HTML report in a browser") {
+        std::fs::create_dir_all(sb.path("shot")).unwrap();
+        let shot = Screenshot::of(&browser, &html, &sb.path("shot"), (1000, 2400));
+        use casebatch_report::colors;
+        for (what, color) in [
+            ("the succeeded bar", colors::SUCCEEDED),
+            ("the failed bar", colors::FAILED),
+            ("the harness class bar", colors::HARNESS),
+            ("the infra class bar", colors::INFRA),
+            ("the duration histogram", colors::DURATION),
+        ] {
+            let n = shot.pixels_of(color);
+            assert!(
+                n >= 500,
+                "{what} is not drawn: {n} pixels of {color} in a {}x{} screenshot",
+                shot.width,
+                shot.height
+            );
+        }
+    }
+
     let text = stdout(&sb.run(&["batch", "report", "--batch-id", "eval", "--output-dir", out]));
     assert!(
         text.contains("pass rate: 50.0% (2 of 4 finished cases"),

@@ -1,6 +1,8 @@
 //! A small `TestCommand`-style helper: a temp directory per test, the binary, and readers for
 //! the bundle.
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
@@ -495,4 +497,104 @@ impl Drop for Cluster {
 
 pub fn temporal_bin() -> String {
     std::env::var("CASEBATCH_TEMPORAL_BIN").unwrap_or_else(|_| "temporal".into())
+}
+
+/// `GET path` on loopback: (status, body).
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut response = String::new();
+    s.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// The sum of a metric's samples whose labels include every pair of `labels`.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The system's Chromium, for tests that look at a page in a real browser. Without one the
+/// test is skipped with a notice, unless `CASEBATCH_REQUIRE_BROWSER` is set (CI sets it, so
+/// there a missing browser fails the test rather than passing it unseen).
+pub fn browser_or_skip(test: &str) -> Option<PathBuf> {
+    let found = casebatch_demo::browser::find();
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CASEBATCH_REQUIRE_BROWSER").is_none(),
+            "{test}: no Chromium (CASEBATCH_BROWSER, or chromium on PATH) and \
+             CASEBATCH_REQUIRE_BROWSER is set"
+        );
+        eprintln!("SKIPPED {test}: no Chromium found (Debian: apt-get install chromium)");
+    }
+    found
+}
+
+/// A page rendered by headless Chromium: its screenshot's pixels, RGB.
+pub struct Screenshot {
+    pub width: u32,
+    pub height: u32,
+    rgb: Vec<[u8; 3]>,
+}
+
+impl Screenshot {
+    /// Loads `page` (a file) in a fresh headless Chromium with its own profile under `dir`, and
+    /// reads back the screenshot it writes there.
+    pub fn of(browser: &Path, page: &Path, dir: &Path, size: (u32, u32)) -> Self {
+        let png_path = dir.join("screenshot.png");
+        let profile = dir.join("chromium-profile");
+        let output = Command::new(browser)
+            .args(casebatch_demo::browser::headless_args(&profile))
+            .arg("--force-color-profile=srgb")
+            .arg(format!("--window-size={},{}", size.0, size.1))
+            .arg(format!("--screenshot={}", png_path.display()))
+            .arg(format!("file://{}", page.display()))
+            .stdin(Stdio::null())
+            .output()
+            .expect("start chromium");
+        assert!(
+            png_path.exists(),
+            "chromium wrote no screenshot ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let decoder = png::Decoder::new(std::fs::File::open(&png_path).unwrap());
+        let mut reader = decoder.read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        let channels = match info.color_type {
+            png::ColorType::Rgb => 3,
+            png::ColorType::Rgba => 4,
+            other => panic!("an unexpected screenshot colour type {other:?}"),
+        };
+        let rgb = buf[..info.buffer_size()]
+            .chunks_exact(channels)
+            .map(|p| [p[0], p[1], p[2]])
+            .collect();
+        Self {
+            width: info.width,
+            height: info.height,
+            rgb,
+        }
+    }
+
+    /// How many pixels are exactly this colour (`#rrggbb`).
+    pub fn pixels_of(&self, hex: &str) -> usize {
+        let c = u32::from_str_radix(hex.trim_start_matches('#'), 16).unwrap();
+        let want = [(c >> 16) as u8, (c >> 8) as u8, c as u8];
+        self.rgb.iter().filter(|p| **p == want).count()
+    }
 }

@@ -27,22 +27,41 @@ impl From<AgentError> for CliError {
 
 pub async fn run(args: AgentArgs) -> CliResult {
     let config = args.config()?;
+    let metrics_bind = args.metrics.bind()?;
     // Watched before anything starts, so a stop signal is never missed.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| CliError::usage(format!("failed to watch SIGTERM: {e}")))?;
     let agent = Agent::start(config).await?;
+    let ready = match metrics_bind {
+        None => None,
+        Some(bind) => {
+            let metrics = agent.metrics();
+            let render: casebatch_telemetry::Render = std::sync::Arc::new(move || {
+                let metrics = metrics.clone();
+                Box::pin(async move { metrics.render().await })
+            });
+            let (addr, ready) = casebatch_telemetry::serve_rendered(bind, render)
+                .await
+                .map_err(|e| CliError::usage(format!("--metrics-bind: {e}")))?;
+            eprintln!("metrics on http://{addr}/metrics (probes: /healthz, /readyz)");
+            Some(ready)
+        }
+    };
     eprintln!(
         "casebatch agent listening on {} (data dir {}, {} jobs re-attached); Ctrl-C or SIGTERM to stop",
         agent.addr(),
         agent.data_dir().display(),
         agent.reattached()
     );
+    // Ready from here: bound, and every job of the table re-attached.
+    ready.iter().for_each(|r| r.set(true));
     agent
         .serve(async {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}
             }
+            ready.iter().for_each(|r| r.set(false));
         })
         .await?;
     eprintln!("casebatch agent stopped; its running jobs go on");

@@ -29,7 +29,7 @@ pub async fn dispatch(command: Command) -> CliResult {
             BatchCommand::Resume(args) => run::resume(args).await,
             BatchCommand::Rerun(args) => run::rerun(args).await,
             BatchCommand::Status(r) => status::status(&r).await,
-            BatchCommand::Report(r) => status::report(&r),
+            BatchCommand::Report { batch, html } => status::report(&batch, html.as_deref()),
             BatchCommand::Drain(r) => ops::control(&r, ops::Control::Drain).await,
             BatchCommand::Pause(r) => ops::control(&r, ops::Control::Pause).await,
             BatchCommand::Unpause(r) => ops::control(&r, ops::Control::Unpause).await,

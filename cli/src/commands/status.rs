@@ -21,8 +21,15 @@ pub async fn status(r: &BatchRef) -> CliResult {
     Ok(Exit::Success)
 }
 
-pub fn report(r: &BatchRef) -> CliResult {
+pub fn report(r: &BatchRef, html: Option<&Path>) -> CliResult {
     let view = casebatch_control::report(&r.location()?)?;
+    if let Some(out) = html {
+        let page = casebatch_report::render_html(&view.summary, &view.attempts);
+        casebatch_bundle::write_bytes_atomic(out, page.as_bytes())
+            .map_err(casebatch_control::ControlError::Write)?;
+        // On stderr: with --json, stdout is the JSON alone.
+        eprintln!("wrote the HTML report to {}", out.display());
+    }
     if r.json {
         render::json(
             &serde_json::json!({ "summary": view.summary, "redispatched": view.redispatched }),
@@ -64,7 +71,11 @@ pub async fn history(
 ) -> CliResult {
     let wid = casebatch_control::history(&r.location()?, &r.engine.choice(), run_id, breaker, out)
         .await?;
-    say!("wrote the history of {wid} to {}", out.display());
+    if r.json {
+        render::json(&serde_json::json!({ "workflow_id": wid, "out": out }));
+    } else {
+        say!("wrote the history of {wid} to {}", out.display());
+    }
     Ok(Exit::Success)
 }
 
