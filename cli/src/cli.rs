@@ -142,6 +142,22 @@ pub struct DemoArgs {
     /// Cases in flight (default: the manifest's 2).
     #[arg(long)]
     pub parallelism: Option<u32>,
+    /// Which web actor the tasks use: a headless Chromium per attempt (`browser`), a plain
+    /// HTTP client (`http`), or the browser when one is found, else HTTP (`auto`).
+    #[arg(long, value_enum, default_value_t = ActorChoice::Auto)]
+    pub actor: ActorChoice,
+}
+
+/// The demo's web actor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ActorChoice {
+    /// The browser when one is found (CASEBATCH_BROWSER, chromium, chromium-browser or
+    /// google-chrome on PATH), else the HTTP client.
+    Auto,
+    /// A headless Chromium per attempt; an error when none is found.
+    Browser,
+    /// A plain HTTP client.
+    Http,
 }
 
 #[derive(Debug, Clone, Subcommand)]
@@ -158,13 +174,22 @@ pub enum DemoCommand {
         /// Port on 127.0.0.1 (default: a free one, or the one this directory used before).
         #[arg(long, default_value_t = 0)]
         port: u16,
+        /// Which web actor the tasks use: a headless Chromium per attempt (`browser`), a plain
+        /// HTTP client (`http`), or the browser when one is found, else HTTP (`auto`).
+        #[arg(long, value_enum, default_value_t = ActorChoice::Auto)]
+        actor: ActorChoice,
     },
 }
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum HarnessCommand {
     /// The demo's web actor: opens its task page, writes a note, clicks.
-    WebDemo,
+    WebDemo {
+        /// Drive a headless Chromium (this binary, or the one found on PATH when no path is
+        /// given) instead of a plain HTTP client.
+        #[arg(long, value_name = "PATH", num_args = 0..=1)]
+        browser: Option<Option<PathBuf>>,
+    },
     /// The demo's evaluator: passes only if its own attempt's receipts exist.
     WebDemoEval,
 }

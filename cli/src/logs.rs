@@ -26,11 +26,12 @@ pub fn json() -> bool {
 
 /// Installs the subscriber. Without a filter in the environment, text shows warnings only;
 /// JSON also carries casebatch's info events (stage transitions, progress), which is what a
-/// log collector is for.
+/// log collector is for. chromiumoxide (the browser demo) warns about every DevTools event
+/// newer than its bindings, so only its errors are shown.
 pub fn init(format: LogFormat) {
     let fallback = match format {
-        LogFormat::Text => "warn,temporalio_sdk_core=error",
-        LogFormat::Json => "warn,casebatch=info,temporalio_sdk_core=error",
+        LogFormat::Text => "warn,temporalio_sdk_core=error,chromiumoxide=error",
+        LogFormat::Json => "warn,casebatch=info,temporalio_sdk_core=error,chromiumoxide=error",
     };
     let filter = EnvFilter::try_from_env("RUST_LOG")
         .or_else(|_| EnvFilter::try_from_env("CASEBATCH_LOG"))

@@ -24,7 +24,11 @@ static CLIENT: LazyLock<Result<reqwest::Client, String>> = LazyLock::new(|| {
 
 /// Sends one request; returns the status and the body as sent. Owns no policy: the caller
 /// decides what a status means.
-async fn request(method: &str, url: &str, body: &str) -> Result<(u16, Vec<u8>), DemoError> {
+pub(crate) async fn request(
+    method: &str,
+    url: &str,
+    body: &str,
+) -> Result<(u16, Vec<u8>), DemoError> {
     let client = CLIENT.as_ref().map_err(|e| DemoError::Other(e.clone()))?;
     let method = reqwest::Method::from_bytes(method.as_bytes())
         .map_err(|e| DemoError::Other(format!("use HTTP method {method:?}: {e}")))?;
@@ -49,11 +53,11 @@ fn error_chain(e: reqwest::Error) -> String {
 
 /// The task fields the harness reads from `CASEBATCH_INPUT`.
 #[derive(Debug, Deserialize)]
-struct TaskInput {
-    task_id: String,
-    url: String,
+pub(crate) struct TaskInput {
+    pub task_id: String,
+    pub url: String,
     #[serde(default = "default_steps")]
-    max_steps: u32,
+    pub max_steps: u32,
 }
 
 fn default_steps() -> u32 {
@@ -68,7 +72,7 @@ fn env(name: &str) -> Result<String, DemoError> {
     })
 }
 
-fn read_input() -> Result<(TaskInput, u32, PathBuf), DemoError> {
+pub(crate) fn read_input() -> Result<(TaskInput, u32, PathBuf), DemoError> {
     let path = env("CASEBATCH_INPUT")?;
     let bytes = std::fs::read(&path).map_err(DemoError::io(format!("read {path}")))?;
     let input: TaskInput = serde_json::from_slice(&bytes)
@@ -79,7 +83,7 @@ fn read_input() -> Result<(TaskInput, u32, PathBuf), DemoError> {
     Ok((input, attempt, PathBuf::from(env("CASEBATCH_RESULT")?)))
 }
 
-fn write_result(path: &PathBuf, value: serde_json::Value) -> Result<(), DemoError> {
+pub(crate) fn write_result(path: &PathBuf, value: serde_json::Value) -> Result<(), DemoError> {
     std::fs::write(path, serde_json::to_vec_pretty(&value).expect("serializes"))
         .map_err(DemoError::io(format!("write {}", path.display())))
 }
@@ -130,10 +134,11 @@ pub async fn run_actor() -> Result<(), DemoError> {
     )
 }
 
-/// The evaluator: asks the fixture for this attempt's receipts; passes only if the click
-/// (and the note) of *this* attempt happened.
-pub async fn run_evaluator() -> Result<(), DemoError> {
-    let (task, attempt, result) = read_input()?;
+/// This attempt's receipts, as the fixture recorded them (what an evaluator observes).
+pub(crate) async fn attempt_receipts(
+    task: &TaskInput,
+    attempt: u32,
+) -> Result<Vec<Receipt>, DemoError> {
     let base = task
         .url
         .split("/tasks/")
@@ -144,8 +149,19 @@ pub async fn run_evaluator() -> Result<(), DemoError> {
     if status != 200 {
         return Err(DemoError::Other(format!("GET {url}: HTTP {status}")));
     }
-    let receipts: Vec<Receipt> = serde_json::from_slice(&body)
-        .map_err(|e| DemoError::Other(format!("parse the receipts from {url}: {e}")))?;
+    serde_json::from_slice(&body)
+        .map_err(|e| DemoError::Other(format!("parse the receipts from {url}: {e}")))
+}
+
+/// The evaluator: asks the fixture for this attempt's receipts; passes only if the click
+/// (and the note) of *this* attempt happened. An attempt whose actor drove a browser is
+/// judged in that browser ([`crate::browser_actor::run_evaluator`]).
+pub async fn run_evaluator() -> Result<(), DemoError> {
+    if crate::browser_actor::endpoint_here() {
+        return crate::browser_actor::run_evaluator().await;
+    }
+    let (task, attempt, result) = read_input()?;
+    let receipts = attempt_receipts(&task, attempt).await?;
     let clicked = receipts.iter().any(|r| r.action == "click");
     let noted = receipts.iter().any(|r| r.action == "note");
     let verdict = if clicked && noted { "pass" } else { "fail" };

@@ -9,6 +9,7 @@
 
 pub mod actor;
 pub mod browser;
+pub mod browser_actor;
 pub mod fixture;
 
 pub use fixture::{Fixture, FixtureOptions, MANIFEST_BATCH_ID};

@@ -153,6 +153,15 @@ fn the_tutorial_runs_step_by_step_with_one_click_per_task() {
         ],
         "exactly three real click receipts"
     );
+    // With a Chromium found, the tutorial's actor is the browser: its clicks say so.
+    if browser_or_skip("the tutorial's browser actor").is_some() {
+        let events = sb.read("logs/batch-tutorial/events.jsonl");
+        let by_browser = events
+            .lines()
+            .filter(|l| l.contains("\"click\"") && l.contains("HeadlessChrome"))
+            .count();
+        assert_eq!(by_browser, 3, "clicked by a headless Chromium: {events}");
+    }
 
     // Resume after completion: no new clicks, attempt counts unchanged.
     t.run(

@@ -6,6 +6,7 @@ mod support;
 
 mod agent;
 mod agent_batches;
+mod browser_demo;
 mod chaos_kills;
 mod cleanup;
 mod demo;

@@ -598,3 +598,15 @@ impl Screenshot {
         self.rgb.iter().filter(|p| **p == want).count()
     }
 }
+
+/// Live processes whose command line contains `name` and whose environment contains `needle`
+/// (a sandbox's path: what every process of its attempts inherits, browsers included).
+pub fn processes_with_env(name: &str, needle: &str) -> Vec<u32> {
+    processes_matching(name)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| String::from_utf8_lossy(&env).contains(needle))
+        })
+        .collect()
+}

@@ -1,7 +1,7 @@
 //! `casebatch demo` (fixture + embedded engine + the three tasks + the report, in one
 //! command), `casebatch demo serve` (the fixture alone), and the demo's harness commands.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use casebatch_control::{BatchLocation, DriveOptions, EngineChoice, ManifestInput, RunRequest};
@@ -9,7 +9,7 @@ use casebatch_demo::fixture::read_receipts;
 use casebatch_demo::{Fixture, FixtureOptions, MANIFEST_BATCH_ID};
 use casebatch_manifest::{Defaults, LoadOptions};
 
-use crate::cli::{DemoArgs, DemoCommand, HarnessCommand};
+use crate::cli::{ActorChoice, DemoArgs, DemoCommand, HarnessCommand};
 use crate::exit::{CliError, CliResult, Exit};
 use crate::render::{self, Progress};
 
@@ -21,7 +21,35 @@ fn delay(seconds: f64) -> CliResult<Duration> {
     })
 }
 
-async fn start_fixture(directory: &Path, response_delay: f64, port: u16) -> CliResult<Fixture> {
+/// The browser the demo's actor drives, per `--actor`; says which actor it is.
+fn pick_actor(choice: ActorChoice) -> CliResult<Option<PathBuf>> {
+    let found = match choice {
+        ActorChoice::Http => None,
+        ActorChoice::Auto | ActorChoice::Browser => casebatch_demo::browser::find(),
+    };
+    match (&found, choice) {
+        (Some(b), _) => eprintln!("actor: a headless Chromium per attempt ({})", b.display()),
+        (None, ActorChoice::Browser) => {
+            return Err(CliError::usage(
+                "failed to find a Chromium for --actor browser: set CASEBATCH_BROWSER, or \
+                 install one (Debian: apt-get install chromium)",
+            ));
+        }
+        (None, ActorChoice::Auto) => eprintln!(
+            "actor: a plain HTTP client (no Chromium found; Debian: apt-get install chromium, \
+             or set CASEBATCH_BROWSER)"
+        ),
+        (None, ActorChoice::Http) => eprintln!("actor: a plain HTTP client (--actor http)"),
+    }
+    Ok(found)
+}
+
+async fn start_fixture(
+    directory: &Path,
+    response_delay: f64,
+    port: u16,
+    actor: ActorChoice,
+) -> CliResult<Fixture> {
     let exe = std::env::current_exe()
         .map_err(|e| CliError::usage(format!("failed to find the casebatch executable: {e}")))?;
     let directory = std::path::absolute(directory)
@@ -31,6 +59,7 @@ async fn start_fixture(directory: &Path, response_delay: f64, port: u16) -> CliR
         response_delay: delay(response_delay)?,
         port,
         casebatch_exe: exe,
+        browser: pick_actor(actor)?,
     })
     .await
     .map_err(CliError::usage)
@@ -41,11 +70,12 @@ pub async fn run(args: DemoArgs) -> CliResult {
         directory,
         response_delay,
         port,
+        actor,
     }) = args.serve
     {
-        return serve(&directory, response_delay, port).await;
+        return serve(&directory, response_delay, port, actor).await;
     }
-    let fixture = start_fixture(&args.directory, args.response_delay, 0).await?;
+    let fixture = start_fixture(&args.directory, args.response_delay, 0, args.actor).await?;
     let output_dir = args.directory.join("batches");
     eprintln!(
         "fixture on http://{} · manifest {}",
@@ -85,8 +115,8 @@ pub async fn run(args: DemoArgs) -> CliResult {
     Ok(exit)
 }
 
-async fn serve(directory: &Path, response_delay: f64, port: u16) -> CliResult {
-    let fixture = start_fixture(directory, response_delay, port).await?;
+async fn serve(directory: &Path, response_delay: f64, port: u16, actor: ActorChoice) -> CliResult {
+    let fixture = start_fixture(directory, response_delay, port, actor).await?;
     say!("fixture: http://{}", fixture.addr);
     say!("manifest: {}", fixture.manifest.display());
     say!("receipts: {}", fixture.events.display());
@@ -107,7 +137,17 @@ async fn serve(directory: &Path, response_delay: f64, port: u16) -> CliResult {
 
 pub async fn harness(h: HarnessCommand) -> CliResult {
     let result = match h {
-        HarnessCommand::WebDemo => casebatch_demo::actor::run_actor().await,
+        HarnessCommand::WebDemo { browser: None } => casebatch_demo::actor::run_actor().await,
+        HarnessCommand::WebDemo {
+            browser: Some(path),
+        } => match path.or_else(casebatch_demo::browser::find) {
+            Some(b) => casebatch_demo::browser_actor::run_actor(b).await,
+            None => Err(casebatch_demo::DemoError::Other(
+                "find a Chromium for --browser: name it (--browser PATH), set CASEBATCH_BROWSER, \
+                 or install one (Debian: apt-get install chromium)"
+                    .into(),
+            )),
+        },
         HarnessCommand::WebDemoEval => casebatch_demo::actor::run_evaluator().await,
     };
     match result {
