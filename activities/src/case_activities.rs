@@ -2,11 +2,12 @@
 //! `casebatch_workflows::contracts`, dispatching to the case's runtime.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use casebatch_bundle::{
-    AttemptRecord, Bundle, CaseResult, EvaluationRecord, Event, PreparedRecord,
+    AttemptRecord, Bundle, BundleError, CaseResult, EvaluationRecord, Event, PreparedRecord,
     RECORD_SCHEMA_VERSION, ReleasedRecord, append_jsonl, layout::attempt_files, read_json,
     write_batch_files, write_json_atomic,
 };
@@ -206,6 +207,51 @@ fn classified(f: &Failure) -> ActivityError {
     )
 }
 
+/// A write the bundle refused because of who the worker runs as (permissions, a read-only
+/// mount): a config failure naming the path and the worker's uid, never retried (the same
+/// user fails the same way). Other write errors are not classified here.
+fn refused_write(stage: Stage, path: &Path, e: &std::io::Error) -> Option<Failure> {
+    use std::io::ErrorKind::{PermissionDenied, ReadOnlyFilesystem};
+    use std::os::unix::fs::MetadataExt;
+    if !matches!(e.kind(), PermissionDenied | ReadOnlyFilesystem) {
+        return None;
+    }
+    // /proc/self belongs to the process's effective uid and gid.
+    let who = std::fs::metadata("/proc/self")
+        .map(|m| format!("uid {}, gid {}", m.uid(), m.gid()))
+        .unwrap_or_else(|_| "uid unknown".into());
+    Some(Failure::config(
+        stage,
+        FailureCode::BundleUnwritable,
+        format!(
+            "the worker ({who}) cannot write {}: {e}; give that user write access to the \
+             output directory (casebatch's images run as uid 10001), or run the worker as its owner",
+            path.display()
+        ),
+    ))
+}
+
+/// A bundle write of `stage`, a refusal raised as the config failure it is.
+fn bundle_write<T>(stage: Stage, written: Result<T, BundleError>) -> Result<T, ActivityError> {
+    match written {
+        Err(BundleError::Write { path, source }) => {
+            Err(match refused_write(stage, Path::new(&path), &source) {
+                Some(f) => classified(&f),
+                None => BundleError::Write { path, source }.into(),
+            })
+        }
+        other => Ok(other?),
+    }
+}
+
+/// Creates an attempt's directory, a refusal raised as the config failure it is.
+fn attempt_dir(stage: Stage, env: &AttemptEnv) -> Result<(), ActivityError> {
+    std::fs::create_dir_all(&env.dir).map_err(|e| match refused_write(stage, &env.dir, &e) {
+        Some(f) => classified(&f),
+        None => e.into(),
+    })
+}
+
 /// The stages themselves, shared by the current activities (`start`, `settle`) and the
 /// single-stage ones that batches started on the local-activity pipeline still call.
 impl CaseActivities {
@@ -218,14 +264,23 @@ impl CaseActivities {
     }
 
     async fn provision_stage(&self, env: &AttemptEnv) -> Result<StageResult, ActivityError> {
-        std::fs::create_dir_all(&env.dir)?;
+        // A bundle the worker may not write fails the attempt as config, not the activity.
+        if let Err(e) = std::fs::create_dir_all(&env.dir) {
+            return match refused_write(Stage::Provision, &env.dir, &e) {
+                Some(f) => Ok(StageResult::Failed(f)),
+                None => Err(e.into()),
+            };
+        }
         let spec = serde_json::json!({
             "schema_version": RECORD_SCHEMA_VERSION,
             "key": env.key,
             "case": env.case,
             "simulated": env.case.runtime == RuntimeKind::Fake,
         });
-        write_json_atomic(&env.file(attempt_files::SPEC), &spec)?;
+        bundle_write(
+            Stage::Provision,
+            write_json_atomic(&env.file(attempt_files::SPEC), &spec),
+        )?;
         let result = with_runtime!(self, env, |rt| rt.provision(env).await);
         Ok(match result {
             Ok(()) => StageResult::Ok,
@@ -825,12 +880,13 @@ impl CaseActivities {
         will_retry: bool,
         mut timings: StageTimings,
     ) -> Result<CleanupReport, ActivityError> {
-        std::fs::create_dir_all(&env.dir)?;
+        attempt_dir(Stage::Cleanup, env)?;
         let cleaned = timings.time(Stage::Cleanup, async {
             with_runtime!(self, env, |rt| rt.cleanup(env).await)
         });
         let receipt = heartbeating(ctx, (), cleaned).await;
-        write_json_atomic(&env.file(attempt_files::CLEANUP), &receipt)?;
+        let written = write_json_atomic(&env.file(attempt_files::CLEANUP), &receipt);
+        bundle_write(Stage::Cleanup, written)?;
         let confirmed = receipt.cleanup_confirmed;
 
         let record = AttemptRecord {

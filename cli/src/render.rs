@@ -267,6 +267,14 @@ fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
         say!("{line}");
     }
     spread(plan);
+    if let Some(first) = o.status.unrecorded.first() {
+        say!(
+            "  {} failed case(s) could not be recorded by their worker; written from the engine's \
+             record. First: {}",
+            o.status.unrecorded.len(),
+            first.failure
+        );
+    }
     if c.queued > 0 {
         say!(
             "  queued work remains: casebatch batch resume --batch-id {} --output-dir {}",

@@ -513,6 +513,8 @@ async fn carried_from_result(handle: &Handle) -> Option<Carried> {
         segment: prev.status.segment,
         // A resume runs at the plan's limit (or its own --concurrency), not a live-set one.
         concurrency: None,
+        // Carried on: the runner that ends the next run records any still missing.
+        unrecorded: prev.status.unrecorded,
     })
 }
 

@@ -2,9 +2,12 @@
 
 use std::path::{Path, PathBuf};
 
-use casebatch_bundle::{BatchSummary, Bundle, write_batch_files};
+use casebatch_bundle::{
+    BatchSummary, Bundle, CaseRecordState, CaseResult, RECORD_SCHEMA_VERSION, write_batch_files,
+    write_json_atomic,
+};
 use casebatch_manifest::{LoadOptions, Plan, load_plan};
-use casebatch_proto::{BatchEnd, BatchOutcome};
+use casebatch_proto::{BatchEnd, BatchOutcome, UnrecordedFailure};
 
 use crate::drive::{self, DriveOptions, Finished, Observer};
 use crate::error::{ControlError, Result};
@@ -176,7 +179,10 @@ pub(crate) async fn follow(
     observer: &mut dyn Observer,
 ) -> Result<RunReport> {
     let ending = match drive::execute(engine, &bundle, &plan, opts, observer).await? {
-        Finished::Ran(outcome) => Ending::Ran(*outcome),
+        Finished::Ran(outcome) => {
+            record_unrecorded(&bundle, &plan, &outcome.status.unrecorded)?;
+            Ending::Ran(*outcome)
+        }
         Finished::AlreadyComplete => Ending::AlreadyComplete(write_batch_files(&bundle, &plan)?),
     };
     Ok(RunReport {
@@ -184,4 +190,52 @@ pub(crate) async fn follow(
         plan,
         ending,
     })
+}
+
+/// Writes the results a worker could not (it may not write the bundle; the engine kept their
+/// failures), so the bundle and `batch report` show why those cases failed. A result the
+/// worker did write is left alone.
+fn record_unrecorded(bundle: &Bundle, plan: &Plan, unrecorded: &[UnrecordedFailure]) -> Result<()> {
+    let mut wrote = false;
+    for u in unrecorded {
+        let Some(case) = plan.cases.get(u.case as usize) else {
+            continue;
+        };
+        let path = bundle.case_result(&case.case_dir);
+        if path.exists() {
+            continue;
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| ControlError::write(dir, e))?;
+        }
+        let result = CaseResult {
+            schema_version: RECORD_SCHEMA_VERSION.into(),
+            case_id: case.case_id.clone(),
+            case_dir: case.case_dir.clone(),
+            state: CaseRecordState::Failed,
+            attempts: u.attempts,
+            actor_status: None,
+            exit_code: None,
+            evaluation_configured: false,
+            verdict: None,
+            cleanup_confirmed: false,
+            failure: Some(u.failure.clone()),
+            collect_failure: None,
+            adopted: false,
+            job_starts: None,
+            scores: Default::default(),
+            outputs: serde_json::Value::Null,
+            simulated: false,
+            memory_boost_mb: None,
+            trace_ref: None,
+            origin: None,
+            runtime: Some(case.runtime_label().to_owned()),
+        };
+        write_json_atomic(&path, &result)?;
+        wrote = true;
+    }
+    if wrote {
+        write_batch_files(bundle, plan)?;
+    }
+    Ok(())
 }

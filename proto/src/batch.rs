@@ -142,6 +142,17 @@ pub struct Carried {
     /// continue-as-new; `None`: the input's.
     #[serde(default)]
     pub concurrency: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unrecorded: Vec<UnrecordedFailure>,
+}
+
+/// A case's final failure that its worker could not write into the bundle (it may not write
+/// there): kept by the engine so the runner, which can, records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnrecordedFailure {
+    pub case: u32,
+    pub attempts: u32,
+    pub failure: crate::Failure,
 }
 
 /// Per-case state in the workflow. `Running` never survives a run: a resumed run re-queues it.
@@ -312,6 +323,9 @@ pub struct BatchStatus {
     /// start when a slot frees.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prepared: Vec<u32>,
+    /// Finished cases whose worker could not write their result into the bundle.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unrecorded: Vec<UnrecordedFailure>,
 }
 
 /// One runtime envelope's use by the batch, in `status`.

@@ -120,6 +120,9 @@ failure_codes! {
     PassEnvUnset => "PASS_ENV_UNSET",
     /// The attempt's directories could not be created.
     ProvisionIo => "PROVISION_IO",
+    /// The worker's user may not write the bundle (permissions, a read-only mount): class
+    /// config, never retried; the message names the path and the worker's uid.
+    BundleUnwritable => "BUNDLE_UNWRITABLE",
     /// The batch's plan could not be read from the bundle.
     BundleUnreadable => "BUNDLE_UNREADABLE",
     /// The workflow named a case the bundle's plan does not have.

@@ -25,5 +25,6 @@ mod shared_cluster;
 mod snapshots;
 mod submit_window;
 mod taxonomy;
+mod unwritable_bundle;
 mod validation;
 mod visibility;

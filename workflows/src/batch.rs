@@ -24,7 +24,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use casebatch_proto::{
     BatchEnd, BatchInput, BatchOutcome, BatchStatus, CONCURRENCY_RANGE, Carried, CaseSlot,
-    CaseState, Counters, Counts, FinalizeInput, Phase, SweepInput, TimelineStep,
+    CaseState, Counters, Counts, FinalizeInput, Phase, SweepInput, TimelineStep, UnrecordedFailure,
     visibility::{outcome, outcome_of},
 };
 use futures::future::LocalBoxFuture;
@@ -79,6 +79,8 @@ pub struct BatchWorkflow {
     /// Cases admitted ahead of a free slot (`prepare_ahead`): provisioning or provisioned,
     /// still queued; each leaves it when granted a slot or released.
     pub(crate) prepared: BTreeSet<u32>,
+    /// Final failures the bundle could not hold (its worker may not write there).
+    unrecorded: Vec<UnrecordedFailure>,
     finished: bool,
 }
 
@@ -123,6 +125,7 @@ impl BatchWorkflow {
             control_gen: 0,
             in_flight: BTreeSet::new(),
             prepared: BTreeSet::new(),
+            unrecorded: carried.unrecorded,
             finished: false,
         }
     }
@@ -554,6 +557,7 @@ impl BatchWorkflow {
                 .unwrap_or_default(),
             speculate_after_ms: self.tail.as_ref().and_then(Tail::threshold_ms),
             prepared: self.prepared.iter().copied().collect(),
+            unrecorded: self.unrecorded.clone(),
         }
     }
 
@@ -713,6 +717,13 @@ fn record_case(ctx: &WorkflowContext<BatchWorkflow>, done: CaseDone) {
         s.counters.speculation_wins += done.speculation_wins;
         s.counters.prepared += done.prepared;
         s.counters.released += done.released;
+        if let Some(failure) = done.unrecorded_failure {
+            s.unrecorded.push(UnrecordedFailure {
+                case: done.case_index,
+                attempts: done.attempts,
+                failure,
+            });
+        }
     });
 }
 
@@ -844,6 +855,7 @@ fn continue_as_new(ctx: &WorkflowContext<BatchWorkflow>) -> WorkflowResult<Batch
             paused: s.paused,
             segment: s.segment,
             concurrency: (s.concurrency != s.input.concurrency).then_some(s.concurrency),
+            unrecorded: s.unrecorded.clone(),
         });
         input
     });

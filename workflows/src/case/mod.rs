@@ -127,6 +127,10 @@ pub(crate) struct CaseDone {
     pub released: u32,
     /// Timeline messages about this case (the case is named by the step, not the text).
     pub notes: Vec<String>,
+    /// Cleanup could not write the attempt's records: its worker may not write the bundle.
+    pub bundle_refused: Option<Failure>,
+    /// The case's final failure, when the bundle could not hold it (the runner records it).
+    pub unrecorded_failure: Option<Failure>,
 }
 
 fn local(timeout: Duration, token: &WorkflowCancellationToken) -> LocalActivityOptions {
@@ -225,6 +229,8 @@ pub(crate) async fn run_case(
         prepared: 0,
         released: 0,
         notes: Vec::new(),
+        bundle_refused: None,
+        unrecorded_failure: None,
     };
     let mut spent = Spent::default();
     let mut memory_boost_mb = p.memory_boost_mb;
@@ -270,6 +276,9 @@ pub(crate) async fn run_case(
         match next {
             Next::Finish(state) => {
                 done.state = state;
+                if let Some(refused) = done.bundle_refused.take() {
+                    done.unrecorded_failure = Some(summary.failure.clone().unwrap_or(refused));
+                }
                 return done;
             }
             Next::Boost(mb) => {
@@ -554,7 +563,13 @@ async fn clean_up(
         .await
     {
         Ok(r) => r.cleanup_confirmed,
-        Err(_) => false,
+        Err(e) => {
+            let failure = activity_failure(Stage::Cleanup, &e);
+            if failure.code == FailureCode::BundleUnwritable {
+                done.bundle_refused = Some(failure);
+            }
+            false
+        }
     };
     summary.cleanup_confirmed = Some(confirmed);
     if summary.speculative_loser && !confirmed {
