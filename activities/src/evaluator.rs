@@ -82,7 +82,17 @@ pub async fn run(env: &AttemptEnv, command: &CommandSpec) -> EvaluationRecord {
             c
         }
     };
-    cmd.current_dir(env.file(attempt_files::WORKDIR))
+    // The evaluator runs on the worker. A job that ran elsewhere (on an agent) left no
+    // working directory here, so the evaluator gets an empty one.
+    let workdir = env.file(attempt_files::WORKDIR);
+    if let Err(e) = fs::create_dir_all(&workdir) {
+        record.failure = Some(eval_failure(format!(
+            "cannot create the evaluator's working directory {}: {e}",
+            workdir.display()
+        )));
+        return record;
+    }
+    cmd.current_dir(workdir)
         .env_clear()
         .envs(case_env)
         .env("CASEBATCH_ACTOR_RESULT", env.file(attempt_files::RESULT))

@@ -149,18 +149,24 @@ fn a_batch_spreads_over_two_agents_and_two_worker_replicas() {
     let b = Agent::start(&sb, "box-b", &[]);
     sb.write("go", "");
     // Twice the 32 eager starts a workflow task hands to its own worker, so half the batch
-    // has to go through matching, where both replicas poll.
-    let csv = "summary:\n  write_csv: true\n";
+    // has to go through matching, where both replicas poll. The evaluator runs on the
+    // worker, where the agent's job left no working directory, and judges the result the
+    // agent's job wrote.
+    let extra = concat!(
+        r#"  evaluator: 'test -s "$CASEBATCH_ACTOR_RESULT" && [ "$AGENT_NAME" = worker ] && printf ''{"verdict": "pass"}'' > "$CASEBATCH_RESULT"'"#,
+        "\nsummary:\n  write_csv: true\n"
+    );
     let m = sb.write(
         "spread.yaml",
-        &manifest("spread", &[&a, &b], 64, GATED, csv),
+        &manifest("spread", &[&a, &b], 64, GATED, extra),
     );
     let mut runner = spawn_no_worker_run(&sb, &cluster, &m);
     assert_eq!(
         wait_child(&mut runner, Duration::from_secs(180)),
         0,
-        "{}",
-        sb.read("run.log")
+        "{}\nc0: {:#}",
+        sb.read("run.log"),
+        sb.case_result("spread", "c0")
     );
     for w in [&mut w1, &mut w2] {
         assert_eq!(stop(w), 0);
@@ -177,6 +183,11 @@ fn a_batch_spreads_over_two_agents_and_two_worker_replicas() {
     }
     let summary = sb.json(&sb.bundle("spread").join("batch_summary.json"));
     assert_eq!(summary["counts"]["succeeded"], 64, "{summary:#}");
+    assert_eq!(
+        sb.case_result("spread", "c1")["verdict"],
+        "pass",
+        "judged by its evaluator"
+    );
     assert_eq!(summary["cases_by_runtime"]["box-a"], 32, "{summary:#}");
     assert_eq!(summary["cases_by_runtime"]["box-b"], 32, "{summary:#}");
     let csv = std::fs::read_to_string(sb.bundle("spread").join("batch_summary.csv")).unwrap();
@@ -244,8 +255,10 @@ fn a_worker_replica_killed_mid_batch_leaves_its_jobs_to_the_other() {
 fn replicas_on_a_cluster(sb: &Sandbox) -> (Cluster, Child, Child) {
     let cluster = Cluster::start(sb);
     let out = sb.out().display().to_string();
+    // AGENT_NAME is in the manifests' pass_env: harnesses read it on their agent, evaluators
+    // (which run on the worker) here.
     let replica = |log: &str| {
-        let w = sb.spawn(
+        let w = sb.spawn_env(
             &[
                 "worker",
                 "--output-dir",
@@ -254,6 +267,7 @@ fn replicas_on_a_cluster(sb: &Sandbox) -> (Cluster, Child, Child) {
                 &cluster.address,
             ],
             log,
+            &[("AGENT_NAME", "worker")],
         );
         wait_until(Duration::from_secs(60), "the replica polls", || {
             sb.read(log).contains("worker polling")
