@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -48,17 +49,43 @@ pub struct CaseActivities {
     breakers: Breakers,
     /// Recorded as attempts end; a no-op meter unless the worker serves metrics.
     metrics: Metrics,
+    /// Set by the worker as it begins shutting down.
+    stopping: Stopping,
+}
+
+/// Whether this process's worker is shutting down. The SDK cancels the activities still
+/// running when its grace period ends and does not say why, so the worker says it here: a
+/// wait cancelled then hands its job back instead of killing it. Cloning shares the flag.
+#[derive(Clone, Debug, Default)]
+pub struct Stopping(Arc<AtomicBool>);
+
+impl Stopping {
+    pub fn begin(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    fn get(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
 }
 
 /// Heartbeats through the activity context.
-struct ActivityLiveness<'a>(&'a ActivityContext);
+struct ActivityLiveness<'a> {
+    ctx: &'a ActivityContext,
+    stopping: &'a Stopping,
+}
 
 impl Liveness for ActivityLiveness<'_> {
     async fn heartbeat(&self, job: &JobRef) {
-        let _ = self.0.record_heartbeat(job.clone()).await;
+        let _ = self.ctx.record_heartbeat(job.clone()).await;
     }
     fn is_cancelled(&self) -> bool {
-        self.0.is_cancelled()
+        self.ctx.is_cancelled()
+    }
+    fn is_handing_back(&self) -> bool {
+        // A cancel the engine sent while the worker stops (a batch cancel) still ends the
+        // job: the case's cleanup kills it.
+        self.stopping.get()
     }
 }
 
@@ -100,6 +127,11 @@ impl CaseActivities {
     /// The same, recording into `metrics`.
     pub fn with_metrics(self, metrics: Metrics) -> Self {
         Self { metrics, ..self }
+    }
+
+    /// The same, handing jobs back once `stopping` is set.
+    pub fn with_stopping(self, stopping: Stopping) -> Self {
+        Self { stopping, ..self }
     }
 
     fn plan(&self, bundle_dir: &str) -> Result<Arc<Plan>, ActivityError> {
@@ -312,7 +344,10 @@ impl CaseActivities {
             .or_else(|| with_runtime!(self, env, |rt| rt.adopt(env)))
             .unwrap_or(submitted);
         let retried = ctx.info().attempt > 1;
-        let live = ActivityLiveness(ctx);
+        let live = ActivityLiveness {
+            ctx,
+            stopping: &self.stopping,
+        };
         let mut report = with_runtime!(self, env, |rt| rt.await_job(env, &job, &live).await);
         // local-process knows whether it re-attached (see its module doc); for the fake
         // runtime (no process) and an agent (the job lives there, another worker's await

@@ -12,4 +12,4 @@ pub mod evaluator;
 mod timings;
 pub mod trace;
 
-pub use case_activities::CaseActivities;
+pub use case_activities::{CaseActivities, Stopping};

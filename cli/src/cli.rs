@@ -48,6 +48,9 @@ pub enum Command {
     Worker(WorkerArgs),
     /// Run a runtime agent: a gRPC service whose jobs outlive the workers that submit them.
     Agent(AgentArgs),
+    /// Probe a worker's or an agent's `/healthz` (or `/readyz`): exit 0 when it answers 200,
+    /// 1 when not (a container HEALTHCHECK).
+    Health(HealthArgs),
     /// The local web demo: three real web tasks on a fixture, run end to end in one command.
     /// `demo serve` runs only the fixture (for the three-terminal tutorial).
     Demo(DemoArgs),
@@ -379,11 +382,16 @@ pub struct MetricsArgs {
     /// kubelet reach). The endpoints carry counts and timings, never a secret.
     #[arg(long, requires = "metrics_bind")]
     pub metrics_public: bool,
+    /// Write the address the listener bound to this file once it listens, for `casebatch
+    /// health --address-file`: with port 0, replicas that share a network namespace each get
+    /// their own port, and their health check still finds it.
+    #[arg(long, value_name = "FILE", requires = "metrics_bind")]
+    pub metrics_address_file: Option<PathBuf>,
 }
 
 impl MetricsArgs {
-    /// The address to serve on, refused off loopback unless asked for on purpose.
-    pub fn bind(&self) -> Result<Option<std::net::SocketAddr>, CliError> {
+    /// Where to serve, refused off loopback unless asked for on purpose.
+    pub fn listen(&self) -> Result<Option<casebatch_telemetry::Listen>, CliError> {
         match self.metrics_bind {
             Some(addr) if !addr.ip().is_loopback() && !self.metrics_public => {
                 Err(CliError::usage(format!(
@@ -392,9 +400,32 @@ impl MetricsArgs {
                      bind 127.0.0.1"
                 )))
             }
-            addr => Ok(addr),
+            Some(bind) => Ok(Some(casebatch_telemetry::Listen {
+                bind,
+                address_file: self.metrics_address_file.clone(),
+            })),
+            None => Ok(None),
         }
     }
+}
+
+/// `casebatch health`: one probe of a worker's or an agent's listener, for a container's
+/// HEALTHCHECK (the images have no curl).
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["address", "address_file"])))]
+pub struct HealthArgs {
+    /// The listener's address (the process's --metrics-bind), e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    pub address: Option<std::net::SocketAddr>,
+    /// The file the process wrote its bound address to (its --metrics-address-file).
+    #[arg(long, value_name = "FILE")]
+    pub address_file: Option<PathBuf>,
+    /// Probe `/readyz` (connected and serving) instead of `/healthz` (the process answers).
+    #[arg(long)]
+    pub ready: bool,
+    /// Seconds to wait for the answer.
+    #[arg(long, default_value_t = 3)]
+    pub timeout_secs: u64,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -10,7 +10,8 @@ use casebatch_worker::EngineError;
 pub enum Exit {
     /// Every case succeeded (verified by its evaluator where one is configured).
     Success = 0,
-    /// Drained or paused with queued work remaining: deliberately incomplete.
+    /// Drained or paused with queued work remaining: deliberately incomplete. (For `casebatch
+    /// health`: the probed process is not healthy, as a HEALTHCHECK expects.)
     Incomplete = 1,
     /// Usage or validation error; nothing was started or changed.
     Usage = 2,

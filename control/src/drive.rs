@@ -100,7 +100,7 @@ pub struct DriveOptions {
     /// The run-history index (`None`: `CASEBATCH_HISTORY_DB`, else under the output root).
     pub history_db: Option<PathBuf>,
     /// Serve the in-process worker's metrics, `/healthz` and `/readyz` here.
-    pub metrics_bind: Option<std::net::SocketAddr>,
+    pub metrics: Option<casebatch_worker::Listen>,
 }
 
 /// How a run of `execute` ended.
@@ -122,12 +122,13 @@ pub(crate) async fn execute(
     observer: &mut dyn Observer,
 ) -> Result<Finished> {
     let client = engine.client.clone();
-    let (without_worker, metrics_bind) = (opts.without_worker, opts.metrics_bind);
+    let without_worker = opts.without_worker;
+    let metrics = opts.metrics.clone();
     let followed = drive(&client, bundle, plan, opts, observer);
     let finished = if without_worker {
         followed.await
     } else {
-        host_until(client.clone(), metrics_bind, followed)
+        host_until(client.clone(), metrics.as_ref(), followed)
             .await
             .map_err(|e| ControlError::engine_call("host the worker", e))?
     };

@@ -2,12 +2,11 @@
 //! share batches through the task queue.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::Path;
 
 use casebatch_proto::{TASK_QUEUE, host_task_queue};
 use casebatch_runtime::local_process::hostname;
-use casebatch_worker::{Engine, host_until};
+use casebatch_worker::{Engine, Listen, host_until};
 
 use crate::error::{ControlError, Result};
 use crate::location::{EngineChoice, absolute};
@@ -36,14 +35,14 @@ impl Replica {
         [TASK_QUEUE.to_string(), host_task_queue(&hostname())]
     }
 
-    /// Polls until `stop` completes, then shuts down gracefully. With `metrics_bind`, serves
-    /// the worker's metrics, `/healthz` and `/readyz` there meanwhile.
+    /// Polls until `stop` completes, then shuts down gracefully. With `metrics`, serves the
+    /// worker's metrics, `/healthz` and `/readyz` there meanwhile.
     pub async fn run_until(
         self,
-        metrics_bind: Option<SocketAddr>,
+        metrics: Option<&Listen>,
         stop: impl Future<Output = ()>,
     ) -> Result<()> {
-        host_until(self.engine.client.clone(), metrics_bind, stop)
+        host_until(self.engine.client.clone(), metrics, stop)
             .await
             .map_err(|e| ControlError::engine_call("host the worker", e))
     }

@@ -88,6 +88,12 @@ impl AttemptEnv {
 pub trait Liveness: Sync {
     fn heartbeat(&self, job: &JobRef) -> impl Future<Output = ()> + Send;
     fn is_cancelled(&self) -> bool;
+    /// Whether a cancel is the worker shutting down rather than the engine asking. Then the
+    /// job is left running and only the wait ends: the engine retries the wait on another
+    /// worker, which re-attaches to the job, so stopping a replica re-runs nothing.
+    fn is_handing_back(&self) -> bool {
+        false
+    }
 }
 
 /// One place where attempts run.

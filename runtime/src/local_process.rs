@@ -545,7 +545,9 @@ impl Runtime for LocalProcess {
                 r
             }
             Waited::Cancelled => {
-                self.kill_all(env, Some(&record));
+                if !live.is_handing_back() {
+                    self.kill_all(env, Some(&record));
+                }
                 ActorReport {
                     status: ActorStatus::Cancelled,
                     exit_code: None,

@@ -14,4 +14,6 @@ mod metrics;
 mod probes;
 
 pub use metrics::{AttemptEnd, Awaiting, Metrics};
-pub use probes::{Readiness, Render, Telemetry, is_loopback, serve_rendered};
+pub use probes::{
+    Listen, Readiness, Render, Telemetry, check, is_loopback, read_address, serve_rendered,
+};

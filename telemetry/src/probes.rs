@@ -3,9 +3,11 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -44,6 +46,24 @@ pub struct Telemetry {
     pub addr: SocketAddr,
 }
 
+/// Where the listener binds, and a file it names the bound address in once it listens. With
+/// port 0 that file is how a probe finds the listener: replicas that share a network
+/// namespace (compose's `network_mode: service:…`) cannot all bind one fixed port.
+#[derive(Clone, Debug)]
+pub struct Listen {
+    pub bind: SocketAddr,
+    pub address_file: Option<PathBuf>,
+}
+
+impl Listen {
+    pub fn on(bind: SocketAddr) -> Self {
+        Self {
+            bind,
+            address_file: None,
+        }
+    }
+}
+
 /// A `/metrics` body made at each scrape.
 pub type Render = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = String> + Send>> + Send + Sync>;
 
@@ -59,20 +79,48 @@ enum Source {
 /// Serves `/metrics` from `render`, with `/healthz` and `/readyz`, on `bind`: for a process
 /// without a Temporal worker. Returns the bound address and the readiness flag to set.
 pub async fn serve_rendered(
-    bind: SocketAddr,
+    listen: &Listen,
     render: Render,
 ) -> anyhow::Result<(SocketAddr, Readiness)> {
-    let listener = bind_listener(bind).await?;
+    let listener = bind_listener(listen).await?;
     let addr = listener.local_addr()?;
     let ready = Readiness::default();
     tokio::spawn(accept(listener, Source::Rendered(render), ready.clone()));
     Ok((addr, ready))
 }
 
-async fn bind_listener(bind: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(bind)
+async fn bind_listener(listen: &Listen) -> anyhow::Result<TcpListener> {
+    let bind = listen.bind;
+    let listener = TcpListener::bind(bind)
         .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {bind} for metrics: {e}"))
+        .map_err(|e| anyhow::anyhow!("cannot listen on {bind} for metrics: {e}"))?;
+    if let Some(path) = &listen.address_file {
+        let addr = listener.local_addr()?;
+        write_address(path, addr)
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(listener)
+}
+
+/// Written whole (a temporary file renamed over it), so a probe never reads half an address.
+fn write_address(path: &std::path::Path, addr: SocketAddr) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, format!("{addr}\n"))?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The address a listener named in its address file (see [`Listen`]).
+pub fn read_address(path: &std::path::Path) -> Result<SocketAddr, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "cannot read {}: {e} (is the process running with --metrics-address-file?)",
+            path.display()
+        )
+    })?;
+    text.trim()
+        .parse()
+        .map_err(|e| format!("{} does not hold an address: {e}", path.display()))
 }
 
 /// Whether an address is loopback only: the listener is unauthenticated, so anything else must
@@ -84,14 +132,14 @@ pub fn is_loopback(addr: &SocketAddr) -> bool {
 impl Telemetry {
     /// Starts the SDK's exporter on an ephemeral loopback port and the listener on `bind`.
     /// Needs a Tokio runtime.
-    pub async fn serve(bind: SocketAddr) -> anyhow::Result<Self> {
+    pub async fn serve(listen: &Listen) -> anyhow::Result<Self> {
         let options = PrometheusExporterOptions::builder()
             .socket_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
             .counters_total_suffix(true)
             .use_seconds_for_durations(true)
             .build();
         let exporter = start_prometheus_metric_exporter(options)?;
-        let listener = bind_listener(bind).await?;
+        let listener = bind_listener(listen).await?;
         let addr = listener.local_addr()?;
         let ready = Readiness::default();
         let source = Source::Exporter(exporter.bound_addr);
@@ -168,22 +216,34 @@ async fn answer(
 
 /// The exporter's `/metrics` body, over one HTTP/1.0 request on loopback.
 async fn scrape(exporter: SocketAddr) -> std::io::Result<Vec<u8>> {
-    let mut stream = TcpStream::connect(exporter).await?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await?;
+    get(exporter, "/metrics").await
+}
+
+/// One probe of a listener (`casebatch health`): Ok when `path` answers 200 within `timeout`,
+/// else what went wrong, for the health check's log.
+pub async fn check(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(), String> {
+    match tokio::time::timeout(timeout, get(addr, path)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("http://{addr}{path}: {e}")),
+        Err(_) => Err(format!("http://{addr}{path}: no answer within {timeout:?}")),
+    }
+}
+
+/// The body of `GET path` over one HTTP/1.0 request, or an error for any status but 200.
+async fn get(addr: SocketAddr, path: &str) -> std::io::Result<Vec<u8>> {
+    let mut stream = TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;
     let split = response
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .ok_or_else(|| std::io::Error::other("a response without a header end"))?;
-    let status_ok = response
-        .split(|&b| b == b'\n')
-        .next()
-        .is_some_and(|line| line.windows(5).any(|w| w == b" 200 "));
-    if !status_ok {
-        return Err(std::io::Error::other("a status other than 200"));
+    let status_line = response.split(|&b| b == b'\n').next().unwrap_or_default();
+    if !status_line.windows(5).any(|w| w == b" 200 ") {
+        let status = String::from_utf8_lossy(status_line);
+        return Err(std::io::Error::other(format!("answered {}", status.trim())));
     }
     Ok(response.split_off(split + 4))
 }

@@ -1,5 +1,6 @@
 //! Metrics and probes: a worker replica serving `/metrics`, `/healthz` and `/readyz` runs a
-//! real batch; its counters move while the batch runs and match the report at the end.
+//! real batch; its counters move while the batch runs and match the report at the end. Its
+//! port is the kernel's pick, found the way the image's HEALTHCHECK finds it.
 
 use std::time::Duration;
 
@@ -25,15 +26,37 @@ tasks:
 "#,
     );
     let mut runner = sb.spawn_batch_without_worker(&manifest, "run.log");
-    let port = free_port();
-    let bind = format!("127.0.0.1:{port}");
+    let addr_file = sb.path("metrics.addr").display().to_string();
+    let health = |extra: &[&str]| {
+        let mut args = vec!["health", "--address-file", &addr_file];
+        args.extend(extra);
+        sb.run(&args)
+    };
+    assert_exit(&health(&[]), 1);
     let mut worker = sb.spawn(
-        &["worker", "--output-dir", &out, "--metrics-bind", &bind],
+        &[
+            "worker",
+            "--output-dir",
+            &out,
+            "--metrics-bind",
+            "127.0.0.1:0",
+            "--metrics-address-file",
+            &addr_file,
+        ],
         "worker.log",
     );
     wait_until(Duration::from_secs(60), "the worker is ready", || {
-        http_get(port, "/readyz").is_some_and(|(status, _)| status == 200)
+        health(&["--ready"]).status.code() == Some(0)
     });
+    let port: u16 = std::fs::read_to_string(&addr_file)
+        .unwrap()
+        .trim()
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .parse()
+        .unwrap();
+    assert!(stdout(&health(&[])).starts_with("healthy: "));
     assert_eq!(http_get(port, "/healthz").map(|r| r.0), Some(200));
     assert_eq!(http_get(port, "/nothing").map(|r| r.0), Some(404));
 
@@ -88,6 +111,13 @@ tasks:
     );
     assert_eq!(settles, 4.0, "one settle per case: {text}");
     assert_eq!(stop(&mut worker), 0, "the worker stops cleanly on SIGTERM");
+    let gone = health(&[]);
+    assert_exit(&gone, 1);
+    assert!(
+        stdout(&gone).starts_with("unhealthy: "),
+        "{}",
+        stdout(&gone)
+    );
 }
 
 #[test]

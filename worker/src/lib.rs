@@ -11,6 +11,8 @@ pub mod engine;
 pub mod keeper;
 pub mod worker;
 
+/// Where a worker serves its metrics and probes.
+pub use casebatch_telemetry::Listen;
 pub use devserver::{DevServer, DevServerError, EngineStatus, StopRefused};
 pub use engine::{Engine, EngineError, EngineTarget};
 pub use worker::{Workers, build_worker, host_until, run_worker_until, worker_runtime};

@@ -3,13 +3,12 @@
 //! Several replicas on one task queue share batches safely: the workflow owns continuation.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use casebatch_activities::CaseActivities;
+use casebatch_activities::{CaseActivities, Stopping};
 use casebatch_proto::{TASK_QUEUE, host_task_queue};
 use casebatch_runtime::local_process::hostname;
-use casebatch_telemetry::{Metrics, Readiness, Telemetry};
+use casebatch_telemetry::{Listen, Metrics, Readiness, Telemetry};
 use casebatch_workflows::{BatchWorkflow, RuntimeBreaker};
 use temporalio_client::Client;
 use temporalio_common::telemetry::TelemetryOptions;
@@ -31,15 +30,17 @@ pub struct Workers {
     host: Worker,
     /// `/readyz` of the process's telemetry listener, if it serves one.
     ready: Option<Readiness>,
+    /// Told before shutdown begins, so waits cut short by it hand their jobs back.
+    stopping: Stopping,
 }
 
-/// The SDK runtime workers run on. With `metrics_bind`, its worker metrics and casebatch's
-/// own are served there with `/healthz` and `/readyz` ([`Telemetry`]).
+/// The SDK runtime workers run on. With `metrics`, its worker metrics and casebatch's own are
+/// served there with `/healthz` and `/readyz` ([`Telemetry`]).
 pub async fn worker_runtime(
-    metrics_bind: Option<SocketAddr>,
+    metrics: Option<&Listen>,
 ) -> anyhow::Result<(Runtime, Option<Telemetry>)> {
-    let telemetry = match metrics_bind {
-        Some(bind) => Some(Telemetry::serve(bind).await?),
+    let telemetry = match metrics {
+        Some(listen) => Some(Telemetry::serve(listen).await?),
         None => None,
     };
     let mut options = RuntimeOptions::default();
@@ -60,12 +61,15 @@ pub fn build_worker(
     telemetry: Option<&Telemetry>,
 ) -> anyhow::Result<Workers> {
     let metrics = telemetry.map_or_else(Metrics::disabled, |t| t.metrics.clone());
+    let stopping = Stopping::default();
     let shared = WorkerOptions::new(TASK_QUEUE)
         .register_workflow::<BatchWorkflow>()?
         .register_workflow::<RuntimeBreaker>()?
         // `start` runs here, and consults the runtimes' breakers through the client.
         .register_activities(
-            CaseActivities::with_breakers(client.clone()).with_metrics(metrics.clone()),
+            CaseActivities::with_breakers(client.clone())
+                .with_metrics(metrics.clone())
+                .with_stopping(stopping.clone()),
         )
         // A crashed worker's sticky queue is abandoned quickly.
         .sticky_queue_schedule_to_start_timeout(Duration::from_secs(3))
@@ -74,7 +78,11 @@ pub fn build_worker(
         .max_eager_activity_reservations_per_workflow_task(EAGER_STARTS_PER_TASK)
         .build();
     let host = WorkerOptions::new(host_task_queue(&hostname()))
-        .register_activities(CaseActivities::default().with_metrics(metrics))
+        .register_activities(
+            CaseActivities::default()
+                .with_metrics(metrics)
+                .with_stopping(stopping.clone()),
+        )
         .graceful_shutdown_period(Duration::from_secs(2))
         .activity_task_poller_behavior(PollerBehavior::SimpleMaximum(ACTIVITY_POLLERS))
         .build();
@@ -82,20 +90,21 @@ pub fn build_worker(
         shared: Worker::new(runtime, client.clone(), shared)?,
         host: Worker::new(runtime, client, host)?,
         ready: telemetry.map(|t| t.ready.clone()),
+        stopping,
     })
 }
 
 /// Hosts this process's workers on `client` until `until` completes, serving metrics and
-/// probes on `metrics_bind` if given.
+/// probes as `metrics` says if given.
 pub async fn host_until<F, T>(
     client: Client,
-    metrics_bind: Option<SocketAddr>,
+    metrics: Option<&Listen>,
     until: F,
 ) -> anyhow::Result<T>
 where
     F: Future<Output = T>,
 {
-    let (runtime, telemetry) = worker_runtime(metrics_bind).await?;
+    let (runtime, telemetry) = worker_runtime(metrics).await?;
     let mut workers = build_worker(&runtime, client, telemetry.as_ref())?;
     run_worker_until(&mut workers, until).await
 }
@@ -128,6 +137,7 @@ where
         }
         out = &mut until => {
             ready(false);
+            workers.stopping.begin();
             stop_shared();
             stop_host();
             let (a, b) = run.await;

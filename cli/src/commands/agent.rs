@@ -27,20 +27,20 @@ impl From<AgentError> for CliError {
 
 pub async fn run(args: AgentArgs) -> CliResult {
     let config = args.config()?;
-    let metrics_bind = args.metrics.bind()?;
+    let metrics = args.metrics.listen()?;
     // Watched before anything starts, so a stop signal is never missed.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| CliError::usage(format!("failed to watch SIGTERM: {e}")))?;
     let agent = Agent::start(config).await?;
-    let ready = match metrics_bind {
+    let ready = match metrics {
         None => None,
-        Some(bind) => {
+        Some(listen) => {
             let metrics = agent.metrics();
             let render: casebatch_telemetry::Render = std::sync::Arc::new(move || {
                 let metrics = metrics.clone();
                 Box::pin(async move { metrics.render().await })
             });
-            let (addr, ready) = casebatch_telemetry::serve_rendered(bind, render)
+            let (addr, ready) = casebatch_telemetry::serve_rendered(&listen, render)
                 .await
                 .map_err(|e| CliError::usage(format!("--metrics-bind: {e}")))?;
             eprintln!("metrics on http://{addr}/metrics (probes: /healthz, /readyz)");

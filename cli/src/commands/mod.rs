@@ -5,6 +5,7 @@ mod agent;
 mod config;
 mod demo;
 mod engine;
+mod health;
 mod manifest;
 mod ops;
 mod retry;
@@ -56,6 +57,7 @@ pub async fn dispatch(command: Command) -> CliResult {
         Command::Run(args) => run::run_one(args).await,
         Command::Worker(args) => worker::run(args).await,
         Command::Agent(args) => agent::run(args).await,
+        Command::Health(args) => health::probe(&args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Harness(h) => demo::harness(h).await,
         Command::History(args) => status::run_history(&args),

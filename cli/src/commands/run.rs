@@ -31,7 +31,7 @@ pub async fn run(args: RunArgs) -> CliResult {
             supersede: args.supersede,
             no_speculation: args.no_speculation,
             history_db: args.history_db,
-            metrics_bind: args.metrics.bind()?,
+            metrics: args.metrics.listen()?,
             ..DriveOptions::default()
         },
     };

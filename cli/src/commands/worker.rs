@@ -7,7 +7,7 @@ use crate::cli::WorkerArgs;
 use crate::exit::{CliError, CliResult, Exit};
 
 pub async fn run(args: WorkerArgs) -> CliResult {
-    let metrics_bind = args.metrics.bind()?;
+    let metrics = args.metrics.listen()?;
     let replica = Replica::connect(&args.output_dir, &args.engine.choice()).await?;
     let [shared, host] = replica.task_queues();
     eprintln!(
@@ -18,11 +18,18 @@ pub async fn run(args: WorkerArgs) -> CliResult {
     // Stop on Ctrl-C or SIGTERM (what container runtimes send).
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| CliError::usage(format!("failed to watch SIGTERM: {e}")))?;
-    if let Some(addr) = metrics_bind {
-        eprintln!("metrics, /healthz and /readyz on http://{addr}");
+    if let Some(listen) = &metrics {
+        match &listen.address_file {
+            Some(file) => eprintln!(
+                "metrics, /healthz and /readyz on {} (the bound address goes to {})",
+                listen.bind,
+                file.display()
+            ),
+            None => eprintln!("metrics, /healthz and /readyz on http://{}", listen.bind),
+        }
     }
     replica
-        .run_until(metrics_bind, async {
+        .run_until(metrics.as_ref(), async {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}

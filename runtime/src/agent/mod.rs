@@ -315,6 +315,8 @@ impl Runtime for AgentRuntime {
         let every = self.timing.heartbeat_every;
         let ended = match beating(live, &job, every, true, self.watch_to_end(&t, &key, &job)).await
         {
+            // The job runs on for the worker that retries this wait.
+            None if live.is_handing_back() => return ActorReport::cancelled(),
             None => return self.cancel(&t, &key, &job, live).await,
             Some(Err(f)) => return failed(f),
             Some(Ok(ended)) => ended,
