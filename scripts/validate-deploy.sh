@@ -10,5 +10,6 @@ if [ ! -x "$VENV/bin/check-jsonschema" ] || [ ! -x "$VENV/bin/kubernetes-validat
   "$VENV/bin/pip" install --quiet --disable-pip-version-check kubernetes-validate check-jsonschema
 fi
 "$VENV/bin/kubernetes-validate" --strict --quiet deploy/k8s/*.yaml
-"$VENV/bin/check-jsonschema" --builtin-schema vendor.compose-spec deploy/compose.yaml deploy/compose.agent.yaml
+"$VENV/bin/check-jsonschema" --builtin-schema vendor.compose-spec deploy/compose.yaml deploy/compose.agent.yaml \
+  scripts/deploy-drill/compose.yaml
 echo "deploy/: Kubernetes and compose files match their schemas"
