@@ -188,9 +188,11 @@ fn an_engine_that_never_answers_exits_3_naming_its_address_and_log() {
         ),
         "names the engine log: {err}"
     );
-    assert!(
-        !engine_alive(&record),
-        "the server it started is not left behind"
+    // Killed as the runner gave up; its exit is the kernel's to finish.
+    wait_until(
+        Duration::from_secs(10),
+        "the server it started is not left behind",
+        || !engine_alive(&record),
     );
     assert!(
         !sb.bundle("mute").join("run_config.json").exists(),
@@ -260,9 +262,12 @@ tasks: [{task_id: k1}, {task_id: k2}, {task_id: k3}, {task_id: k4}, {task_id: k5
     // Taken over: the engine resume found is stopped, and no other one runs.
     assert!(!engine_alive(&engine), "the found engine is left running");
     let keeper = &engine["keeper"];
-    assert!(
-        !keeper.is_null() && !engine_alive(keeper),
-        "its keeper is left running: {keeper}"
+    assert!(!keeper.is_null(), "the engine record names its keeper");
+    // The keeper exits on its own once its engine is gone.
+    wait_until(
+        Duration::from_secs(10),
+        &format!("its keeper ({keeper}) exits"),
+        || !engine_alive(keeper),
     );
     assert!(
         !engine_record(&out).is_some_and(|r| engine_alive(&r)),

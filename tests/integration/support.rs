@@ -5,22 +5,44 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// Tests that run an engine take turns: the machine has two cores, and a dev server plus a
-/// batch per test at once would measure contention, not behaviour.
-static ENGINE: Mutex<()> = Mutex::new(());
+/// Tests that run an engine take turns, two at a time. Such a test spends most of its time
+/// waiting (heartbeat timeouts, gated harnesses, processes starting), so two of them share
+/// two cores with most of the CPU idle; a dev server and a batch per test for every test
+/// thread would measure contention, not behaviour.
+const ENGINE_TURNS: usize = 2;
 
-pub fn engine_lock() -> MutexGuard<'static, ()> {
-    ENGINE.lock().unwrap_or_else(|p| p.into_inner())
+static TURNS_TAKEN: Mutex<usize> = Mutex::new(0);
+static TURN_FREED: Condvar = Condvar::new();
+
+/// One of the [`ENGINE_TURNS`]; given back when dropped.
+pub struct EngineTurn(());
+
+impl EngineTurn {
+    pub fn take() -> Self {
+        let mut taken = TURNS_TAKEN.lock().unwrap_or_else(|p| p.into_inner());
+        while *taken >= ENGINE_TURNS {
+            taken = TURN_FREED.wait(taken).unwrap_or_else(|p| p.into_inner());
+        }
+        *taken += 1;
+        Self(())
+    }
+}
+
+impl Drop for EngineTurn {
+    fn drop(&mut self) {
+        *TURNS_TAKEN.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        TURN_FREED.notify_one();
+    }
 }
 
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
-    _turn: Option<MutexGuard<'static, ()>>,
+    _turn: Option<EngineTurn>,
 }
 
 impl Sandbox {
@@ -34,7 +56,7 @@ impl Sandbox {
 
     /// A sandbox for a test that runs batches (takes its turn on the engine lock).
     pub fn engine() -> Self {
-        let turn = engine_lock();
+        let turn = EngineTurn::take();
         Self {
             dir: tempfile::tempdir().expect("tempdir"),
             _turn: Some(turn),
