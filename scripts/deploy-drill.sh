@@ -83,9 +83,17 @@ compose() {
     -f deploy/compose.yaml -f deploy/compose.agent.yaml -f "$DRILL/compose.yaml" "$@"
 }
 container() { echo "${PROJECT}_$1"; }
+runner=""
+# Everything of the project goes, also what a failed run left: the batch runner (a one-off
+# `compose run` container, which `compose down` does not remove and which holds the dev
+# server's network namespace, so the server and its database volume would stay too).
 teardown() {
   [ "${DRILL_KEEP:-0}" = 1 ] && { say "kept the containers (DRILL_KEEP=1)"; return; }
+  if [ -n "$runner" ]; then kill "$runner" 2>/dev/null || true; fi
+  local label="label=io.podman.compose.project=$PROJECT"
+  podman ps -aq --filter "$label" | xargs -r podman rm -f -t 0 >/dev/null 2>&1 || true
   compose down -v >/dev/null 2>&1 || true
+  podman volume ls -q --filter "$label" | xargs -r podman volume rm -f >/dev/null 2>&1 || true
   podman volume rm -f "${PROJECT}_drill-ledger" >/dev/null 2>&1 || true
 }
 trap teardown EXIT
@@ -191,7 +199,7 @@ awaited() {
     printf "GET /metrics HTTP/1.0\r\n\r\n" >&3 && cat <&3' 2>/dev/null \
     | awk '$1 ~ /^casebatch_jobs_awaited($|\{)/ {n += $2} END {print n + 0}'
 }
-# Of the given workers, the one waiting on the most jobs (so the drill hits one that has some).
+# "worker jobs": of the given workers, the one waiting on the most jobs.
 busiest() {
   local best="" most=-1 n
   for c in "$@"; do
@@ -199,6 +207,17 @@ busiest() {
     if [ "$n" -gt "$most" ]; then best=$c; most=$n; fi
   done
   echo "$best $most"
+}
+# The busiest worker once one waits on at least $1 jobs (between two waves of cases every
+# worker may briefly wait on none), so the drill always hits a worker that has some.
+busy_worker() { # min jobs, seconds
+  local deadline=$((SECONDS + $2)) best
+  while :; do
+    best=$(busiest "${WORKERS[@]}")
+    [ "${best##* }" -ge "$1" ] && { echo "$best"; return; }
+    [ $SECONDS -lt $deadline ] || return 1
+    sleep 0.5
+  done
 }
 count() { events | awk -v k="$1" '$1 == k' | wc -l; }
 wait_ends() { # n, seconds
@@ -217,8 +236,7 @@ runner=$!
 
 # 1. The worker waiting on the most jobs dies (SIGKILL), and comes back.
 wait_ends 8 180
-read -r victim held < <(busiest "${WORKERS[@]}")
-[ "$held" -gt 0 ] || fail "no worker is waiting on a job"
+read -r victim held < <(busy_worker 5 60) || fail "no worker waited on 5 jobs within 60 s"
 podman kill --signal KILL "$victim" >/dev/null
 say "killed $victim (SIGKILL) while it waited on $held of the agent's jobs"
 podman start "$victim" >/dev/null 2>>"$WORK/podman.log"
@@ -237,8 +255,7 @@ say "agent ready again $(since "$t0")s after the kill"
 # 3. The busiest worker is stopped (SIGTERM) with jobs in flight: it must exit by itself,
 #    within the grace period, and hand its jobs back rather than kill them.
 wait_ends 40 240
-read -r stopped held < <(busiest "${WORKERS[@]}")
-[ "$held" -gt 0 ] || fail "no worker is waiting on a job"
+read -r stopped held < <(busy_worker 5 60) || fail "no worker waited on 5 jobs within 60 s"
 t0=$(now)
 podman stop -t 20 "$stopped" >/dev/null 2>>"$WORK/podman.log"
 t_stop=$(since "$t0")
