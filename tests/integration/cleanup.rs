@@ -5,7 +5,7 @@ use crate::support::*;
 
 #[test]
 fn cleanup_finds_and_kills_a_detached_grandchild() {
-    let sb = Sandbox::engine();
+    let sb = Sandbox::engine_alone();
     // The harness leaves a grandchild behind in a new session (setsid + background), as a
     // careless browser launcher would, then exits successfully.
     let manifest = sb.write(
@@ -45,7 +45,7 @@ tasks:
 
 #[test]
 fn an_environment_clearing_detached_descendant_is_killed_through_the_attempts_cgroup() {
-    let sb = Sandbox::engine();
+    let sb = Sandbox::engine_alone();
     // `env -i` drops the allocation marker, so no scan of process environments can find it:
     // only membership of the attempt's cgroup does.
     let manifest = sb.write(

@@ -19,8 +19,8 @@ const ENGINE_TURNS: usize = 2;
 static TURNS_TAKEN: Mutex<usize> = Mutex::new(0);
 static TURN_FREED: Condvar = Condvar::new();
 
-/// One of the [`ENGINE_TURNS`]; given back when dropped.
-pub struct EngineTurn(());
+/// Turns of the [`ENGINE_TURNS`] (how many this holds); given back when dropped.
+pub struct EngineTurn(usize);
 
 impl EngineTurn {
     pub fn take() -> Self {
@@ -29,14 +29,24 @@ impl EngineTurn {
             taken = TURN_FREED.wait(taken).unwrap_or_else(|p| p.into_inner());
         }
         *taken += 1;
-        Self(())
+        Self(1)
+    }
+
+    /// Every turn: the test runs with no other engine test beside it.
+    pub fn take_all() -> Self {
+        let mut taken = TURNS_TAKEN.lock().unwrap_or_else(|p| p.into_inner());
+        while *taken > 0 {
+            taken = TURN_FREED.wait(taken).unwrap_or_else(|p| p.into_inner());
+        }
+        *taken = ENGINE_TURNS;
+        Self(ENGINE_TURNS)
     }
 }
 
 impl Drop for EngineTurn {
     fn drop(&mut self) {
-        *TURNS_TAKEN.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
-        TURN_FREED.notify_one();
+        *TURNS_TAKEN.lock().unwrap_or_else(|p| p.into_inner()) -= self.0;
+        TURN_FREED.notify_all();
     }
 }
 
@@ -56,7 +66,17 @@ impl Sandbox {
 
     /// A sandbox for a test that runs batches (takes its turn on the engine lock).
     pub fn engine() -> Self {
-        let turn = EngineTurn::take();
+        Self::with_turn(EngineTurn::take())
+    }
+
+    /// The same, for a test that must run with no other engine test beside it: the cleanup
+    /// tests, which once timed out waiting for a killed grandchild to leave /proc while
+    /// another engine test ran (cause not found; they ran alone before, and do again).
+    pub fn engine_alone() -> Self {
+        Self::with_turn(EngineTurn::take_all())
+    }
+
+    fn with_turn(turn: EngineTurn) -> Self {
         Self {
             dir: tempfile::tempdir().expect("tempdir"),
             _turn: Some(turn),
