@@ -55,15 +55,6 @@ pub struct Listen {
     pub address_file: Option<PathBuf>,
 }
 
-impl Listen {
-    pub fn on(bind: SocketAddr) -> Self {
-        Self {
-            bind,
-            address_file: None,
-        }
-    }
-}
-
 /// A `/metrics` body made at each scrape.
 pub type Render = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = String> + Send>> + Send + Sync>;
 
