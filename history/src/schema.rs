@@ -2,7 +2,7 @@
 //! refresh it at once.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode, TransactionBehavior};
 
@@ -52,6 +52,24 @@ pub(crate) const COUNTED: &str =
 /// tables are those of [`SCHEMA_VERSION`]. A file that is not a SQLite database at all is
 /// deleted and made again: nothing in it is lost that the bundles do not hold.
 pub(crate) fn open(path: &Path) -> rusqlite::Result<Connection> {
+    let deadline = Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match open_repairing(path) {
+            // SQLite skips the busy handler where waiting could deadlock: two connections that
+            // both read a fresh file and both want to switch it to WAL. One of them gets BUSY
+            // at once, and opening again, once the other is done, succeeds.
+            Err(e)
+                if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy)
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn open_repairing(path: &Path) -> rusqlite::Result<Connection> {
     match open_once(path) {
         Err(e) if e.sqlite_error_code() == Some(ErrorCode::NotADatabase) => {
             for suffix in ["", "-wal", "-shm"] {
