@@ -30,11 +30,18 @@ tasks:
         !receipt["killed"].as_array().unwrap().is_empty(),
         "the detached grandchild was found by its marker and killed: {receipt:#}"
     );
-    // Killed is not yet gone: the orphan is reaped by init a moment later.
-    wait_until(
-        std::time::Duration::from_secs(10),
-        "the grandchild is gone",
-        || no_process_matches("sleep 400"),
+    // Killed is not yet gone: the orphan is reaped by init a moment later. A survivor is
+    // described in full: where it lives says how it escaped.
+    let start = std::time::Instant::now();
+    let mut left = processes_matching("sleep 400");
+    while !left.is_empty() && start.elapsed() < std::time::Duration::from_secs(15) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        left = processes_matching("sleep 400");
+    }
+    assert!(
+        left.is_empty(),
+        "survivors of cleanup:\n{}\nreceipt: {receipt:#}",
+        describe_processes(&left)
     );
     let result = sb.case_result("leak", "leaky");
     assert_eq!(

@@ -361,6 +361,33 @@ pub fn no_process_matches(needle: &str) -> bool {
     true
 }
 
+/// What a test needs to know of a process that should be gone: its name, state, parent,
+/// cgroups and command line, from `/proc`.
+pub fn describe_processes(pids: &[u32]) -> String {
+    let read = |pid: u32, file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}"));
+    pids.iter()
+        .map(|&pid| {
+            let status: Vec<String> = read(pid, "status")
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| {
+                    ["Name:", "State:", "PPid:", "NSpid:"]
+                        .iter()
+                        .any(|k| l.starts_with(k))
+                })
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect();
+            let cmd = read(pid, "cmdline").unwrap_or_default().replace('\0', " ");
+            let cgroups = read(pid, "cgroup").unwrap_or_default().replace('\n', "; ");
+            format!(
+                "pid {pid}: {} | cgroups: {cgroups}| cmdline: {cmd}",
+                status.join(", ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 pub fn processes_matching(needle: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -376,7 +403,7 @@ pub fn processes_matching(needle: &str) -> Vec<u32> {
             .and_then(|s| {
                 s.rsplit(')')
                     .next()
-                    .map(|r| r.trim_start().starts_with('Z'))
+                    .map(|r| r.trim_start().starts_with(['Z', 'X']))
             })
             .unwrap_or(true);
         if cmd.contains(needle) && !zombie {
