@@ -231,11 +231,27 @@ pub fn insert(conn: &Connection, r: &JobRow) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// The rows not ended (every [`RowState`] but `Ended`), as a condition the `jobs_state` index
+/// answers. `state != 'ended'` reads every row the agent ever ran: 120 ms a call at 300,000
+/// ended rows, against 0.2 ms, and admission asks under the table lock.
+macro_rules! not_ended {
+    () => {
+        "state IN ('starting', 'running')"
+    };
+}
+
+const IN_FLIGHT: &str = concat!(
+    "SELECT COUNT(*), COALESCE(SUM(memory_mb), 0) FROM jobs WHERE ",
+    not_ended!()
+);
+const UNFINISHED: &str = concat!(
+    "SELECT * FROM jobs WHERE ",
+    not_ended!(),
+    " ORDER BY submitted_at_ms"
+);
+
 pub fn in_flight(conn: &Connection) -> rusqlite::Result<InFlight> {
-    conn.prepare_cached(
-        "SELECT COUNT(*), COALESCE(SUM(memory_mb), 0) FROM jobs WHERE state != 'ended'",
-    )?
-    .query_row([], |row| {
+    conn.prepare_cached(IN_FLIGHT)?.query_row([], |row| {
         Ok(InFlight {
             jobs: row.get::<_, i64>(0)? as u32,
             memory_mb: row.get::<_, i64>(1)? as u64,
@@ -252,7 +268,7 @@ pub fn count_by_state(conn: &Connection) -> rusqlite::Result<Vec<(String, u64)>>
 
 /// Every row not ended, oldest first.
 pub fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<JobRow>> {
-    conn.prepare_cached("SELECT * FROM jobs WHERE state != 'ended' ORDER BY submitted_at_ms")?
+    conn.prepare_cached(UNFINISHED)?
         .query_map([], JobRow::read)?
         .collect()
 }
@@ -299,4 +315,39 @@ pub fn set_cleaned(
     )?
     .execute(params![key, to_json(receipt)?, cleaned_at_ms as i64])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_ended_names_every_state_but_ended() {
+        for state in [RowState::Starting, RowState::Running] {
+            assert!(not_ended!().contains(&format!("'{}'", state.as_str())));
+        }
+        assert!(!not_ended!().contains(RowState::Ended.as_str()));
+    }
+
+    /// Admission asks for the jobs in flight under the table lock: the question must not read
+    /// every row the agent ever ran.
+    #[test]
+    fn questions_about_jobs_in_flight_use_the_state_index() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        for sql in [IN_FLIGHT, UNFINISHED] {
+            let plan: Vec<String> = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map([], |row| row.get(3))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains("USING INDEX jobs_state")),
+                "{sql}: {plan:?}"
+            );
+        }
+    }
 }
