@@ -10,6 +10,7 @@
 #   ONLY=tail scripts/bench.sh  # only the uniform-vs-weighted split over a fast and a slow agent
 #   ONLY=local scripts/bench.sh # only the local-process cost per case (sleep 1, true, 256 wide)
 #   ONLY=prepare scripts/bench.sh # only provision-ahead against provisioning at dispatch
+#   ONLY=aged scripts/bench.sh  # only an agent with 300,000 ended jobs against a fresh one
 #
 # Per scenario: wall time, cases/s, the ratio to xargs, and the CPU time (user + system) of
 # casebatch's own runner process (worker in-process) and of the embedded Temporal server.
@@ -110,10 +111,12 @@ scenario() {
     "$cpu" "$(calc "1000 * $cpu / $count")" "$ecpu" "$(calc "int($peak / 1024)")"
 }
 
-# Starts `casebatch agent` NAME on a free loopback port; prints "pid address".
+# Starts `casebatch agent` NAME on a free loopback port; prints "pid address". A restart on
+# the same data directory keeps its job table.
 start_agent() {
   local dir="$WORK/agent-$1" pid
   mkdir -p "$dir"
+  rm -f "$dir/agent.addr"
   "$BIN" agent --listen 127.0.0.1:0 --data-dir "$dir" --max-concurrent 256 > "$WORK/agent-$1.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 300); do [ -s "$dir/agent.addr" ] && break; sleep 0.1; done
@@ -190,6 +193,37 @@ local_cost() {
   C=256 scenario "local-process, sleep 1, 256 in flight" local-process 'sleep 1' 1024 'sleep 1'
 }
 
+# An agent that has run for months keeps every ended job's row: the same `true` batch through
+# an agent whose table holds AGED (default 300,000) ended rows, against a fresh agent measured
+# just before. The rows are written into the agent's own table while it is stopped.
+aged_vs_fresh() {
+  local started apid fresh_rate dir="$WORK/agent-aged"
+  started=$(start_agent fresh); apid=${started% *}; AGENT_ADDR=${started#* }
+  scenario "agent, fresh job table (true)" bench-agent 'true' "$N"
+  fresh_rate=$RATE
+  kill "$apid"; wait "$apid" 2>/dev/null || true
+  started=$(start_agent aged); apid=${started% *}
+  kill "$apid"; wait "$apid" 2>/dev/null || true
+  python3 - "$dir/jobs.sqlite" "${AGED:-300000}" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+cols = [r[1] for r in db.execute("PRAGMA table_info(jobs)")]
+old = {"state": "ended", "report": '{"exit_code": 0}', "cleanup_receipt": '{"cleanup_confirmed": true}',
+       "planned_case_json": '{"case_id": "old"}', "ended_at_ms": 1, "cleaned_at_ms": 1, "submitted_at_ms": 1}
+def row(i):
+    return [f"old-{i}" if c == "job_key" else old.get(c, f"old-{i // 643}" if c == "batch_id" else 0)
+            for c in cols]
+db.executemany(f"INSERT INTO jobs VALUES ({','.join('?' * len(cols))})", (row(i) for i in range(int(sys.argv[2]))))
+db.commit()
+PY
+  started=$(start_agent aged); apid=${started% *}; AGENT_ADDR=${started#* }
+  scenario "agent, ${AGED:-300000} ended jobs in its table (true)" bench-agent 'true' "$N"
+  printf "  aged/fresh throughput %.2fx · aged agent CPU %.1fs (%.1f ms/case over %d runs)\n" \
+    "$(calc "$RATE / $fresh_rate")" "$(cpu_of "$apid")" "$(calc "1000 * $(cpu_of "$apid") / ($N * $RUNS)")" "$RUNS"
+  kill "$apid"; wait "$apid" 2>/dev/null || true
+  unset AGENT_ADDR
+}
+
 # Slow sandboxes, SIMULATED (the fake runtime: 1 s to provision, 1 s to run), 40 cases at 4
 # in flight: provisioned at dispatch (`prepare_ahead: 0`) against 4 provisioned ahead, paired
 # per round.
@@ -227,10 +261,12 @@ if [ "${ONLY:-}" = agent ]; then agent_vs_local; exit 0; fi
 if [ "${ONLY:-}" = tail ]; then tail_vs_uniform; exit 0; fi
 if [ "${ONLY:-}" = local ]; then local_cost; exit 0; fi
 if [ "${ONLY:-}" = prepare ]; then prepare_vs_dispatch; exit 0; fi
+if [ "${ONLY:-}" = aged ]; then aged_vs_fresh; exit 0; fi
 local_cost
 scenario "fake runtime (simulation), no-op" fake '' "$N"
 agent_vs_local
 tail_vs_uniform
+aged_vs_fresh
 prepare_vs_dispatch
 if [ -z "${SKIP_10K:-}" ]; then
   RUNS=1 scenario "fake runtime (simulation), $BIG cases" fake '' "$BIG"
