@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use tonic::transport::{Identity, ServerTlsConfig};
 
@@ -46,6 +47,8 @@ pub struct AgentConfig {
     pub memory_budget_mb: Option<u64>,
     pub tls: Option<TlsFiles>,
     pub token: Option<TokenSource>,
+    /// How long an ended job's row and attempt directory are kept (`None`: forever).
+    pub keep_ended: Option<Duration>,
 }
 
 impl AgentConfig {
@@ -58,6 +61,7 @@ impl AgentConfig {
             memory_budget_mb: None,
             tls: None,
             token: None,
+            keep_ended: Some(crate::DEFAULT_KEEP_ENDED),
         }
     }
 }

@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -95,6 +95,8 @@ pub(crate) struct Jobs {
     /// The variable holding the agent's token: never passed to a harness.
     token_env: Option<String>,
     reattached: AtomicU32,
+    /// Ended jobs removed by retention since this agent started.
+    pruned: AtomicU64,
     started: std::time::Instant,
     stopping: watch::Sender<bool>,
 }
@@ -160,7 +162,7 @@ fn local_bundle(batches: &Path, batch_id: &str, bundle_dir: &str) -> PathBuf {
 
 impl JobRow {
     /// The attempt as `LocalProcess` sees it: the agent's directory in place of the bundle.
-    fn env(&self) -> Result<AttemptEnv, String> {
+    pub(crate) fn env(&self) -> Result<AttemptEnv, String> {
         let case: PlannedCase = serde_json::from_str(&self.planned_case_json).map_err(|e| {
             format!(
                 "the stored planned case of {} is unreadable: {e}",
@@ -238,9 +240,23 @@ impl Jobs {
             batches,
             token_env,
             reattached: AtomicU32::new(0),
+            pruned: AtomicU64::new(0),
             started: std::time::Instant::now(),
             stopping: watch::Sender::new(false),
         }
+    }
+
+    pub(crate) fn table(&self) -> &Table {
+        &self.table
+    }
+
+    /// `D/batches`: every attempt directory of this agent is under it.
+    pub(crate) fn batches(&self) -> &Path {
+        &self.batches
+    }
+
+    pub(crate) fn count_pruned(&self, n: u64) {
+        self.pruned.fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn reattached(&self) -> u32 {
@@ -311,6 +327,12 @@ impl Jobs {
             "Jobs not ended when this agent started, awaited again",
             vec![(String::new(), u64::from(self.reattached()))],
         );
+        out.push_str(&format!(
+            "# HELP casebatch_agent_jobs_pruned_total Ended jobs removed after --keep-ended, since start\n\
+             # TYPE casebatch_agent_jobs_pruned_total counter\n\
+             casebatch_agent_jobs_pruned_total {}\n",
+            self.pruned.load(Ordering::Relaxed)
+        ));
         out
     }
 

@@ -23,6 +23,8 @@
 //! report). An agent that restarts on the same data directory gives every row not `ended`
 //! its task again: `LocalProcess` finds what the earlier life started by `job.json`,
 //! `wrapper.pid`, `exit_status` and `/proc`, so nothing is lost and nothing runs twice.
+//! An ended job's row and attempt directory are removed `--keep-ended` after it ended
+//! (`retention.rs`), cleaned up first when no worker did.
 //!
 //! Harness environment: as for `local-process`, an allowlist; `pass_env` names are read from
 //! the *agent's* environment (export them where the agent runs), never from the worker's.
@@ -33,6 +35,7 @@ mod auth;
 mod config;
 mod datadir;
 mod jobs;
+mod retention;
 mod service;
 pub mod table;
 
@@ -50,6 +53,7 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
 pub use config::{AgentConfig, TlsFiles, TokenSource};
+pub use retention::{DEFAULT_KEEP_ENDED, parse_keep_ended};
 
 /// Default of `--max-concurrent`.
 pub const DEFAULT_MAX_CONCURRENT: u32 = 64;
@@ -125,6 +129,7 @@ pub struct Agent {
     listener: tokio::net::TcpListener,
     jobs: Arc<jobs::Jobs>,
     security: config::Security,
+    keep_ended: Option<Duration>,
     _lock: datadir::DataDirLock,
 }
 
@@ -171,6 +176,7 @@ impl Agent {
             listener,
             jobs,
             security,
+            keep_ended: config.keep_ended,
             _lock: lock,
         })
     }
@@ -205,8 +211,12 @@ impl Agent {
             listener,
             jobs,
             security,
+            keep_ended,
             _lock,
         } = self;
+        // Dropped with this call: retention runs while the agent serves.
+        let pruner =
+            keep_ended.map(|keep| AbortOnDrop(tokio::spawn(retention::run(jobs.clone(), keep))));
         let mut builder = Server::builder();
         if let Some(tls) = security.tls_config() {
             builder = builder.tls_config(tls).map_err(|e| {
@@ -233,7 +243,17 @@ impl Agent {
                 Ok(())
             }
         };
+        drop(pruner);
         let _ = datadir::remove_addr(&data_dir);
         result
+    }
+}
+
+/// A background task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

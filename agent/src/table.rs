@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch_id);
+CREATE INDEX IF NOT EXISTS jobs_ended_at ON jobs(ended_at_ms, job_key);
 ";
 
 /// Where a job stands in the table.
@@ -271,6 +272,44 @@ pub fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<JobRow>> {
     conn.prepare_cached(UNFINISHED)?
         .query_map([], JobRow::read)?
         .collect()
+}
+
+/// Ended rows whose job ended before `cutoff_ms`, in (end time, key) order from just after
+/// `after`, at most `limit`: a page at a time, so rows that stay are read once per pass.
+pub fn ended_before(
+    conn: &Connection,
+    cutoff_ms: u64,
+    after: (u64, &str),
+    limit: u32,
+) -> rusqlite::Result<Vec<JobRow>> {
+    conn.prepare_cached(
+        "SELECT * FROM jobs WHERE state = 'ended' AND ended_at_ms < ?1
+         AND (ended_at_ms, job_key) > (?2, ?3)
+         ORDER BY ended_at_ms, job_key LIMIT ?4",
+    )?
+    .query_map(
+        params![cutoff_ms as i64, after.0 as i64, after.1, limit],
+        JobRow::read,
+    )?
+    .collect()
+}
+
+/// Deletes an ended row. True when it was there.
+pub fn delete_ended(conn: &Connection, key: &str) -> rusqlite::Result<bool> {
+    let n = conn
+        .prepare_cached("DELETE FROM jobs WHERE job_key = ?1 AND state = 'ended'")?
+        .execute([key])?;
+    Ok(n > 0)
+}
+
+/// True when some row still uses the agent's directory `local_bundle` of `batch_id`.
+pub fn bundle_in_use(
+    conn: &Connection,
+    batch_id: &str,
+    local_bundle: &str,
+) -> rusqlite::Result<bool> {
+    conn.prepare_cached("SELECT 1 FROM jobs WHERE batch_id = ?1 AND local_bundle = ?2 LIMIT 1")?
+        .exists([batch_id, local_bundle])
 }
 
 /// The process is known: `running`, with its identity and how many starts it took.

@@ -746,3 +746,88 @@ async fn tls_with_a_token_serves_tls_clients_only() {
     );
     assert!(!dir.path().join("d2").exists());
 }
+
+/// Polls Get until the agent no longer knows the job.
+async fn forgotten(c: &mut RuntimeClient<Channel>, k: &pb::AttemptKey) {
+    for _ in 0..400 {
+        match c.get(job_req(k)).await {
+            Err(status) if status.code() == Code::NotFound => return,
+            Err(status) => panic!("{status:?}"),
+            Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    panic!("{} was still known after 20 s", marker(k));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_jobs_go_after_keep_ended_cleaned_up_first_and_running_ones_stay() {
+    let agent = TestAgent::start(|c| c.keep_ended = Some(Duration::from_secs(3))).await;
+    let mut c = agent.client().await;
+    let (counter, gate, ready) = (
+        agent.path("counter"),
+        agent.path("gate"),
+        agent.path("ready"),
+    );
+    // One batch, three jobs: one its worker cleaned up, one that left a detached grandchild
+    // and was never cleaned up, one still running.
+    let (cleaned, left, running) = (key("keep", 0), key("keep", 1), key("keep", 2));
+    submit(&mut c, &cleaned, &planned(0, "true", &[], None))
+        .await
+        .unwrap();
+    watch_to_end(&mut c, &cleaned).await;
+    let receipt = c.cleanup(job_req(&cleaned)).await.unwrap().into_inner();
+    assert!(receipt.cleanup_confirmed, "{receipt:?}");
+    let leaker = r#"(setsid sleep 373 &); touch "$READY""#;
+    submit(
+        &mut c,
+        &left,
+        &planned(1, leaker, &[("READY", &ready)], None),
+    )
+    .await
+    .unwrap();
+    watch_to_end(&mut c, &left).await;
+    let gated = [("COUNTER", counter.as_path()), ("GATE", gate.as_path())];
+    submit(&mut c, &running, &planned(2, GATED, &gated, None))
+        .await
+        .unwrap();
+    let leftover = marker(&left);
+    assert!(
+        !casebatch_runtime::procfs::scan_marker(&leftover)
+            .marked
+            .is_empty()
+    );
+
+    let batches = agent.data().join("batches");
+    let local: Vec<PathBuf> = std::fs::read_dir(&batches)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let [local] = local.as_slice() else {
+        panic!("one directory for the batch: {local:?}")
+    };
+    let attempt = |i: u32| local.join(format!("cases/case-{i}/attempts/1"));
+    assert!((0..3).all(|i| attempt(i).is_dir()));
+
+    forgotten(&mut c, &cleaned).await;
+    forgotten(&mut c, &left).await;
+    assert!(
+        casebatch_runtime::procfs::scan_marker(&leftover)
+            .marked
+            .is_empty(),
+        "the job nobody cleaned up was cleaned up before it went"
+    );
+    assert!(!attempt(0).exists() && !attempt(1).exists());
+    // Older than --keep-ended but not ended: untouched.
+    let job = c.get(job_req(&running)).await.unwrap().into_inner();
+    assert_eq!(job.state(), pb::JobState::Running);
+    assert!(attempt(2).is_dir());
+
+    std::fs::write(&gate, "").unwrap();
+    watch_to_end(&mut c, &running).await;
+    forgotten(&mut c, &running).await;
+    // Its batch directory goes with the last job of the batch.
+    assert!(!local.exists(), "{} is left", local.display());
+    assert!(batches.is_dir());
+    assert_eq!(lines(&counter), 1);
+    agent.stop().await;
+}

@@ -582,6 +582,10 @@ pub struct AgentArgs {
     /// File holding the bearer token every call must present.
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// How long an ended job's row and files stay on the agent after it ended (30m, 12h, 7d,
+    /// or forever); a job nobody cleaned up is cleaned up before it is removed.
+    #[arg(long, value_name = "DURATION", default_value = "7d")]
+    pub keep_ended: String,
     #[command(flatten)]
     pub metrics: MetricsArgs,
 }
@@ -606,6 +610,8 @@ impl AgentArgs {
             (None, Some(path)) => Some(casebatch_agent::TokenSource::File(path.clone())),
             (None, None) => None,
         };
+        let keep_ended =
+            casebatch_agent::parse_keep_ended(&self.keep_ended).map_err(CliError::usage)?;
         Ok(casebatch_agent::AgentConfig {
             listen,
             data_dir: self.data_dir.clone(),
@@ -613,6 +619,7 @@ impl AgentArgs {
             memory_budget_mb: self.memory_budget_mb,
             tls,
             token,
+            keep_ended,
         })
     }
 }

@@ -254,4 +254,22 @@ fn an_agent_off_loopback_without_tls_and_a_token_is_refused() {
         "x",
     ]);
     assert_exit(&o, 2);
+
+    // A retention that is not a duration says what one looks like, and touches nothing.
+    let o = sb.run(&[
+        "agent",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--keep-ended",
+        "1 week",
+    ]);
+    assert_exit(&o, 2);
+    let err = stderr(&o);
+    assert!(
+        err.contains("--keep-ended \"1 week\"") && err.contains("7d"),
+        "{err}"
+    );
+    assert!(!data.exists());
 }

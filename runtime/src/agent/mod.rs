@@ -406,11 +406,15 @@ impl Runtime for AgentRuntime {
                         method: Some(r.method).filter(|m| !m.is_empty()),
                     };
                 }
-                // The agent's table is durable: no entry means nothing was ever submitted.
+                // The agent's table is durable: no entry means nothing was ever submitted, or
+                // the job ended long ago and the agent's retention removed it, cleaned up.
                 Err(AgentError::NotFound(_)) => {
                     return receipt(
                         true,
-                        format!("nothing was submitted to {} for this attempt", t.named()),
+                        format!(
+                            "{} holds nothing of this attempt (never submitted, or removed after --keep-ended)",
+                            t.named()
+                        ),
                     );
                 }
                 Err(e) => e,
