@@ -195,7 +195,9 @@ local_cost() {
 
 # An agent that has run for months keeps every ended job's row: the same `true` batch through
 # an agent whose table holds AGED (default 300,000) ended rows, against a fresh agent measured
-# just before. The rows are written into the agent's own table while it is stopped.
+# just before. The rows are written into the agent's own table while it is stopped, as
+# having ended just now (a busy agent's week under the default --keep-ended 7d, or months
+# under forever).
 aged_vs_fresh() {
   local started apid fresh_rate dir="$WORK/agent-aged"
   started=$(start_agent fresh); apid=${started% *}; AGENT_ADDR=${started#* }
@@ -205,11 +207,13 @@ aged_vs_fresh() {
   started=$(start_agent aged); apid=${started% *}
   kill "$apid"; wait "$apid" 2>/dev/null || true
   python3 - "$dir/jobs.sqlite" "${AGED:-300000}" <<'PY'
-import sqlite3, sys
+import sqlite3, sys, time
 db = sqlite3.connect(sys.argv[1])
 cols = [r[1] for r in db.execute("PRAGMA table_info(jobs)")]
+# Ended just now: inside any --keep-ended, so the agent's retention leaves them be.
+now = int(time.time() * 1000)
 old = {"state": "ended", "report": '{"exit_code": 0}', "cleanup_receipt": '{"cleanup_confirmed": true}',
-       "planned_case_json": '{"case_id": "old"}', "ended_at_ms": 1, "cleaned_at_ms": 1, "submitted_at_ms": 1}
+       "planned_case_json": '{"case_id": "old"}', "ended_at_ms": now, "cleaned_at_ms": now, "submitted_at_ms": now}
 def row(i):
     return [f"old-{i}" if c == "job_key" else old.get(c, f"old-{i // 643}" if c == "batch_id" else 0)
             for c in cols]
