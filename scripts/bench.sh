@@ -203,6 +203,8 @@ aged_vs_fresh() {
   started=$(start_agent fresh); apid=${started% *}; AGENT_ADDR=${started#* }
   scenario "agent, fresh job table (true)" bench-agent 'true' "$N"
   fresh_rate=$RATE
+  printf "  fresh agent CPU %.1fs (%.1f ms/case over %d runs)\n" \
+    "$(cpu_of "$apid")" "$(calc "1000 * $(cpu_of "$apid") / ($N * $RUNS)")" "$RUNS"
   kill "$apid"; wait "$apid" 2>/dev/null || true
   started=$(start_agent aged); apid=${started% *}
   kill "$apid"; wait "$apid" 2>/dev/null || true
