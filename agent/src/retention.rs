@@ -74,7 +74,7 @@ pub(crate) async fn run(jobs: Arc<Jobs>, keep: Duration) {
 }
 
 /// One pass: every job that ended over `keep` ago. Returns how many were removed.
-pub(crate) async fn prune(jobs: &Jobs, keep: Duration) -> Result<u64, JobError> {
+async fn prune(jobs: &Jobs, keep: Duration) -> Result<u64, JobError> {
     let cutoff = now_ms().saturating_sub(keep.as_millis() as u64);
     let mut removed = 0;
     let mut after = (0, String::new());

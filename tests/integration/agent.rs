@@ -243,28 +243,17 @@ fn an_agent_off_loopback_without_tls_and_a_token_is_refused() {
         "nothing is created for a refused configuration"
     );
 
+    let on_loopback = |extra: &[&str]| {
+        let mut args = vec!["agent", "--listen", "127.0.0.1:0"];
+        args.extend(["--data-dir", data.to_str().unwrap()]);
+        args.extend(extra);
+        sb.run(&args)
+    };
     // The token is never a command-line value.
-    let o = sb.run(&[
-        "agent",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--token",
-        "x",
-    ]);
-    assert_exit(&o, 2);
+    assert_exit(&on_loopback(&["--token", "x"]), 2);
 
     // A retention that is not a duration says what one looks like, and touches nothing.
-    let o = sb.run(&[
-        "agent",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--keep-ended",
-        "1 week",
-    ]);
+    let o = on_loopback(&["--keep-ended", "1 week"]);
     assert_exit(&o, 2);
     let err = stderr(&o);
     assert!(
