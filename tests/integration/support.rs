@@ -398,15 +398,8 @@ pub fn processes_matching(needle: &str) -> Vec<u32> {
             continue;
         };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit(')')
-                    .next()
-                    .map(|r| r.trim_start().starts_with(['Z', 'X']))
-            })
-            .unwrap_or(true);
-        if cmd.contains(needle) && !zombie {
+        // A zombie (or a process gone meanwhile) is not a survivor.
+        if cmd.contains(needle) && casebatch_runtime::procfs::is_alive(pid) {
             found.push(pid);
         }
     }
