@@ -33,7 +33,7 @@ use casebatch_runtime::attempt_io;
 use casebatch_runtime::fake::Fake;
 use casebatch_runtime::harness;
 use casebatch_runtime::local_process::{LocalProcess, hostname};
-use casebatch_runtime::{AttemptEnv, Liveness, Runtime};
+use casebatch_runtime::{AttemptEnv, Liveness, NotStarted, Runtime};
 use casebatch_telemetry::{AttemptEnd, Metrics};
 
 /// The stage activities. One instance per worker; runtimes keep per-process state (children
@@ -54,8 +54,8 @@ pub struct CaseActivities {
 }
 
 /// Whether this process's worker is shutting down. The SDK cancels the activities still
-/// running when its grace period ends and does not say why, so the worker says it here: a
-/// wait cancelled then hands its job back instead of killing it. Cloning shares the flag.
+/// running when its grace period ends and does not say why, so the worker says it here, for
+/// the log of a cancelled wait (no cancelled wait kills its job). Cloning shares the flag.
 #[derive(Clone, Debug, Default)]
 pub struct Stopping(Arc<AtomicBool>);
 
@@ -72,7 +72,6 @@ impl Stopping {
 /// Heartbeats through the activity context.
 struct ActivityLiveness<'a> {
     ctx: &'a ActivityContext,
-    stopping: &'a Stopping,
 }
 
 impl Liveness for ActivityLiveness<'_> {
@@ -82,11 +81,9 @@ impl Liveness for ActivityLiveness<'_> {
     fn is_cancelled(&self) -> bool {
         self.ctx.is_cancelled()
     }
-    fn is_handing_back(&self) -> bool {
-        // A cancel the engine sent while the worker stops (a batch cancel) still ends the
-        // job: the case's cleanup kills it.
-        self.stopping.get()
-    }
+    // The SDK does not say why a wait was cancelled (a batch cancel, the worker stopping, or
+    // heartbeats a stalled engine did not answer in time), and none of them is a reason to
+    // kill the job: the default `OnCancel::EndWait` leaves it to cleanup or to the retry.
 }
 
 fn now_ms() -> u64 {
@@ -320,11 +317,8 @@ impl CaseActivities {
         })
     }
 
-    async fn submit_stage(&self, env: &AttemptEnv) -> SubmitResult {
-        match with_runtime!(self, env, |rt| rt.submit(env).await) {
-            Ok(job) => SubmitResult::Started(job),
-            Err(f) => SubmitResult::Failed(f),
-        }
+    async fn submit_stage(&self, env: &AttemptEnv) -> Result<JobRef, NotStarted> {
+        with_runtime!(self, env, |rt| rt.submit(env).await)
     }
 
     /// Waits for the job to end. A retry of the activity (the previous worker died)
@@ -344,10 +338,7 @@ impl CaseActivities {
             .or_else(|| with_runtime!(self, env, |rt| rt.adopt(env)))
             .unwrap_or(submitted);
         let retried = ctx.info().attempt > 1;
-        let live = ActivityLiveness {
-            ctx,
-            stopping: &self.stopping,
-        };
+        let live = ActivityLiveness { ctx };
         let mut report = with_runtime!(self, env, |rt| rt.await_job(env, &job, &live).await);
         // local-process knows whether it re-attached (see its module doc); for the fake
         // runtime (no process) and an agent (the job lives there, another worker's await
@@ -362,6 +353,16 @@ impl CaseActivities {
             Self::event(env, "adopted", format!("re-attached to job {}", job.marker));
         }
         if report.status == ActorStatus::Cancelled {
+            if self.stopping.get() {
+                tracing::info!(job = %job.marker, "worker stopping: the job is handed back to the engine's retry");
+            } else {
+                tracing::warn!(
+                    job = %job.marker,
+                    "the engine cancelled the wait (a batch cancel, or heartbeats it did not \
+                     answer in time): the job runs on, for the attempt's cleanup or the \
+                     engine's retry of the wait, which re-attaches"
+                );
+            }
             return Err(ActivityError::cancelled());
         }
         Ok((job, report))
@@ -422,10 +423,11 @@ impl CaseActivities {
         env: &AttemptEnv,
         timings: &mut StageTimings,
     ) -> Result<StartResult, ActivityError> {
-        let failed = |failure| StartResult::Failed {
-            failure,
+        let failed = |n: NotStarted| StartResult::Failed {
+            failure: n.failure,
             host_queue: Self::host_queue(env),
             circuit: None,
+            job_may_exist: n.job_may_exist,
         };
         // Provisioned ahead (`prepare`, which kept its own timing): ready as it is.
         if !env.file(attempt_files::PREPARED).exists() {
@@ -433,13 +435,13 @@ impl CaseActivities {
                 .time(Stage::Provision, self.provision_stage(env))
                 .await?;
             if let StageResult::Failed(f) = provisioned {
-                return Ok(failed(f));
+                return Ok(failed(f.into()));
             }
         }
         let submitted = timings.time(Stage::Submit, self.submit_until_taken(ctx, env));
         Ok(match submitted.await? {
-            SubmitResult::Started(job) => StartResult::Started(job),
-            SubmitResult::Failed(f) => failed(f),
+            Ok(job) => StartResult::Started(job),
+            Err(n) => failed(n),
         })
     }
 
@@ -448,15 +450,16 @@ impl CaseActivities {
         &self,
         ctx: &ActivityContext,
         env: &AttemptEnv,
-    ) -> Result<SubmitResult, ActivityError> {
+    ) -> Result<Result<JobRef, NotStarted>, ActivityError> {
         let mut pause = FULL_FIRST_PAUSE;
         let mut waiting = false;
         loop {
             match self.submit_stage(env).await {
-                SubmitResult::Failed(f) if f.code == FailureCode::RuntimeFull => {
+                Err(n) if n.failure.code == FailureCode::RuntimeFull => {
                     if !waiting {
                         waiting = true;
-                        Self::event(env, "runtime_full", format!("waiting: {}", f.message));
+                        let message = format!("waiting: {}", n.failure.message);
+                        Self::event(env, "runtime_full", message);
                     }
                     tokio::select! {
                         _ = ctx.cancelled() => return Err(ActivityError::cancelled()),
@@ -704,6 +707,7 @@ impl CaseActivities {
                 return Ok(CleanupReport {
                     cleanup_confirmed: true,
                     failure: None,
+                    held_job: false,
                 });
             }
             let receipt = heartbeating(&ctx, (), async {
@@ -752,6 +756,7 @@ impl CaseActivities {
             Ok(CleanupReport {
                 cleanup_confirmed: confirmed,
                 failure: None,
+                held_job: false,
             })
         }
         .instrument(span)
@@ -775,7 +780,10 @@ impl CaseActivities {
         key: AttemptKey,
     ) -> Result<SubmitResult, ActivityError> {
         let env = self.env(&key)?;
-        Ok(self.submit_stage(&env).await)
+        Ok(match self.submit_stage(&env).await {
+            Ok(job) => SubmitResult::Started(job),
+            Err(n) => SubmitResult::Failed(n.failure),
+        })
     }
 
     #[activity(definition = contracts::AwaitJob)]
@@ -982,6 +990,7 @@ impl CaseActivities {
             return Ok(CleanupReport {
                 cleanup_confirmed: confirmed,
                 failure: None,
+                held_job: false,
             });
         }
 
@@ -1074,6 +1083,7 @@ impl CaseActivities {
         }
         Ok(CleanupReport {
             cleanup_confirmed: confirmed,
+            held_job: false,
             failure: (!confirmed).then(|| {
                 Failure::infra(
                     Stage::Cleanup,

@@ -27,7 +27,7 @@ use casebatch_manifest::model::PlannedCase;
 use casebatch_proto::runtime_v1 as pb;
 use casebatch_proto::{ActorReport, ActorStatus, AttemptKey, Failure, FailureCode, JobRef, Stage};
 use casebatch_runtime::local_process::LocalProcess;
-use casebatch_runtime::{AttemptEnv, Liveness, Runtime};
+use casebatch_runtime::{AttemptEnv, Liveness, OnCancel, Runtime};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
@@ -83,6 +83,10 @@ impl Liveness for KillFlag {
 
     fn is_cancelled(&self) -> bool {
         self.0.load(Ordering::SeqCst)
+    }
+
+    fn on_cancel(&self) -> OnCancel {
+        OnCancel::Kill
     }
 }
 
@@ -535,7 +539,7 @@ impl Jobs {
                     runtime.provision(&env).await?;
                 }
                 self.refuse_token_env(&env)?;
-                runtime.submit(&env).await
+                runtime.submit(&env).await.map_err(|n| n.failure)
             }
             .await;
             match submitted {

@@ -219,6 +219,17 @@ pub struct Counters {
     /// Environments provisioned ahead and then cleaned up unused (drain, cancel).
     #[serde(default)]
     pub released: u32,
+    /// Times an attempt asked its runtime again about a job it had not answered for, instead
+    /// of starting another (the job was then harvested or watched on).
+    #[serde(default)]
+    pub reattached: u32,
+    /// Attempts left behind on a runtime that stopped answering while the case moved on.
+    #[serde(default)]
+    pub stranded: u32,
+    /// Jobs paid for twice: stranded jobs their runtime held when it answered again, and
+    /// speculations' losers. With one job per case, job starts = cases + this.
+    #[serde(default)]
+    pub paid_twice: u32,
 }
 
 /// One step of the progress timeline.

@@ -147,6 +147,15 @@ pub struct AttemptSummary {
     /// and cleaned up, and it is kept as evidence, never as the case's result.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub speculative_loser: bool,
+    /// Dispatched as the one probe of a runtime whose circuit was open (its cooldown over).
+    /// A probe that fails costs the case nothing: it moves on like any infra dispatch failure.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub probe: bool,
+    /// Its runtime stopped answering for its job and the case moved to another runtime of its
+    /// list: the job may have run on. It is cleaned up (killed) once that runtime answers, and
+    /// kept as evidence, never as the case's result.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stranded: bool,
 }
 
 impl AttemptSummary {
@@ -185,7 +194,14 @@ impl AttemptSummary {
             started_at_ms: None,
             ended_at_ms: None,
             speculative_loser: false,
+            probe: false,
+            stranded: false,
         }
+    }
+
+    /// Evidence of the case, never its result: a speculation's loser, or a stranded attempt.
+    pub fn is_evidence_only(&self) -> bool {
+        self.speculative_loser || self.stranded
     }
 
     /// How long the attempt ran, dispatch to settle, when both ends are known.
@@ -202,6 +218,10 @@ pub struct CleanupInput {
     pub summary: AttemptSummary,
     /// Whether the workflow will run another attempt of this case.
     pub will_retry: bool,
+    /// `start` failed without reaching the runtime (every try was refused a connection, or
+    /// the runtime answered with a refusal): the runtime holds nothing to stop or ask about.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub never_submitted: bool,
 }
 
 /// The cleanup receipt's essentials.
@@ -209,6 +229,10 @@ pub struct CleanupInput {
 pub struct CleanupReport {
     pub cleanup_confirmed: bool,
     pub failure: Option<Failure>,
+    /// The runtime held a job of this attempt when it was cleaned up (for a stranded attempt:
+    /// a job paid for twice).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held_job: bool,
 }
 
 /// Input of `finalize`: writes the batch-level files of the bundle.
@@ -247,6 +271,10 @@ pub enum StartResult {
         /// attempts only).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         circuit: Option<Circuit>,
+        /// The runtime may hold a job of this attempt all the same: a submit whose request may
+        /// have reached it and got no answer. `false`: nothing of the attempt can run there.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        job_may_exist: bool,
     },
     /// The runtime's circuit is open: nothing was provisioned or started, and nothing needs
     /// cleaning up. The attempt goes elsewhere (or waits for the circuit).

@@ -8,7 +8,7 @@ use casebatch_bundle::{CleanupReceipt, RECORD_SCHEMA_VERSION, layout::attempt_fi
 use casebatch_manifest::model::{FakeOutcome, FakeScript};
 use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
 
-use crate::{AttemptEnv, Liveness, Runtime};
+use crate::{AttemptEnv, Liveness, NotStarted, Runtime};
 
 #[derive(Default)]
 pub struct Fake;
@@ -84,7 +84,7 @@ impl Runtime for Fake {
         Ok(())
     }
 
-    async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, Failure> {
+    async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, NotStarted> {
         // The "job" is the time it started, kept so a re-attached await only waits the rest.
         let path = env.file(attempt_files::JOB);
         if !path.exists() {

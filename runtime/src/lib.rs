@@ -88,12 +88,42 @@ impl AttemptEnv {
 pub trait Liveness: Sync {
     fn heartbeat(&self, job: &JobRef) -> impl Future<Output = ()> + Send;
     fn is_cancelled(&self) -> bool;
-    /// Whether a cancel is the worker shutting down rather than the engine asking. Then the
-    /// job is left running and only the wait ends: the engine retries the wait on another
-    /// worker, which re-attaches to the job, so stopping a replica re-runs nothing.
-    fn is_handing_back(&self) -> bool {
-        false
+    /// What a cancel means for the job ([`OnCancel::EndWait`] unless said otherwise).
+    fn on_cancel(&self) -> OnCancel {
+        OnCancel::EndWait
     }
+}
+
+/// A submit that started nothing the runtime confirmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotStarted {
+    pub failure: Failure,
+    /// The request may have reached the runtime without an answer coming back, so a job of
+    /// the attempt may run there all the same (a remote runtime that stopped answering).
+    pub job_may_exist: bool,
+}
+
+impl From<Failure> for NotStarted {
+    /// A failure of the runtime's own making: nothing was started.
+    fn from(failure: Failure) -> Self {
+        Self {
+            failure,
+            job_may_exist: false,
+        }
+    }
+}
+
+/// What a cancelled wait does with its job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnCancel {
+    /// Only the wait ends; the job runs on. A worker's wait is cancelled by the engine for
+    /// reasons that say nothing about the job: a batch cancel (the attempt's cleanup kills it
+    /// next), a worker stopping, or heartbeats the engine did not answer in time (a stalled
+    /// engine, whose retry of the wait re-attaches to the job). Killing there would turn an
+    /// engine stall into a re-run of every job in flight.
+    EndWait,
+    /// The cancel is a request to stop the job itself (an agent's Kill or Cleanup).
+    Kill,
 }
 
 /// One place where attempts run.
@@ -101,8 +131,9 @@ pub trait Runtime: Send + Sync {
     /// Prepare a fresh environment for the attempt.
     fn provision(&self, env: &AttemptEnv) -> impl Future<Output = Result<(), Failure>> + Send;
     /// Start the attempt's job; if it was already started, return that job instead.
-    fn submit(&self, env: &AttemptEnv) -> impl Future<Output = Result<JobRef, Failure>> + Send;
-    /// Wait for the job to end, heartbeating its reference; kills it on cancel or timeout.
+    fn submit(&self, env: &AttemptEnv) -> impl Future<Output = Result<JobRef, NotStarted>> + Send;
+    /// Wait for the job to end, heartbeating its reference; kills it past its timeout, and on
+    /// cancel does what [`Liveness::on_cancel`] says.
     fn await_job<L: Liveness>(
         &self,
         env: &AttemptEnv,

@@ -52,7 +52,7 @@ use crate::cgroup::{self, Tracking};
 use crate::harness;
 use crate::memlimit::MemoryLimit;
 use crate::procfs;
-use crate::{AttemptEnv, Liveness, Runtime};
+use crate::{AttemptEnv, Liveness, NotStarted, OnCancel, Runtime};
 
 /// Records its own pid and start time (`$1`: the `wrapper.pid` path; before anything else, so
 /// the harness never runs unrecorded), joins the cgroups (`:`-separated `cgroup.procs` files),
@@ -382,7 +382,8 @@ fn oom_report(job: &JobRecord, exit: i32) -> ActorReport {
 enum Waited {
     Exited(i32),
     TimedOut,
-    Cancelled,
+    /// The wait was cancelled; the child this process holds, if any, is handed back.
+    Cancelled(Option<Child>),
     OverMemory,
     Lost,
 }
@@ -405,74 +406,8 @@ impl Runtime for LocalProcess {
         Ok(())
     }
 
-    async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, Failure> {
-        // One decider per attempt at a time; released when this future ends or its process
-        // dies.
-        let _lock = lock_attempt(env).await?;
-        let existing = match Self::read_job_checked(env) {
-            Ok(r) => r,
-            // Only an attempt's own processes can replace an atomically written record, so
-            // it started: rebuild the record from the start's traces, never start again.
-            Err(e) => {
-                let Some(t) = start_traces(env) else {
-                    return Err(submit_failure(format!("job record unusable: {e}")));
-                };
-                let record = recovered_record(env, t);
-                write_json_atomic(&env.file(attempt_files::JOB), &record)
-                    .map_err(|e| submit_failure(e.to_string()))?;
-                return Ok(job_ref(&record));
-            }
-        };
-        let Some(record) = existing else {
-            // No intent: nothing of this version started. A marked process without one is
-            // from an older version: adopt it rather than start another.
-            if let Some(t) = find_marked(env) {
-                let record = recovered_record(env, t);
-                write_json_atomic(&env.file(attempt_files::JOB), &record)
-                    .map_err(|e| submit_failure(e.to_string()))?;
-                return Ok(job_ref(&record));
-            }
-            return self.start(env, 1).await;
-        };
-        if record.state == JobState::Running {
-            // Idempotent: a retried submit finds the job it already started.
-            return Ok(job_ref(&record));
-        }
-        // An intent: its start may have happened. Look for its own traces first.
-        if let Some(t) = start_traces(env) {
-            return Self::complete(env, &record, t.pid, t.ticks, true).map(|r| job_ref(&r));
-        }
-        let written = Duration::from_millis(now_ms().saturating_sub(record.started_at_ms));
-        if let Some(wait) = SPAWN_GRACE.checked_sub(written) {
-            tokio::time::sleep(wait).await;
-            if let Some(t) = start_traces(env) {
-                return Self::complete(env, &record, t.pid, t.ticks, true).map(|r| job_ref(&r));
-            }
-        }
-        // Provably never ran: no wrapper.pid (written before the harness runs), no exit
-        // status, no live marked process, SPAWN_GRACE after the intent. Start again, visibly.
-        let starts = record.starts + 1;
-        tracing::warn!(
-            marker = %env.marker(),
-            starts,
-            "the attempt's intent was found with no trace of its start: starting it again"
-        );
-        let _ = append_jsonl(
-            &env.bundle.events(),
-            &Event {
-                ts_ms: now_ms(),
-                kind: "job_restarted".into(),
-                case_id: Some(env.case.case_id.clone()),
-                attempt: Some(env.key.attempt),
-                message: format!(
-                    "start {starts} of attempt {}: start {} left no wrapper.pid, no exit status and no live process {}s after its intent, so the harness never ran",
-                    env.key.attempt,
-                    record.starts,
-                    SPAWN_GRACE.as_secs()
-                ),
-            },
-        );
-        self.start(env, starts).await
+    async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, NotStarted> {
+        Ok(self.submit_job(env).await?)
     }
 
     async fn await_job<L: Liveness>(
@@ -544,9 +479,20 @@ impl Runtime for LocalProcess {
                 r.adopted = adopted;
                 r
             }
-            Waited::Cancelled => {
-                if !live.is_handing_back() {
-                    self.kill_all(env, Some(&record));
+            Waited::Cancelled(child) => {
+                match live.on_cancel() {
+                    OnCancel::Kill => {
+                        self.kill_all(env, Some(&record));
+                    }
+                    // The next wait in this process awaits the child directly again.
+                    OnCancel::EndWait => {
+                        if let Some(child) = child {
+                            CHILDREN
+                                .lock()
+                                .expect("lock")
+                                .insert(record.marker.clone(), child);
+                        }
+                    }
                 }
                 ActorReport {
                     status: ActorStatus::Cancelled,
@@ -621,6 +567,77 @@ impl Runtime for LocalProcess {
 }
 
 impl LocalProcess {
+    /// Starts the attempt's job exactly once across crashes (see the module doc).
+    async fn submit_job(&self, env: &AttemptEnv) -> Result<JobRef, Failure> {
+        // One decider per attempt at a time; released when this future ends or its process
+        // dies.
+        let _lock = lock_attempt(env).await?;
+        let existing = match Self::read_job_checked(env) {
+            Ok(r) => r,
+            // Only an attempt's own processes can replace an atomically written record, so
+            // it started: rebuild the record from the start's traces, never start again.
+            Err(e) => {
+                let Some(t) = start_traces(env) else {
+                    return Err(submit_failure(format!("job record unusable: {e}")));
+                };
+                let record = recovered_record(env, t);
+                write_json_atomic(&env.file(attempt_files::JOB), &record)
+                    .map_err(|e| submit_failure(e.to_string()))?;
+                return Ok(job_ref(&record));
+            }
+        };
+        let Some(record) = existing else {
+            // No intent: nothing of this version started. A marked process without one is
+            // from an older version: adopt it rather than start another.
+            if let Some(t) = find_marked(env) {
+                let record = recovered_record(env, t);
+                write_json_atomic(&env.file(attempt_files::JOB), &record)
+                    .map_err(|e| submit_failure(e.to_string()))?;
+                return Ok(job_ref(&record));
+            }
+            return self.start(env, 1).await;
+        };
+        if record.state == JobState::Running {
+            // Idempotent: a retried submit finds the job it already started.
+            return Ok(job_ref(&record));
+        }
+        // An intent: its start may have happened. Look for its own traces first.
+        if let Some(t) = start_traces(env) {
+            return Self::complete(env, &record, t.pid, t.ticks, true).map(|r| job_ref(&r));
+        }
+        let written = Duration::from_millis(now_ms().saturating_sub(record.started_at_ms));
+        if let Some(wait) = SPAWN_GRACE.checked_sub(written) {
+            tokio::time::sleep(wait).await;
+            if let Some(t) = start_traces(env) {
+                return Self::complete(env, &record, t.pid, t.ticks, true).map(|r| job_ref(&r));
+            }
+        }
+        // Provably never ran: no wrapper.pid (written before the harness runs), no exit
+        // status, no live marked process, SPAWN_GRACE after the intent. Start again, visibly.
+        let starts = record.starts + 1;
+        tracing::warn!(
+            marker = %env.marker(),
+            starts,
+            "the attempt's intent was found with no trace of its start: starting it again"
+        );
+        let _ = append_jsonl(
+            &env.bundle.events(),
+            &Event {
+                ts_ms: now_ms(),
+                kind: "job_restarted".into(),
+                case_id: Some(env.case.case_id.clone()),
+                attempt: Some(env.key.attempt),
+                message: format!(
+                    "start {starts} of attempt {}: start {} left no wrapper.pid, no exit status and no live process {}s after its intent, so the harness never ran",
+                    env.key.attempt,
+                    record.starts,
+                    SPAWN_GRACE.as_secs()
+                ),
+            },
+        );
+        self.start(env, starts).await
+    }
+
     /// Kills the attempt's cgroup until it is empty (bounded: about 4 s for a process stuck
     /// in the kernel). Returns (killed, remaining, rounds).
     async fn empty_cgroup(
@@ -693,7 +710,7 @@ async fn wait<L: Liveness>(
             last_beat = Some(Instant::now());
         }
         if live.is_cancelled() {
-            return Waited::Cancelled;
+            return Waited::Cancelled(child);
         }
         if now_ms() >= deadline_ms {
             return Waited::TimedOut;

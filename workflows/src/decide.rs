@@ -173,6 +173,8 @@ mod tests {
             started_at_ms: None,
             ended_at_ms: None,
             speculative_loser: false,
+            probe: false,
+            stranded: false,
         }
     }
 

@@ -60,6 +60,7 @@ impl Outage {
             let note = format!("; no answer for {}", span(self.grace));
             return Err(match err {
                 AgentError::Unreachable(m) => AgentError::Unreachable(m + &note),
+                AgentError::NoConnection(m) => AgentError::NoConnection(m + &note),
                 AgentError::Failed(m) => AgentError::Failed(m + &note),
                 other => other,
             });

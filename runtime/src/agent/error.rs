@@ -18,6 +18,10 @@ pub enum AgentError {
     /// No connection, a broken stream, a restarting agent (UNAVAILABLE and kin).
     #[error("{0}")]
     Unreachable(String),
+    /// No connection could be made at all (refused, no route): the request never reached
+    /// the agent, so nothing of it can run there.
+    #[error("{0}")]
+    NoConnection(String),
     /// The agent's envelope is full (RESOURCE_EXHAUSTED): a slot frees when a job ends.
     #[error("{0}")]
     Full(String),
@@ -39,6 +43,12 @@ impl AgentError {
     pub fn from_status(target: &AgentTarget, what: &str, status: &Status) -> Self {
         let named = target.named();
         let said = status.message();
+        if never_connected(status) {
+            return AgentError::NoConnection(format!(
+                "{named} is unreachable ({what}: {said}): no connection could be made; check \
+                 that `casebatch agent` runs there and that this worker can reach it"
+            ));
+        }
         match status.code() {
             Code::Unavailable
             | Code::DeadlineExceeded
@@ -85,6 +95,16 @@ impl AgentError {
 
     /// Worth trying again within the unreachability grace.
     pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            AgentError::Unreachable(_) | AgentError::NoConnection(_) | AgentError::Failed(_)
+        )
+    }
+
+    /// The request may have reached the agent and been acted on without an answer coming
+    /// back (a call that timed out or broke off, an internal error). A refusal, a full
+    /// envelope or a connection never made says the agent did nothing with it.
+    pub fn may_have_reached(&self) -> bool {
         matches!(self, AgentError::Unreachable(_) | AgentError::Failed(_))
     }
 
@@ -93,6 +113,7 @@ impl AgentError {
             AgentError::Config(m)
             | AgentError::Auth(m)
             | AgentError::Unreachable(m)
+            | AgentError::NoConnection(m)
             | AgentError::Full(m)
             | AgentError::NotFound(m)
             | AgentError::Refused(m)
@@ -106,7 +127,9 @@ impl AgentError {
         match self {
             AgentError::Config(_) => Failure::config(stage, FailureCode::RuntimeUnreachable, m),
             AgentError::Auth(_) => Failure::config(stage, FailureCode::RuntimeAuth, m),
-            AgentError::Unreachable(_) => Failure::infra(stage, FailureCode::RuntimeUnreachable, m),
+            AgentError::Unreachable(_) | AgentError::NoConnection(_) => {
+                Failure::infra(stage, FailureCode::RuntimeUnreachable, m)
+            }
             AgentError::Full(_) => Failure::infra(stage, FailureCode::RuntimeFull, m),
             AgentError::NotFound(_) => Failure::infra(stage, FailureCode::JobLost, m),
             // The job cannot start as sent: the same submit fails the same way.
@@ -114,6 +137,27 @@ impl AgentError {
             AgentError::Failed(_) => Failure::infra(stage, FailureCode::ActivityError, m),
         }
     }
+}
+
+/// Whether the transport never made a connection (refused, no route, address unusable): the
+/// cause is an I/O error of the connect itself, somewhere in the status's source chain.
+fn never_connected(status: &Status) -> bool {
+    use std::io::ErrorKind::{
+        AddrNotAvailable, ConnectionRefused, HostUnreachable, NetworkUnreachable,
+    };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                ConnectionRefused | HostUnreachable | NetworkUnreachable | AddrNotAvailable
+            )
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 #[cfg(test)]

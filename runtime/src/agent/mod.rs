@@ -11,7 +11,7 @@
 //!   (the agent restarting) is watched again with backoff, until the agent has been
 //!   unreachable for [`Timing::unreachable_grace`] (then `RUNTIME_UNREACHABLE`). When the job
 //!   ends, its files are fetched into the bundle ([`artifacts`]) and the agent's classified
-//!   report is returned. A cancel kills the job and waits for its end.
+//!   report is returned. A cancelled wait leaves the job running (see [`OnCancel`]).
 //! - `adopt` needs nothing but the key: the agent knows the rest.
 //! - `cleanup` returns the agent's receipt; an agent that never heard of the key had
 //!   nothing submitted, which is confirmed.
@@ -38,7 +38,7 @@ use tonic::transport::Channel;
 pub use error::AgentError;
 pub use target::{AgentTarget, TokenSource, is_loopback};
 
-use crate::{AttemptEnv, Liveness, Runtime, attempt_io};
+use crate::{AttemptEnv, Liveness, NotStarted, OnCancel, Runtime, attempt_io};
 use calls::{Outage, beating};
 use target::Channels;
 
@@ -51,6 +51,8 @@ pub struct Timing {
     /// How long a submit retries an unreachable agent (inside the `start` activity's
     /// deadline).
     pub submit_grace: Duration,
+    /// The same, for an attempt routed over its case's runtime list, which can move on.
+    pub spill_grace: Duration,
     /// How long cleanup retries an unreachable agent before an unconfirmed receipt (inside
     /// the `cleanup` activity's deadline).
     pub cleanup_grace: Duration,
@@ -66,6 +68,7 @@ impl Default for Timing {
         Self {
             unreachable_grace: Duration::from_secs(60),
             submit_grace: Duration::from_secs(20),
+            spill_grace: Duration::from_secs(2),
             cleanup_grace: Duration::from_secs(40),
             cancel_wait: Duration::from_secs(30),
             max_backoff: Duration::from_secs(5),
@@ -284,14 +287,29 @@ impl Runtime for AgentRuntime {
             .map_err(|e| fail(e.to_string()))
     }
 
-    async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, Failure> {
+    async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, NotStarted> {
         let t = AgentTarget::of(env).map_err(|e| e.failure(Stage::Submit))?;
+        let mut grace = t.grace_or(self.timing.submit_grace);
+        // A routed attempt's case has other runtimes in its list: moving on costs nothing,
+        // while waiting out an unreachable agent holds the case.
+        if env.key.runtime.is_some() {
+            grace = grace.min(self.timing.spill_grace);
+        }
         // Idempotent by key, so a submit whose answer was lost is simply sent again.
-        let mut outage = self.outage(t.grace_or(self.timing.submit_grace));
+        let mut outage = self.outage(grace);
+        let mut may_have_reached = false;
         loop {
             match self.submit_once(&t, env).await {
                 Ok(job) => return Ok(job_ref(&t, env.marker(), Some(&job))),
-                Err(e) => outage.next(e).await.map_err(|e| e.failure(Stage::Submit))?,
+                Err(e) => {
+                    may_have_reached |= e.may_have_reached();
+                    if let Err(e) = outage.next(e).await {
+                        return Err(NotStarted {
+                            failure: e.failure(Stage::Submit),
+                            job_may_exist: may_have_reached,
+                        });
+                    }
+                }
             }
         }
     }
@@ -315,9 +333,11 @@ impl Runtime for AgentRuntime {
         let every = self.timing.heartbeat_every;
         let ended = match beating(live, &job, every, true, self.watch_to_end(&t, &key, &job)).await
         {
-            // The job runs on for the worker that retries this wait.
-            None if live.is_handing_back() => return ActorReport::cancelled(),
-            None => return self.cancel(&t, &key, &job, live).await,
+            // The job runs on: the attempt's cleanup stops it, or a retried wait re-attaches.
+            None => match live.on_cancel() {
+                OnCancel::EndWait => return ActorReport::cancelled(),
+                OnCancel::Kill => return self.cancel(&t, &key, &job, live).await,
+            },
             Some(Err(f)) => return failed(f),
             Some(Ok(ended)) => ended,
         };

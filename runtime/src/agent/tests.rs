@@ -58,6 +58,7 @@ fn fast() -> AgentRuntime {
         submit_grace: Duration::from_millis(300),
         cleanup_grace: Duration::from_millis(300),
         cancel_wait: Duration::from_secs(5),
+        spill_grace: Duration::from_millis(300),
         max_backoff: Duration::from_millis(50),
         heartbeat_every: Duration::from_millis(50),
     })
@@ -86,6 +87,8 @@ async fn an_agent_that_is_down_is_unreachable_infra_naming_its_endpoint() {
     let rt = fast();
 
     let f = rt.submit(&env).await.unwrap_err();
+    assert!(!f.job_may_exist, "a refused connection reached nothing");
+    let f = f.failure;
     assert_eq!(
         (f.class, f.code.clone(), f.retryable),
         (FailureClass::Infra, FailureCode::RuntimeUnreachable, true)

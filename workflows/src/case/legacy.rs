@@ -149,6 +149,7 @@ pub(super) async fn run_attempt(
             key: key.clone(),
             summary: s.clone(),
             will_retry: !matches!(next, Next::Finish(_)),
+            never_submitted: false,
         };
         let detached = WorkflowCancellationToken::new();
         let confirmed = match ctx

@@ -551,6 +551,7 @@ async fn clean_up(
         key: key.clone(),
         summary: summary.clone(),
         will_retry,
+        never_submitted: false,
     };
     let detached = WorkflowCancellationToken::new();
     let short = Duration::from_secs(60);
