@@ -139,6 +139,8 @@ pub(crate) fn receipt_to_pb(key: &str, r: &CleanupReceipt) -> pb::CleanupReceipt
         scans: r.scans,
         message: r.message.clone(),
         method: r.method.clone().unwrap_or_default(),
+        checks: r.checks.clone(),
+        escaped: r.escaped.clone(),
     }
 }
 

@@ -138,6 +138,10 @@ pub struct AttemptRecord {
     /// The runtimes-table entry that ran the attempt (absent for the built-ins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_name: Option<String>,
+    /// Whether the runtime held a job of this attempt at cleanup (its receipt's `held_job`):
+    /// an attempt kept as evidence that held one was paid for twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_job: Option<bool>,
     /// When each stage of the attempt began and ended, in the order they ran (a stage retried
     /// after a worker died appears once per try). Absent in records made before they were kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -192,6 +196,18 @@ pub struct CleanupReceipt {
     /// `cgroup_v1_pids`, `proc_marker_scan` (or `simulation`). Absent in older receipts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
+    /// What was checked before the receipt says confirmed, in order: `cgroup_empty` (the
+    /// attempt's cgroup had no member left after the kill), `marker_scan` (no process started
+    /// since the job carries its marker), `not_submitted` (the runtime was never reached).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<String>,
+    /// Processes that left the attempt's cgroup and were found by the marker they carry
+    /// (killed; they keep the receipt unconfirmed: cleanup cannot vouch for the rest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escaped: Vec<u32>,
+    /// Whether the runtime held a job of this attempt (absent in older receipts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_job: Option<bool>,
 }
 
 /// `attempts/<n>/evaluation.json`.

@@ -162,6 +162,9 @@ impl Runtime for Fake {
             scans: 0,
             message: "simulated runtime: nothing ran, nothing to clean".into(),
             method: Some("simulation".into()),
+            checks: Vec::new(),
+            escaped: Vec::new(),
+            held_job: Some(true),
         }
     }
 }

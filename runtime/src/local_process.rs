@@ -534,34 +534,66 @@ impl Runtime for LocalProcess {
     async fn cleanup(&self, env: &AttemptEnv) -> CleanupReceipt {
         let job = Self::read_job(env);
         let tracking = tracking_of(env, job.as_ref());
-        let (mut killed, remaining, scans) = if tracking.procs_file().is_some() {
-            self.empty_cgroup(env, job.as_ref(), &tracking).await
+        let in_cgroup = tracking.procs_file().is_some();
+        let mut checks = Vec::new();
+        let (mut killed, mut remaining, scans) = if in_cgroup {
+            let emptied = self.empty_cgroup(env, job.as_ref(), &tracking).await;
+            if emptied.1.is_empty() {
+                checks.push("cgroup_empty".to_string());
+            }
+            emptied
         } else {
             self.kill_marked(env, job.as_ref()).await
         };
+        // An empty cgroup vouches only for its members: a process that moved itself out (as
+        // root it can) still carries the marker, unless it also cleared its environment.
+        let escaped = if in_cgroup {
+            self.kill_escaped(env, job.as_ref()).await
+        } else {
+            Vec::new()
+        };
+        checks.push("marker_scan".to_string());
+        let described: Vec<String> = escaped.iter().map(|p| p.1.clone()).collect();
+        let escaped: Vec<u32> = escaped.iter().map(|p| p.0).collect();
+        remaining.extend(escaped.iter().copied().filter(|p| procfs::is_alive(*p)));
+        killed.extend(&escaped);
         tracking.remove();
         if let Some(job) = &job {
             job.memory.remove();
         }
         killed.sort_unstable();
         killed.dedup();
-        let confirmed = remaining.is_empty();
+        let confirmed = remaining.is_empty() && escaped.is_empty();
         let method = tracking.method();
         CleanupReceipt {
             schema_version: RECORD_SCHEMA_VERSION.into(),
             marker: env.marker(),
             cleanup_confirmed: confirmed,
             killed,
-            message: match (confirmed, &tracking) {
-                (true, Tracking::MarkerScan) => {
-                    "no process carrying the allocation marker is left".into()
+            message: if !escaped.is_empty() {
+                format!(
+                    "{} left the attempt's cgroup ({method}) and carried its marker (killed): \
+                     cleanup cannot vouch for what else left it",
+                    described.join(", ")
+                )
+            } else {
+                match (confirmed, &tracking) {
+                    (true, Tracking::MarkerScan) => {
+                        "no process carrying the allocation marker is left".into()
+                    }
+                    (true, _) => format!(
+                        "the attempt's cgroup ({method}) is empty and removed, and no process \
+                         carries its marker"
+                    ),
+                    (false, _) => format!("processes still alive or unreadable: {remaining:?}"),
                 }
-                (true, _) => format!("the attempt's cgroup ({method}) is empty and removed"),
-                (false, _) => format!("processes still alive or unreadable: {remaining:?}"),
             },
             remaining,
             scans,
             method: Some(method.into()),
+            checks,
+            escaped,
+            held_job: Some(job.is_some()),
         }
     }
 }
@@ -656,6 +688,26 @@ impl LocalProcess {
             tokio::time::sleep(Duration::from_millis(5 * u64::from(round.min(20)))).await;
         }
         (killed, tracking.members().unwrap_or_default(), ROUNDS)
+    }
+
+    /// After the cgroup is empty: the processes started since the job that still carry its
+    /// marker left the cgroup. Each is named and killed (by the marker this very scan read).
+    async fn kill_escaped(&self, env: &AttemptEnv, job: Option<&JobRecord>) -> Vec<(u32, String)> {
+        let since = job.and_then(|j| j.start_ticks);
+        let marked = procfs::scan_marker_since(&env.marker(), since).marked;
+        let escaped: Vec<(u32, String)> =
+            marked.iter().map(|&p| (p, procfs::describe(p))).collect();
+        for &(pid, _) in &escaped {
+            procfs::kill_pid(pid);
+        }
+        // A killed process leaves /proc within moments; the receipt names any that did not.
+        for _ in 0..20 {
+            if escaped.iter().all(|(p, _)| !procfs::is_alive(*p)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        escaped
     }
 
     /// Without a cgroup: kills every process carrying the marker, scanning `/proc` again after

@@ -99,6 +99,9 @@ pub fn scan_marker(marker: &str) -> MarkerScan {
     scan_marker_since(marker, None)
 }
 
+/// The same, looking only at processes that started at or after `since_ticks` when it is
+/// given: an attempt's processes are all younger than its job, so older ones are skipped on
+/// their start time without reading their environment.
 pub fn scan_marker_since(marker: &str, since_ticks: Option<u64>) -> MarkerScan {
     let needle = format!("{MARKER_ENV}={marker}");
     let me = std::process::id();
@@ -115,6 +118,11 @@ pub fn scan_marker_since(marker: &str, since_ticks: Option<u64>) -> MarkerScan {
             continue;
         };
         if pid == me {
+            continue;
+        }
+        if let Some(since) = since_ticks
+            && start_ticks(pid).is_some_and(|t| t < since)
+        {
             continue;
         }
         match fs::read(format!("/proc/{pid}/environ")) {
@@ -152,6 +160,25 @@ pub fn recheck_unreadable(marker: &str, pids: &[u32]) -> Vec<u32> {
             Err(_) => !matches!(state(*pid), Some('Z' | 'X') | None),
         })
         .collect()
+}
+
+/// `pid 42 (sleep 300)`: a process as a receipt names it (its command line, else its name).
+pub fn describe(pid: u32) -> String {
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let words: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|w| !w.is_empty())
+        .map(|w| String::from_utf8_lossy(w).into_owned())
+        .collect();
+    let what = if words.is_empty() {
+        fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|c| c.trim().to_string())
+            .unwrap_or_else(|_| "gone".into())
+    } else {
+        words.join(" ")
+    };
+    let what: String = what.chars().take(120).collect();
+    format!("pid {pid} ({what})")
 }
 
 /// Kills the process group led by `pid`, but only if `pid` is still the process we started.

@@ -84,3 +84,62 @@ tasks:
         .expect("a cgroup dir in job.json");
     assert!(!std::path::Path::new(dir).exists(), "{dir} is left behind");
 }
+
+/// A harness running as root can move a process out of the attempt's cgroup, where the
+/// cgroup kill cannot see it. The receipt says confirmed only after a check that would see
+/// it: a scan for the attempt's marker among the processes started since the job. The one
+/// that escaped is named (and killed), the receipt is not confirmed, and the batch goes on.
+#[test]
+fn a_process_that_left_the_attempts_cgroup_keeps_the_receipt_unconfirmed_and_is_named() {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
+        eprintln!("skipped: only root can move a process out of its cgroup");
+        return;
+    }
+    let sb = Sandbox::engine_alone();
+    // The child writes its pid to the root of every cgroup hierarchy, says so, and sleeps;
+    // the harness waits for that before it ends, so cleanup finds it outside.
+    let manifest = sb.write(
+        "escape.yaml",
+        r#"batch_id: escape
+defaults:
+  runtime: local-process
+  harness: 'if [ "$CASEBATCH_CASE_ID" = escapes ]; then sh -c "for f in /sys/fs/cgroup/*/cgroup.procs /sys/fs/cgroup/cgroup.procs; do echo \$\$ > \$f; done 2>/dev/null; touch moved; exec sleep 3017" > /dev/null 2>&1 & while [ ! -e moved ]; do sleep 0.05; done; fi; echo "{}" > "$CASEBATCH_RESULT"'
+tasks:
+  - task_id: escapes
+  - task_id: stays
+"#,
+    );
+    let o = sb.run_batch(&manifest);
+    let survivors = processes_matching("sleep 3017");
+    for pid in &survivors {
+        casebatch_runtime::procfs::kill_pid(*pid);
+    }
+    assert_exit(&o, 0);
+    let receipt = sb.json(&sb.attempt_file("escape", "escapes", 1, "cleanup.json"));
+    assert_eq!(receipt["cleanup_confirmed"], false, "{receipt:#}");
+    let escaped = receipt["escaped"].as_array().cloned().unwrap_or_default();
+    assert_eq!(escaped.len(), 1, "{receipt:#}");
+    let message = receipt["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("pid {}", escaped[0])) && message.contains("sleep 3017"),
+        "the survivor is named: {receipt:#}"
+    );
+    assert_eq!(
+        receipt["checks"],
+        serde_json::json!(["cgroup_empty", "marker_scan"]),
+        "{receipt:#}"
+    );
+    assert!(
+        survivors.is_empty(),
+        "cleanup killed the process it found outside the cgroup:\n{}",
+        describe_processes(&survivors)
+    );
+    // The other case's cleanup is confirmed by the same checks, and both cases ran on.
+    let other = sb.json(&sb.attempt_file("escape", "stays", 1, "cleanup.json"));
+    assert_eq!(other["cleanup_confirmed"], true, "{other:#}");
+    assert_eq!(other["checks"], receipt["checks"], "{other:#}");
+    for case in ["escapes", "stays"] {
+        assert_eq!(sb.case_result("escape", case)["state"], "succeeded");
+    }
+}
