@@ -8,16 +8,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use casebatch_bundle::{
-    AttemptRecord, Bundle, BundleError, CaseResult, EvaluationRecord, Event, PreparedRecord,
-    RECORD_SCHEMA_VERSION, ReleasedRecord, append_jsonl, layout::attempt_files, read_json,
-    write_batch_files, write_json_atomic,
+    AttemptRecord, Bundle, BundleError, CaseResult, CleanupReceipt, EvaluationRecord, Event,
+    PreparedRecord, RECORD_SCHEMA_VERSION, ReleasedRecord, append_jsonl, layout::attempt_files,
+    read_json, write_batch_files, write_json_atomic,
 };
 use casebatch_manifest::model::{Plan, RuntimeKind, RuntimeSpec};
 use casebatch_proto::{
     ActorReport, ActorStatus, AttemptKey, AttemptSummary, AwaitInput, CleanupInput, CleanupReport,
     Evaluation, Failure, FailureCode, FinalizeInput, JobRef, Prepared, ReleaseInput, SettleInput,
     Settled, Stage, StageResult, StartResult, SubmitResult, SweepInput, SweepReport,
-    host_task_queue,
+    UNANSWERED_WAIT_S, host_task_queue,
 };
 use casebatch_workflows::{contracts, decide};
 use temporalio_macros::activities;
@@ -635,7 +635,8 @@ impl CaseActivities {
                 if decide::is_final_when_settled(&summary) {
                     summary.ended_at_ms = Some(now_ms());
                     let timings = std::mem::take(&mut timings);
-                    let report = self.close(&ctx, &env, &summary, false, timings).await?;
+                    let closing = Closing::of_final();
+                    let report = self.close(&ctx, &env, &summary, closing, timings).await?;
                     summary.cleanup_confirmed = Some(report.cleanup_confirmed);
                     settled.closed = Some(summary);
                 }
@@ -871,14 +872,13 @@ impl CaseActivities {
         let env = self.env(&input.key)?;
         let span = attempt_span(&env);
         async move {
+            let closing = Closing {
+                will_retry: input.will_retry,
+                never_submitted: input.never_submitted,
+                patient: input.patient,
+            };
             let report = self
-                .close(
-                    &ctx,
-                    &env,
-                    &input.summary,
-                    input.will_retry,
-                    StageTimings::default(),
-                )
+                .close(&ctx, &env, &input.summary, closing, StageTimings::default())
                 .await;
             self.metrics.stage("cleanup", began.elapsed());
             report
@@ -910,24 +910,74 @@ impl CaseActivities {
     }
 }
 
+/// How an attempt is closed (from `cleanup`'s input; a `settle` closes only final attempts).
+#[derive(Debug, Clone, Copy)]
+struct Closing {
+    will_retry: bool,
+    /// Its `start` never reached the runtime: nothing to stop or ask there.
+    never_submitted: bool,
+    /// Its runtime did not answer for its job: wait for it (up to `UNANSWERED_WAIT_S`).
+    patient: bool,
+}
+
+impl Closing {
+    fn of_final() -> Self {
+        Self {
+            will_retry: false,
+            never_submitted: false,
+            patient: false,
+        }
+    }
+}
+
 impl CaseActivities {
+    /// The runtime's cleanup of the attempt, or the receipt of one that never reached it.
+    async fn runtime_cleanup(&self, env: &AttemptEnv, closing: Closing) -> CleanupReceipt {
+        // A remote runtime never reached holds nothing: asking it would only wait out its
+        // grace. Local runtimes clean up what provisioning made here all the same.
+        if closing.never_submitted && env.case.runtime == RuntimeKind::Agent {
+            return CleanupReceipt {
+                schema_version: RECORD_SCHEMA_VERSION.into(),
+                marker: env.marker(),
+                cleanup_confirmed: true,
+                killed: Vec::new(),
+                remaining: Vec::new(),
+                scans: 0,
+                message: format!(
+                    "runtime `{}` holds nothing of this attempt: its submit never reached it \
+                     (no connection), or it refused the job",
+                    env.case.runtime_label()
+                ),
+                method: Some("not_submitted".into()),
+                checks: vec!["not_submitted".into()],
+                escaped: Vec::new(),
+                held_job: Some(false),
+            };
+        }
+        if closing.patient {
+            let env = env.clone().with_unreachable_grace(UNANSWERED_WAIT_S);
+            return with_runtime!(self, &env, |rt| rt.cleanup(&env).await);
+        }
+        with_runtime!(self, env, |rt| rt.cleanup(env).await)
+    }
+
     /// Kills what is left of the attempt, writes its receipt and its record, and (unless it
-    /// is a speculation's loser) the case's result: the end of every attempt, by `cleanup`
-    /// or by a `settle` that closed a final attempt. Safe to run again (a retry): the
-    /// attempt is logged once per distinct record.
+    /// is evidence only: a speculation's loser, a stranded attempt) the case's result: the
+    /// end of every attempt, by `cleanup` or by a `settle` that closed a final attempt. Safe
+    /// to run again (a retry): the attempt is logged once per distinct record.
     async fn close(
         &self,
         ctx: &ActivityContext,
         env: &AttemptEnv,
         s: &AttemptSummary,
-        will_retry: bool,
+        closing: Closing,
         mut timings: StageTimings,
     ) -> Result<CleanupReport, ActivityError> {
+        let will_retry = closing.will_retry;
         attempt_dir(Stage::Cleanup, env)?;
-        let cleaned = timings.time(Stage::Cleanup, async {
-            with_runtime!(self, env, |rt| rt.cleanup(env).await)
-        });
+        let cleaned = timings.time(Stage::Cleanup, self.runtime_cleanup(env, closing));
         let receipt = heartbeating(ctx, (), cleaned).await;
+        let held_job = receipt.held_job == Some(true);
         let written = write_json_atomic(&env.file(attempt_files::CLEANUP), &receipt);
         bundle_write(Stage::Cleanup, written)?;
         let confirmed = receipt.cleanup_confirmed;
@@ -940,6 +990,7 @@ impl CaseActivities {
             will_retry,
             runtime: env.case.runtime.as_str().into(),
             runtime_name: env.case.runtime_name.clone(),
+            held_job: receipt.held_job,
             stages: Vec::new(),
         };
         // Cleanup can run more than once for an attempt (an activity retry, or a local
@@ -970,27 +1021,37 @@ impl CaseActivities {
             cleanup_confirmed: confirmed,
             runtime: env.case.runtime.as_str(),
         };
-        // A speculation's loser is evidence, never the case's result: the winner writes that.
-        if s.speculative_loser {
+        // Evidence, never the case's result: the attempt that counts writes that.
+        if s.is_evidence_only() {
             if !already_logged {
-                self.metrics.attempt_closed(end("speculative_loser"));
-                Self::event(
-                    env,
-                    "attempt_finished",
-                    format!(
-                        "speculative loser: stopped, the other copy counts{}",
-                        if confirmed {
-                            ""
-                        } else {
-                            "; cleanup NOT confirmed"
-                        }
-                    ),
-                );
+                let (outcome, what) = if s.speculative_loser {
+                    (
+                        "speculative_loser",
+                        "speculative loser: stopped, the other copy counts".to_string(),
+                    )
+                } else {
+                    let found = if held_job {
+                        "its runtime answered holding the job (stopped; paid for twice)"
+                    } else {
+                        "its runtime answered holding nothing of it"
+                    };
+                    (
+                        "stranded",
+                        format!("stranded while the case moved on: {found}"),
+                    )
+                };
+                self.metrics.attempt_closed(end(outcome));
+                let unconfirmed = if confirmed {
+                    ""
+                } else {
+                    "; cleanup NOT confirmed"
+                };
+                Self::event(env, "attempt_finished", format!("{what}{unconfirmed}"));
             }
             return Ok(CleanupReport {
                 cleanup_confirmed: confirmed,
                 failure: None,
-                held_job: false,
+                held_job,
             });
         }
 
@@ -1083,7 +1144,7 @@ impl CaseActivities {
         }
         Ok(CleanupReport {
             cleanup_confirmed: confirmed,
-            held_job: false,
+            held_job,
             failure: (!confirmed).then(|| {
                 Failure::infra(
                     Stage::Cleanup,

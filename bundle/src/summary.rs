@@ -34,6 +34,15 @@ pub struct BatchSummary {
     /// `attempts_total`).
     #[serde(default)]
     pub speculative_losers: usize,
+    /// Attempts left stranded on a runtime that stopped answering while their case moved on
+    /// (cleaned up once it answered; kept as evidence; included in `attempts_total`).
+    #[serde(default)]
+    pub stranded_attempts: usize,
+    /// Jobs paid for twice: attempts kept as evidence (speculations' losers, stranded ones)
+    /// whose runtime held a job for them. With one job per case, job starts are
+    /// `total + jobs_paid_twice`.
+    #[serde(default)]
+    pub jobs_paid_twice: usize,
     pub simulated: bool,
     /// Pass rates, score means with standard errors, duration percentiles (absent in
     /// summaries written before they existed).
@@ -176,6 +185,11 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
         speculative_losers: attempts
             .iter()
             .filter(|a| a.summary.speculative_loser)
+            .count(),
+        stranded_attempts: attempts.iter().filter(|a| a.summary.stranded).count(),
+        jobs_paid_twice: attempts
+            .iter()
+            .filter(|a| a.summary.is_evidence_only() && a.held_job == Some(true))
             .count(),
         simulated,
         stats: Some(crate::stats::BatchStats::of(&results, &attempts)),

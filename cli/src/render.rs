@@ -263,6 +263,9 @@ fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
     if let Some(line) = spread_line(k) {
         say!("{line}");
     }
+    if let Some(line) = outage_line(k) {
+        say!("{line}");
+    }
     if let Some(line) = prepared_line(k) {
         say!("{line}");
     }
@@ -490,6 +493,17 @@ pub fn list(listed: &[casebatch_control::Listed]) {
     }
 }
 
+/// Jobs of runtimes that stopped answering, when a batch had any.
+fn outage_line(k: &Counters) -> Option<String> {
+    (k.reattached + k.stranded + k.paid_twice > 0).then(|| {
+        format!(
+            "  runtimes that stopped answering: jobs asked about again {} · attempts stranded {} \
+             · jobs paid for twice {}",
+            k.reattached, k.stranded, k.paid_twice
+        )
+    })
+}
+
 fn counters_line(k: &Counters) -> String {
     format!(
         "  adopted {} · re-dispatched {} · retries {} · OOM boosts {} · cleanup unconfirmed {}",
@@ -561,6 +575,9 @@ pub fn status(view: &StatusView) {
     if let Some(line) = spread_line(&s.counters) {
         say!("{line}");
     }
+    if let Some(line) = outage_line(&s.counters) {
+        say!("{line}");
+    }
     if !s.in_flight.is_empty() {
         let ids: Vec<&str> = s
             .in_flight
@@ -625,6 +642,19 @@ pub fn report(view: &ReportView) {
         say!(
             "  tail speculation: {} attempt(s) lost the race (stopped, kept as evidence)",
             s.speculative_losers
+        );
+    }
+    if s.stranded_attempts > 0 {
+        say!(
+            "  stranded: {} attempt(s) left on a runtime that stopped answering (cleaned up once \
+             it answered, kept as evidence)",
+            s.stranded_attempts
+        );
+    }
+    if s.jobs_paid_twice > 0 {
+        say!(
+            "  jobs paid for twice: {} (speculation losers and stranded jobs their runtime held)",
+            s.jobs_paid_twice
         );
     }
     if !s.cases_by_runtime.is_empty() {

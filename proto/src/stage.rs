@@ -210,6 +210,11 @@ impl AttemptSummary {
     }
 }
 
+/// How long the cleanup of an attempt whose runtime did not answer for its job waits for that
+/// runtime to answer (a job that ran on there is stopped once it does); its activity's
+/// deadline is a minute more.
+pub const UNANSWERED_WAIT_S: u64 = 300;
+
 /// Input of `cleanup`: it also records the attempt (cleanup runs for every provisioned attempt,
 /// so it is the one stage that sees every outcome).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -222,6 +227,10 @@ pub struct CleanupInput {
     /// the runtime answered with a refusal): the runtime holds nothing to stop or ask about.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub never_submitted: bool,
+    /// The runtime did not answer for the attempt's job: cleanup waits longer for it to
+    /// answer, so a job that ran on there is found and stopped.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub patient: bool,
 }
 
 /// The cleanup receipt's essentials.

@@ -102,6 +102,8 @@ mod tests {
             adopted_attempts: 0,
             attempts_total: 1,
             speculative_losers: 0,
+            stranded_attempts: 0,
+            jobs_paid_twice: 0,
             simulated: false,
             stats: None,
             rows: vec![SummaryRow {

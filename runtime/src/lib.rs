@@ -56,6 +56,15 @@ impl AttemptEnv {
         self
     }
 
+    /// The same attempt, reaching its runtime with `secs` of patience for an agent that does
+    /// not answer (the cleanup of an attempt whose agent stopped answering for its job).
+    pub fn with_unreachable_grace(mut self, secs: u64) -> Self {
+        if let Some(spec) = self.runtime_spec.as_mut() {
+            spec.unreachable_grace_s = Some(secs);
+        }
+        self
+    }
+
     pub fn marker(&self) -> String {
         self.key.marker()
     }

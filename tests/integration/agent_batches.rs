@@ -939,3 +939,257 @@ fn a_runner_killed_mid_race_resumes_it_and_each_case_keeps_one_result() {
         "{status:#}"
     );
 }
+
+/// The seeds' drill: a runtime of the list dead before the batch and left down, a healthy one
+/// beside it, eight cases (max_retries 2, 4 wide, a 1 s harness): eight pass, no retry is
+/// spent on the dead runtime, dispatches that found it refused move on at once (nothing
+/// reached it, so nothing waits for its cleanup), and the batch takes well under three times
+/// as long as with both agents up. Then the same pair under a 1 s cooldown, so probes go
+/// through mid-batch: once its circuit is open only probes try the dead runtime, and each
+/// probe that fails moves its case on without spending its retries.
+#[test]
+fn a_runtime_left_dead_fails_no_case_and_only_probes_try_it_once_its_circuit_opened() {
+    let sb = Sandbox::engine();
+    let a = Agent::start(&sb, "box-a", &[]);
+    let mut b = Agent::start(&sb, "box-b", &[]);
+    let harness = r#"echo "$CASEBATCH_CASE_ID $AGENT_NAME" >> "$SANDBOX/started-$CASEBATCH_BATCH_ID.log"; sleep 1; echo '{}' > "$CASEBATCH_RESULT""#;
+    let text = |batch: &str, cases: usize, a: &Agent, b: &Agent| {
+        manifest(batch, &[a, b], cases, harness, "  max_retries: 2\n")
+            .replace(&format!("concurrency: {cases}"), "concurrency: 4")
+    };
+    let up = text("up", 8, &a, &b);
+    let down = text("down", 8, &a, &b);
+    // Other names are other breakers: a cooldown of 1 s from the first dispatch on.
+    let probed = text("probed", 16, &a, &b)
+        .replace("box-a:", "probe-a:")
+        .replace("box-b:", "probe-b:")
+        .replace("[box-a, box-b]", "[probe-a, probe-b]")
+        .replace("kind: agent,", "kind: agent, breaker_cooldown_s: 1,");
+    let began = std::time::Instant::now();
+    assert_exit(&sb.run_batch(&sb.write("up.yaml", &up)), 0);
+    let both_up = began.elapsed();
+
+    b.kill();
+    let began = std::time::Instant::now();
+    let o = sb.run_batch(&sb.write("down.yaml", &down));
+    let one_down = began.elapsed();
+    assert_exit(&o, 0);
+    let (on_dead, _) = check_dead_runtime_drill(&sb, "down", 8, "box-a", "box-b");
+    eprintln!(
+        "dead runtime left down: both up {both_up:?}, one down {one_down:?}, {on_dead} \
+         attempts on the dead runtime"
+    );
+    assert!(
+        one_down < both_up * 3,
+        "one runtime down took {one_down:?}, both up {both_up:?}"
+    );
+
+    assert_exit(&sb.run_batch(&sb.write("probed.yaml", &probed)), 0);
+    let (_, probes) = check_dead_runtime_drill(&sb, "probed", 16, "probe-a", "probe-b");
+    assert!(probes >= 1, "a probe went through mid-batch");
+}
+
+/// Checks a batch of `cases` on `[alive, dead]` with `dead` down throughout; returns the
+/// attempts made on `dead` and how many of them were probes.
+fn check_dead_runtime_drill(
+    sb: &Sandbox,
+    batch: &str,
+    cases: usize,
+    alive: &str,
+    dead: &str,
+) -> (usize, usize) {
+    let summary = sb.json(&sb.bundle(batch).join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], cases, "{summary:#}");
+    let status = sb.status(batch);
+    let opened = format!("runtime {dead}: circuit open");
+    let opened_at = status["status"]["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["message"] == opened.as_str())
+        .and_then(|s| s["at_ms"].as_u64())
+        .unwrap_or_else(|| panic!("{dead}'s circuit opened: {status:#}"));
+    let counters = &status["status"]["counters"];
+    assert_eq!(
+        counters["retries"], 0,
+        "no retry was spent on {dead}: {counters}"
+    );
+    let mut on_dead = 0;
+    let mut probes = 0;
+    let mut report = Vec::new();
+    for i in 0..cases {
+        let case = format!("c{i}");
+        let tries = attempts(sb, batch, &case);
+        report.push(format!(
+            "{case}: {}",
+            tries
+                .iter()
+                .map(|t| format!(
+                    "{}{} {}",
+                    t["runtime_name"],
+                    if t["summary"]["probe"] == true {
+                        " (probe)"
+                    } else {
+                        ""
+                    },
+                    t["summary"]["failure"]["code"]
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        for t in tries.iter().filter(|t| t["runtime_name"] == dead) {
+            on_dead += 1;
+            let probe = t["summary"]["probe"] == true;
+            probes += usize::from(probe);
+            let started = t["summary"]["started_at_ms"].as_u64().unwrap();
+            assert!(
+                probe || started <= opened_at,
+                "{case} tried {dead} after its circuit opened, not as a probe:\n{report:#?}"
+            );
+            // Nothing reached the dead agent, so its cleanup asked nothing of it.
+            let n = t["summary"]["attempt"].as_u64().unwrap() as u32;
+            let receipt = sb.json(&sb.attempt_file(batch, &case, n, "cleanup.json"));
+            assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
+            assert_eq!(receipt["method"], "not_submitted", "{receipt:#}");
+        }
+        // Every case's result is its run on the healthy agent, which failed none.
+        let result = sb.case_result(batch, &case);
+        assert_eq!(result["runtime"], alive, "{case}: {result:#}\n{report:#?}");
+        let failed_alive = tries
+            .iter()
+            .filter(|t| t["runtime_name"] == alive && !t["summary"]["failure"].is_null())
+            .count();
+        assert_eq!(failed_alive, 0, "{report:#?}");
+    }
+    assert!(
+        on_dead >= 3,
+        "the dispatches that opened the circuit: {report:#?}"
+    );
+    eprintln!("{batch}: {on_dead} attempts on {dead} ({probes} probes)\n{report:#?}");
+    (on_dead, probes)
+}
+
+/// An agent frozen for longer than a worker gives it (its HTTP/2 keepalive and a 5 s grace
+/// give up on the watch after about 40 s; a 90 s freeze does the same with the defaults): its
+/// jobs end during the freeze, and each case settles from its first attempt's job once the
+/// agent answers. The attempt asks again instead of starting another job.
+#[test]
+fn an_agent_frozen_past_the_grace_costs_no_job_and_each_first_attempt_settles() {
+    let sb = Sandbox::engine();
+    let a = Agent::start(&sb, "box-a", &["--max-concurrent", "8"]);
+    let text = manifest("frozen", &[&a], 8, GATED, "  max_retries: 1\n")
+        .replace("kind: agent,", "kind: agent, unreachable_grace_s: 5,");
+    let mut runner = sb.spawn_batch(&sb.write("frozen.yaml", &text), "run.log");
+    wait_until(Duration::from_secs(90), "8 jobs run", || {
+        lines(&sb, "started.log").len() == 8
+    });
+    freeze(a.child.id(), 50, || {
+        sb.write("go", "");
+        wait_until(
+            Duration::from_secs(30),
+            "the jobs end during the freeze",
+            || lines(&sb, "ended.log").len() == 8,
+        );
+    });
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(240)),
+        0,
+        "{}",
+        sb.read("run.log")
+    );
+    assert_eq!(lines(&sb, "started.log").len(), 8, "one job start per case");
+    for i in 0..8 {
+        let case = format!("c{i}");
+        let r = sb.case_result("frozen", &case);
+        assert_eq!(r["state"], "succeeded", "{case}: {r:#}");
+        assert_eq!(
+            r["attempts"], 1,
+            "{case} settled by its first attempt: {r:#}"
+        );
+    }
+    let counters = &sb.status("frozen")["status"]["counters"];
+    assert!(
+        counters["reattached"].as_u64().unwrap() >= 1,
+        "the frozen agent was asked again: {counters}"
+    );
+    assert_eq!(counters["stranded"], 0, "{counters}");
+}
+
+/// The same freeze with a list `[box-a, box-b]`: box-a's cases move to box-b once box-a has
+/// not answered past the grace, their jobs on box-a (still running) are left stranded, and
+/// stopped once box-a answers again. The summary counts the jobs paid for twice, which is
+/// exactly the job starts beyond one per case, and no stranded job is left running.
+#[test]
+fn an_agent_frozen_in_a_list_strands_its_jobs_and_stops_them_once_it_answers() {
+    let sb = Sandbox::engine();
+    let a = Agent::start(&sb, "box-a", &[]);
+    let b = Agent::start(&sb, "box-b", &[]);
+    // Each agent's jobs wait for their own gate: box-a's never opens, so its stranded jobs
+    // run until cleanup stops them.
+    let harness = r#"echo "$CASEBATCH_CASE_ID $AGENT_NAME $CASEBATCH_ALLOC_MARKER" >> "$SANDBOX/started.log"; while [ ! -e "$SANDBOX/go-$AGENT_NAME" ]; do sleep 0.1; done; echo '{}' > "$CASEBATCH_RESULT""#;
+    sb.write("go-box-b", "");
+    let text = manifest("strand", &[&a, &b], 8, harness, "")
+        .replace("kind: agent,", "kind: agent, unreachable_grace_s: 5,");
+    let m = sb.write("strand.yaml", &text);
+    let out = sb.out().display().to_string();
+    let mut runner = sb.spawn(
+        &[
+            "batch",
+            "run",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--output-dir",
+            &out,
+            "--no-speculation",
+        ],
+        "run.log",
+    );
+    wait_until(Duration::from_secs(90), "box-a's 4 jobs run", || {
+        lines(&sb, "started.log")
+            .iter()
+            .filter(|l| l.contains(" box-a "))
+            .count()
+            == 4
+    });
+    freeze(a.child.id(), 50, || {});
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(300)),
+        0,
+        "{}",
+        sb.read("run.log")
+    );
+    let started = lines(&sb, "started.log");
+    let summary = sb.json(&sb.bundle("strand").join("batch_summary.json"));
+    assert_eq!(summary["counts"]["succeeded"], 8, "{summary:#}");
+    assert_eq!(summary["stranded_attempts"], 4, "{summary:#}");
+    assert_eq!(
+        started.len(),
+        8 + summary["jobs_paid_twice"].as_u64().unwrap() as usize,
+        "job starts = cases + jobs paid for twice: {started:#?}\n{summary:#}"
+    );
+    for i in (0..8).step_by(2) {
+        let case = format!("c{i}");
+        assert_eq!(
+            sb.case_result("strand", &case)["runtime"],
+            "box-b",
+            "{case}"
+        );
+        let first = sb.json(&sb.attempt_file("strand", &case, 1, "attempt.json"));
+        assert_eq!(first["summary"]["stranded"], true, "{first:#}");
+        assert_eq!(first["runtime_name"], "box-a", "{first:#}");
+        let receipt = sb.json(&sb.attempt_file("strand", &case, 1, "cleanup.json"));
+        assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
+        assert_eq!(receipt["held_job"], true, "{receipt:#}");
+    }
+    // No job of box-a is left running: each carried its attempt's marker.
+    for line in started.iter().filter(|l| l.contains(" box-a ")) {
+        let marker = line.rsplit(' ').next().unwrap();
+        let alive = casebatch_runtime::procfs::scan_marker(marker).marked;
+        assert!(
+            alive.is_empty(),
+            "a stranded job still runs: {line}
+{}",
+            describe_processes(&alive)
+        );
+    }
+}

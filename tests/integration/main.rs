@@ -23,6 +23,7 @@ mod result_files;
 mod retry;
 mod shared_cluster;
 mod snapshots;
+mod stalls;
 mod submit_window;
 mod taxonomy;
 mod unwritable_bundle;

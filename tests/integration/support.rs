@@ -539,6 +539,11 @@ impl Cluster {
         cluster
     }
 
+    /// The server's process (the `temporal` CLI runs it in-process).
+    pub fn pid(&self) -> u32 {
+        self.server.id()
+    }
+
     /// Runs the `temporal` CLI against this server.
     pub fn temporal(&self, args: &[&str]) -> Output {
         Command::new(temporal_bin())
@@ -671,4 +676,17 @@ pub fn processes_with_env(name: &str, needle: &str) -> Vec<u32> {
                 .is_ok_and(|env| String::from_utf8_lossy(&env).contains(needle))
         })
         .collect()
+}
+
+/// Freezes a process (SIGSTOP: it neither answers nor dies, as in a stall; its children run
+/// on) for `secs`, running `during` meanwhile, then thaws it. The frozen span is the test's
+/// chaos, not a wait for an event.
+pub fn freeze(pid: u32, secs: u64, during: impl FnOnce()) {
+    use nix::sys::signal::{Signal, kill};
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+    let thaw = Instant::now() + Duration::from_secs(secs);
+    during();
+    std::thread::sleep(thaw.saturating_duration_since(Instant::now()));
+    kill(pid, Signal::SIGCONT).expect("SIGCONT");
 }

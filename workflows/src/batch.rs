@@ -135,6 +135,7 @@ impl BatchWorkflow {
         // First, before any command: a run keeps the pipeline its history began with.
         let pipeline = Pipeline::of_run(ctx);
         let settle_closes = pipeline.settle_closes(ctx);
+        let outage_rules = pipeline.outage_rules(ctx);
         let requested = ctx.state(|s| s.input.search_attributes);
         let visible = visibility::of_run(ctx, requested);
         // Finished cases not yet in the search attributes: published once the activation
@@ -191,7 +192,14 @@ impl BatchWorkflow {
                         exhausted = true;
                         break;
                     };
-                    let case = admit(ctx, index, false, pipeline, settle_closes, &case_cancel);
+                    let case = admit(
+                        ctx,
+                        index,
+                        false,
+                        pipeline,
+                        (settle_closes, outage_rules),
+                        &case_cancel,
+                    );
                     inflight.push(case);
                     running += 1;
                 }
@@ -201,7 +209,14 @@ impl BatchWorkflow {
                     let Some(index) = next_case(ctx, &mut cursor) else {
                         break;
                     };
-                    let case = admit(ctx, index, true, pipeline, settle_closes, &case_cancel);
+                    let case = admit(
+                        ctx,
+                        index,
+                        true,
+                        pipeline,
+                        (settle_closes, outage_rules),
+                        &case_cancel,
+                    );
                     inflight.push(case);
                 }
             }
@@ -635,7 +650,7 @@ fn admit(
     index: u32,
     ahead: bool,
     pipeline: Pipeline,
-    settle_closes: bool,
+    (settle_closes, outage_rules): (bool, bool),
     case_cancel: &WorkflowCancellationToken,
 ) -> (u32, LocalBoxFuture<'static, CaseDone>) {
     let params = ctx.state_mut(|s| {
@@ -659,6 +674,7 @@ fn admit(
             max_timeout_seconds: s.input.max_timeout_seconds,
             pipeline,
             settle_closes,
+            outage_rules,
             ahead,
         }
     });
@@ -717,6 +733,9 @@ fn record_case(ctx: &WorkflowContext<BatchWorkflow>, done: CaseDone) {
         s.counters.speculation_wins += done.speculation_wins;
         s.counters.prepared += done.prepared;
         s.counters.released += done.released;
+        s.counters.reattached += done.reattached;
+        s.counters.stranded += done.stranded;
+        s.counters.paid_twice += done.paid_twice;
         if let Some(failure) = done.unrecorded_failure {
             s.unrecorded.push(UnrecordedFailure {
                 case: done.case_index,

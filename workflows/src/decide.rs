@@ -41,6 +41,14 @@ pub fn spills(f: &casebatch_proto::Failure) -> bool {
             ))
 }
 
+/// Whether a spillover of this failure is free of the per-list cap (see [`spills`]): the
+/// failed probe of an open circuit, or a runtime that did not answer. Neither says anything
+/// about the case, and each costs the breaker's cooldown or the runtime's grace, so the
+/// circuits, not a count, bound how often a case moves.
+pub fn spills_freely(probe: bool, f: &casebatch_proto::Failure) -> bool {
+    spills(f) && (probe || f.code == FailureCode::RuntimeUnreachable)
+}
+
 /// What the batch allows beyond a first attempt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Policy {

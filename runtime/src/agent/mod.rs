@@ -303,7 +303,15 @@ impl Runtime for AgentRuntime {
                 Ok(job) => return Ok(job_ref(&t, env.marker(), Some(&job))),
                 Err(e) => {
                     may_have_reached |= e.may_have_reached();
-                    if let Err(e) = outage.next(e).await {
+                    // Nothing listens there: a routed attempt moves on at once.
+                    let moves_on =
+                        env.key.runtime.is_some() && matches!(e, AgentError::NoConnection(_));
+                    let next = if moves_on {
+                        Err(e)
+                    } else {
+                        outage.next(e).await
+                    };
+                    if let Err(e) = next {
                         return Err(NotStarted {
                             failure: e.failure(Stage::Submit),
                             job_may_exist: may_have_reached,
@@ -397,7 +405,7 @@ impl Runtime for AgentRuntime {
 
     async fn cleanup(&self, env: &AttemptEnv) -> CleanupReceipt {
         let key = env.marker();
-        let receipt = |confirmed: bool, message: String| CleanupReceipt {
+        let receipt = |confirmed: bool, message: String, held_job: Option<bool>| CleanupReceipt {
             schema_version: RECORD_SCHEMA_VERSION.into(),
             marker: key.clone(),
             cleanup_confirmed: confirmed,
@@ -406,10 +414,13 @@ impl Runtime for AgentRuntime {
             scans: 0,
             message,
             method: None,
+            checks: Vec::new(),
+            escaped: Vec::new(),
+            held_job,
         };
         let t = match AgentTarget::of(env) {
             Ok(t) => t,
-            Err(e) => return receipt(false, format!("the agent could not be asked: {e}")),
+            Err(e) => return receipt(false, format!("the agent could not be asked: {e}"), None),
         };
         let mut outage = self.outage(t.grace_or(self.timing.cleanup_grace));
         loop {
@@ -424,6 +435,9 @@ impl Runtime for AgentRuntime {
                         scans: r.scans,
                         message: format!("{}: {}", t.named(), r.message),
                         method: Some(r.method).filter(|m| !m.is_empty()),
+                        checks: r.checks,
+                        escaped: r.escaped,
+                        held_job: Some(true),
                     };
                 }
                 // The agent's table is durable: no entry means nothing was ever submitted, or
@@ -435,12 +449,17 @@ impl Runtime for AgentRuntime {
                             "{} holds nothing of this attempt (never submitted, or removed after --keep-ended)",
                             t.named()
                         ),
+                        Some(false),
                     );
                 }
                 Err(e) => e,
             };
             if let Err(e) = outage.next(err).await {
-                return receipt(false, format!("cleanup of job {key} not confirmed: {e}"));
+                return receipt(
+                    false,
+                    format!("cleanup of job {key} not confirmed: {e}"),
+                    None,
+                );
             }
         }
     }

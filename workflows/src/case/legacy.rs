@@ -150,6 +150,7 @@ pub(super) async fn run_attempt(
             summary: s.clone(),
             will_retry: !matches!(next, Next::Finish(_)),
             never_submitted: false,
+            patient: false,
         };
         let detached = WorkflowCancellationToken::new();
         let confirmed = match ctx

@@ -26,9 +26,12 @@ mod speculate;
 
 use std::time::Duration;
 
+use std::future::Future;
+use std::task::Poll;
+
 use casebatch_proto::{
-    ActorStatus, AttemptKey, AttemptSummary, CaseState, CleanupInput, Failure, FailureClass,
-    FailureCode, JobRef, SettleInput, Settled, Stage, StartResult,
+    ActorStatus, AttemptKey, AttemptSummary, CaseState, CleanupInput, CleanupReport, Failure,
+    FailureClass, FailureCode, JobRef, SettleInput, Settled, Stage, StartResult,
 };
 use futures::future::LocalBoxFuture;
 use temporalio_common::RetryPolicy;
@@ -52,6 +55,10 @@ pub(crate) const STAGES_AS_ACTIVITIES: &str = "stages-as-activities";
 /// [`SettleInput::close_from`]); runs recorded before it keep a `cleanup` per attempt.
 pub(crate) const SETTLE_CLOSES: &str = "settle-closes-final-attempts";
 
+/// Patch id recorded by runs that keep the rules for runtimes that fail or stop answering
+/// ([`CaseParams::outage_rules`]); runs recorded before it replay as they ran.
+pub(crate) const OUTAGE_RULES: &str = "runtime-outage-rules";
+
 /// How a run executes attempts. Chosen once per run: a history recorded without the patch
 /// marker keeps the pipeline it began with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +81,11 @@ impl Pipeline {
     /// Whether `settle` may close final attempts in this run. Asked once, at the run's start.
     pub(crate) fn settle_closes(self, ctx: &WorkflowContext<BatchWorkflow>) -> bool {
         self == Pipeline::Activities && ctx.patched(SETTLE_CLOSES)
+    }
+
+    /// Whether this run keeps [`OUTAGE_RULES`]. Asked once, at the run's start.
+    pub(crate) fn outage_rules(self, ctx: &WorkflowContext<BatchWorkflow>) -> bool {
+        self == Pipeline::Activities && ctx.patched(OUTAGE_RULES)
     }
 }
 
@@ -101,6 +113,10 @@ pub(crate) struct CaseParams {
     pub pipeline: Pipeline,
     /// `settle` closes final attempts ([`Pipeline::settle_closes`]).
     pub settle_closes: bool,
+    /// The run keeps the rules for runtimes that fail or stop answering ([`OUTAGE_RULES`]):
+    /// a failed probe costs the case nothing, an unanswered job is asked about again or left
+    /// stranded, never started twice unseen.
+    pub outage_rules: bool,
     /// Admitted ahead of a free slot: provision the first attempt's environment, then wait
     /// for the batch to grant a slot ([`ahead`]).
     pub ahead: bool,
@@ -125,6 +141,12 @@ pub(crate) struct CaseDone {
     pub prepared: u32,
     /// An environment provisioned ahead was released unused (the case stays queued).
     pub released: u32,
+    /// Times an attempt asked a runtime that had not answered about its job again.
+    pub reattached: u32,
+    /// Attempts left stranded on a runtime that did not answer, the case moving on.
+    pub stranded: u32,
+    /// Jobs paid for twice: stranded jobs found on their runtime, and speculations' losers.
+    pub paid_twice: u32,
     /// Timeline messages about this case (the case is named by the step, not the text).
     pub notes: Vec<String>,
     /// Cleanup could not write the attempt's records: its worker may not write the bundle.
@@ -228,6 +250,9 @@ pub(crate) async fn run_case(
         speculation_wins: 0,
         prepared: 0,
         released: 0,
+        reattached: 0,
+        stranded: 0,
+        paid_twice: 0,
         notes: Vec::new(),
         bundle_refused: None,
         unrecorded_failure: None,
@@ -254,6 +279,9 @@ pub(crate) async fn run_case(
             return done;
         }
     }
+    // Attempts left behind (stranded on a runtime that stopped answering, speculations'
+    // losers): cleaned up while the case goes on, and waited for before the case ends.
+    let mut leftovers = Leftovers::default();
     loop {
         done.attempts += 1;
         let key = key_of(done.attempts, memory_boost_mb);
@@ -264,7 +292,12 @@ pub(crate) async fn run_case(
                     route: route.as_mut(),
                     done: &mut done,
                 };
-                run_attempt(&ctx, &p, key, &cancel, spent_before, routed).await
+                let attempt = run_attempt(&ctx, &p, key, &cancel, spent_before, routed);
+                let ended = leftovers.alongside(attempt).await;
+                for left in ended.left_behind {
+                    leftovers.add(&ctx, left);
+                }
+                (ended.summary, ended.next)
             }
             Pipeline::LocalActivities => {
                 legacy::run_attempt(&ctx, &p, &key, &cancel, spent_before).await
@@ -279,6 +312,7 @@ pub(crate) async fn run_case(
                 if let Some(refused) = done.bundle_refused.take() {
                     done.unrecorded_failure = Some(summary.failure.clone().unwrap_or(refused));
                 }
+                leftovers.finish(&mut done).await;
                 return done;
             }
             Next::Boost(mb) => {
@@ -310,13 +344,18 @@ pub(crate) async fn run_case(
                 // Linear backoff; a cancel during the wait ends the case.
                 let backoff = Duration::from_millis(p.retry_backoff_ms * u64::from(spent.retries));
                 if !backoff.is_zero() {
-                    temporalio_sdk::workflows::select! {
-                        _ = ctx.timer(backoff) => {}
-                        _ = cancel.cancelled() => {}
-                    }
+                    leftovers
+                        .alongside(async {
+                            temporalio_sdk::workflows::select! {
+                                _ = ctx.timer(backoff) => {}
+                                _ = cancel.cancelled() => {}
+                            }
+                        })
+                        .await;
                 }
                 if cancel.is_cancelled() {
                     done.state = CaseState::Cancelled;
+                    leftovers.finish(&mut done).await;
                     return done;
                 }
             }
@@ -359,6 +398,14 @@ fn stage_options(
 /// started (it also writes the attempt record), on a cancellation token detached from the
 /// batch's so a cancel cannot skip it. A routed straggler may race a duplicate on another
 /// runtime of its list ([`speculate`]); the attempt is then whichever settles first.
+///
+/// A runtime that does not answer for the attempt's job (`RUNTIME_UNREACHABLE` where the job
+/// may exist: a settle that lost its agent, a submit that may have reached it) is asked
+/// again, for the same attempt, before anything new starts: a job that outlived the outage,
+/// running or finished, settles the case ([`MAX_REATTACHES`] times, a case with no list
+/// only). When the case moves on instead (to another runtime of its list, or to a new
+/// attempt), the attempt is returned as stranded: the caller cleans it up on its runtime
+/// once that answers, while the case goes on.
 async fn run_attempt(
     ctx: &WorkflowContext<BatchWorkflow>,
     p: &CaseParams,
@@ -366,94 +413,294 @@ async fn run_attempt(
     cancel: &WorkflowCancellationToken,
     spent: Spent,
     mut routed: Routed<'_>,
-) -> (AttemptSummary, Next) {
+) -> AttemptEnd {
     let mut s = AttemptSummary::new(&key);
     s.started_at_ms = Some(workflow_ms(ctx));
+    // Only a case with nowhere else to go waits for its runtime; a routed one moves on.
+    let may_reattach = p.outage_rules && routed.route.is_none();
+    let mut reattaches = 0u32;
+    let mut left_behind = Vec::new();
 
     // start: provision + submit, on any worker (routed over the case's runtime list)
     let mut host_queue = None;
     let mut job = None;
-    match dispatch(ctx, &mut key, cancel, &mut routed).await {
-        Some(Ok(StartResult::Started(j))) => {
-            host_queue = j.host_queue.clone();
-            job = Some(j);
-        }
-        Some(Ok(StartResult::Failed {
-            failure,
-            host_queue: queue,
-            ..
-        })) => {
-            host_queue = queue;
-            if failure.stage == Stage::Submit {
-                s.actor = Some(ActorStatus::Failed);
+    let mut job_may_exist = false;
+    let mut never_submitted = false;
+    let (mut started, probe) = dispatch(ctx, &mut key, cancel, &mut routed).await;
+    s.probe = probe && p.outage_rules;
+    loop {
+        match started {
+            Some(Ok(StartResult::Started(j))) => {
+                host_queue = j.host_queue.clone();
+                job = Some(j);
             }
-            s.failure = Some(failure);
+            Some(Ok(StartResult::Failed {
+                failure,
+                host_queue: queue,
+                job_may_exist: may_exist,
+                ..
+            })) => {
+                if may_reattach
+                    && may_exist
+                    && is_unanswered(&failure)
+                    && ask_again(ctx, p, &key, cancel, &mut reattaches, routed.done).await
+                {
+                    let stage = format!("start.r{reattaches}");
+                    let opts = stage_options(&stage, &key, Duration::from_secs(60), None, cancel);
+                    started = Some(ctx.execute_activity(Start, key.clone(), opts).await);
+                    continue;
+                }
+                host_queue = queue;
+                job_may_exist = may_exist;
+                never_submitted = p.outage_rules && !may_exist;
+                if failure.stage == Stage::Submit {
+                    s.actor = Some(ActorStatus::Failed);
+                }
+                s.failure = Some(failure);
+            }
+            // Only a cancel ends the dispatch without a start (it waited for a circuit).
+            Some(Ok(StartResult::Skipped { .. })) | None => s.actor = Some(ActorStatus::Cancelled),
+            Some(Err(e)) => mark_error(&mut s, cancel, Stage::Provision, &e),
         }
-        // Only a cancel ends the dispatch without a start (it waited for a circuit).
-        Some(Ok(StartResult::Skipped { .. })) | None => s.actor = Some(ActorStatus::Cancelled),
-        Some(Err(e)) => mark_error(&mut s, cancel, Stage::Provision, &e),
+        break;
     }
     let mut attempt = Attempt {
         key,
         host_queue,
         summary: s,
         closed: false,
+        held_job: job.is_some(),
+        never_submitted,
     };
 
     // settle: await + evaluate + collect where the job runs; a retry adopts the job. A
     // final attempt is closed by settle too, unless it may race a duplicate.
     if let Some(job) = job {
-        let token = cancel.child_token();
-        let may_race = speculate::may(ctx, &routed);
-        let close_from = (p.settle_closes && !may_race).then(|| attempt.summary.clone());
-        let settle = settle_job(
-            ctx,
-            p,
-            &attempt.key,
-            job,
-            close_from,
-            attempt.host_queue.clone(),
-            &token,
-        );
-        if may_race {
-            if let Some(loser) =
-                speculate::race(ctx, p, &mut attempt, settle, token, cancel, &mut routed).await
-            {
-                clean_up(ctx, loser, false, routed.done).await;
+        let before = attempt.summary.clone();
+        let mut stage = "settle".to_string();
+        loop {
+            let token = cancel.child_token();
+            let may_race = speculate::may(ctx, &routed);
+            let close_from = (p.settle_closes && !may_race).then(|| attempt.summary.clone());
+            let settle = settle_job(
+                ctx,
+                p,
+                &stage,
+                &attempt.key,
+                job.clone(),
+                close_from,
+                attempt.host_queue.clone(),
+                &token,
+            );
+            if may_race {
+                if let Some(loser) =
+                    speculate::race(ctx, p, &mut attempt, settle, token, cancel, &mut routed).await
+                {
+                    if p.outage_rules {
+                        // Its runtime may be the one that stopped answering: cleaned up
+                        // patiently, while the case goes on.
+                        left_behind.push(loser);
+                    } else {
+                        clean_up(ctx, loser, false, routed.done).await;
+                    }
+                }
+            } else {
+                let result = settle.await;
+                attempt.settled(ctx, &token, result);
             }
-        } else {
-            let result = settle.await;
-            attempt.settled(ctx, &token, result);
+            let unanswered =
+                !attempt.closed && attempt.summary.failure.as_ref().is_some_and(is_unanswered);
+            if may_reattach
+                && unanswered
+                && ask_again(ctx, p, &attempt.key, cancel, &mut reattaches, routed.done).await
+            {
+                // The same attempt, settled again: its wait re-attaches to the job by key.
+                attempt.summary = before.clone();
+                stage = format!("settle.r{reattaches}");
+                continue;
+            }
+            break;
         }
+        job_may_exist = true;
     }
     let Attempt {
         key,
         host_queue,
         summary: mut s,
         closed,
+        held_job,
+        never_submitted,
     } = attempt;
+
+    // The runtime did not answer for a job that may run there: whatever comes next, the
+    // attempt's cleanup waits for that runtime longer than for one that answers.
+    let unanswered = p.outage_rules
+        && job_may_exist
+        && !closed
+        && s.failure.as_ref().is_some_and(is_unanswered)
+        && !cancel.is_cancelled();
 
     // Decide once, before cleanup: the bundle records exactly what the workflow decides.
     let mut next = decide_attempt(&mut s, cancel, p.policy, spent);
-    if let Some(to) = spill_over(ctx, &s, cancel, &mut routed) {
+    if let Some(to) = spill_over(ctx, &s, cancel, &mut routed, p.outage_rules) {
         next = Next::Spill;
         routed.done.notes.push(to);
     }
     // settle cleaned up and recorded it, and it decided the same.
     if closed && matches!(next, Next::Finish(_)) {
-        return (s, next);
+        return AttemptEnd {
+            summary: s,
+            next,
+            left_behind,
+        };
     }
-
-    // cleanup: always, where the attempt ran
     let will_retry = !matches!(next, Next::Finish(_));
-    let done = Attempt {
+    let mut done = Attempt {
         key,
         host_queue,
         summary: s,
         closed: false,
+        held_job,
+        never_submitted,
     };
-    let s = clean_up(ctx, done, will_retry, routed.done).await;
-    (s, next)
+    // The case moves on while its job may run where nobody answers: cleaned up alongside.
+    if unanswered && will_retry {
+        done.summary.stranded = true;
+        let summary = done.summary.clone();
+        left_behind.push(done);
+        return AttemptEnd {
+            summary,
+            next,
+            left_behind,
+        };
+    }
+
+    // cleanup: always, where the attempt ran
+    let s = clean_up_with(ctx, done, will_retry, unanswered, routed.done).await;
+    AttemptEnd {
+        summary: s,
+        next,
+        left_behind,
+    }
+}
+
+/// How an attempt ended: its summary, what comes next, and the attempts it leaves behind
+/// (stranded, or a speculation's loser) whose cleanup is still to run.
+struct AttemptEnd {
+    summary: AttemptSummary,
+    next: Next,
+    left_behind: Vec<Attempt>,
+}
+
+/// How often, and after what pauses, an attempt asks a runtime that did not answer about its
+/// job again before the case moves on (each ask waits out the runtime's own grace too).
+pub(crate) const MAX_REATTACHES: u32 = 5;
+const REATTACH_PAUSES_S: [u64; MAX_REATTACHES as usize] = [2, 5, 10, 20, 30];
+
+/// How long the cleanup of an attempt whose runtime did not answer waits for it to answer
+/// (a job that may run there is killed once it does).
+const UNANSWERED_WAIT: Duration = Duration::from_secs(casebatch_proto::UNANSWERED_WAIT_S);
+
+/// A runtime that did not answer, where the job of the attempt may be (its failure says so
+/// for its stage: a settle that lost its agent; a submit, when it may have reached it).
+fn is_unanswered(f: &Failure) -> bool {
+    f.code == FailureCode::RuntimeUnreachable && f.class == FailureClass::Infra && f.retryable
+}
+
+/// Pauses before asking the runtime about the attempt's job again, with a timeline step.
+/// `false` when the budget of asks is spent or the batch was cancelled meanwhile.
+async fn ask_again(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    p: &CaseParams,
+    key: &AttemptKey,
+    cancel: &WorkflowCancellationToken,
+    reattaches: &mut u32,
+    done: &mut CaseDone,
+) -> bool {
+    if cancel.is_cancelled() || *reattaches >= MAX_REATTACHES {
+        return false;
+    }
+    let pause = REATTACH_PAUSES_S[*reattaches as usize];
+    *reattaches += 1;
+    done.reattached += 1;
+    note(
+        ctx,
+        Some(p.case_index),
+        format!(
+            "its runtime did not answer for attempt {}'s job: asking again in {pause} s ({} of \
+             {MAX_REATTACHES}) rather than starting another job",
+            key.attempt, reattaches
+        ),
+    );
+    temporalio_sdk::workflows::select! {
+        _ = ctx.timer(Duration::from_secs(pause)) => {}
+        _ = cancel.cancelled() => {}
+    }
+    !cancel.is_cancelled()
+}
+
+/// Attempts a case leaves behind, stranded on a runtime that stopped answering or a
+/// speculation's loser, cleaned up patiently while the case goes on (their activities are
+/// polled after the case's own work, in the order they were left, so replay issues the same
+/// commands), and waited for before the case ends.
+#[derive(Default)]
+struct Leftovers {
+    running: Vec<LocalBoxFuture<'static, (AttemptSummary, CleanupReport)>>,
+    ended: Vec<(AttemptSummary, CleanupReport)>,
+}
+
+impl Leftovers {
+    fn add(&mut self, ctx: &WorkflowContext<BatchWorkflow>, attempt: Attempt) {
+        let ctx = ctx.clone();
+        self.running.push(Box::pin(async move {
+            let report = run_cleanup(&ctx, &attempt, true, true).await;
+            let report = report.unwrap_or(CleanupReport {
+                cleanup_confirmed: false,
+                failure: None,
+                held_job: false,
+            });
+            (attempt.summary, report)
+        }));
+    }
+
+    /// Runs `work`, driving the left attempts' cleanups meanwhile.
+    async fn alongside<T>(&mut self, work: impl Future<Output = T>) -> T {
+        if self.running.is_empty() {
+            return work.await;
+        }
+        let mut work = std::pin::pin!(work);
+        let Self { running, ended } = self;
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(out) = work.as_mut().poll(cx) {
+                return Poll::Ready(out);
+            }
+            let mut i = 0;
+            while i < running.len() {
+                match running[i].as_mut().poll(cx) {
+                    Poll::Ready(end) => {
+                        ended.push(end);
+                        drop(running.remove(i));
+                    }
+                    Poll::Pending => i += 1,
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Waits for the cleanups still running, then counts what they found.
+    async fn finish(&mut self, done: &mut CaseDone) {
+        for cleanup in std::mem::take(&mut self.running) {
+            self.ended.push(cleanup.await);
+        }
+        for (summary, report) in self.ended.drain(..) {
+            done.stranded += u32::from(summary.stranded);
+            done.cleanup_unconfirmed += u32::from(!report.cleanup_confirmed);
+            // Its runtime held a job for it: the case paid for that one and the one counting.
+            done.paid_twice += u32::from(report.held_job);
+        }
+    }
 }
 
 /// An attempt as it goes through its stages: where it runs and what it reported so far.
@@ -463,6 +710,10 @@ struct Attempt {
     summary: AttemptSummary,
     /// `settle` cleaned up and recorded the attempt (its summary is the recorded one).
     closed: bool,
+    /// `start` started a job for it (a loser that held one was paid for twice).
+    held_job: bool,
+    /// `start` never reached the runtime: its cleanup asks nothing of it.
+    never_submitted: bool,
 }
 
 impl Attempt {
@@ -507,9 +758,11 @@ impl Attempt {
 }
 
 /// `settle` of a started job, as an owned future (it may race a duplicate's).
+#[allow(clippy::too_many_arguments)]
 fn settle_job(
     ctx: &WorkflowContext<BatchWorkflow>,
     p: &CaseParams,
+    stage: &str,
     key: &AttemptKey,
     job: JobRef,
     close_from: Option<AttemptSummary>,
@@ -518,7 +771,7 @@ fn settle_job(
 ) -> LocalBoxFuture<'static, Result<Settled, ActivityExecutionError>> {
     // The actor's limit, then the evaluator's (at least a minute), then slack.
     let timeout = Duration::from_secs(2 * p.max_timeout_seconds.max(60) + 120);
-    let mut opts = stage_options("settle", key, timeout, host_queue, token);
+    let mut opts = stage_options(stage, key, timeout, host_queue, token);
     // On cancel, wait until the activity has stopped its job, so cleanup never races a
     // process that is still being killed.
     opts.cancellation_type = ActivityCancellationType::WaitCancellationCompleted;
@@ -541,28 +794,18 @@ async fn clean_up(
     will_retry: bool,
     done: &mut CaseDone,
 ) -> AttemptSummary {
-    let Attempt {
-        key,
-        host_queue,
-        mut summary,
-        ..
-    } = attempt;
-    let input = CleanupInput {
-        key: key.clone(),
-        summary: summary.clone(),
-        will_retry,
-        never_submitted: false,
-    };
-    let detached = WorkflowCancellationToken::new();
-    let short = Duration::from_secs(60);
-    let confirmed = match ctx
-        .execute_activity(
-            Cleanup,
-            input,
-            stage_options("cleanup", &key, short, host_queue, &detached),
-        )
-        .await
-    {
+    clean_up_with(ctx, attempt, will_retry, false, done).await
+}
+
+/// [`clean_up`], `patient` with a runtime that did not answer for the attempt's job.
+async fn clean_up_with(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    attempt: Attempt,
+    will_retry: bool,
+    patient: bool,
+    done: &mut CaseDone,
+) -> AttemptSummary {
+    let confirmed = match run_cleanup(ctx, &attempt, will_retry, patient).await {
         Ok(r) => r.cleanup_confirmed,
         Err(e) => {
             let failure = activity_failure(Stage::Cleanup, &e);
@@ -572,11 +815,38 @@ async fn clean_up(
             false
         }
     };
+    let mut summary = attempt.summary;
     summary.cleanup_confirmed = Some(confirmed);
     if summary.speculative_loser && !confirmed {
         done.cleanup_unconfirmed += 1;
     }
     summary
+}
+
+/// The `cleanup` activity of an attempt, where it ran, on a token no cancel reaches. A
+/// patient one waits up to [`UNANSWERED_WAIT`] for the attempt's runtime to answer.
+async fn run_cleanup(
+    ctx: &WorkflowContext<BatchWorkflow>,
+    attempt: &Attempt,
+    will_retry: bool,
+    patient: bool,
+) -> Result<CleanupReport, ActivityExecutionError> {
+    let input = CleanupInput {
+        key: attempt.key.clone(),
+        summary: attempt.summary.clone(),
+        will_retry,
+        never_submitted: attempt.never_submitted,
+        patient,
+    };
+    let detached = WorkflowCancellationToken::new();
+    let timeout = if patient {
+        UNANSWERED_WAIT + Duration::from_secs(60)
+    } else {
+        Duration::from_secs(60)
+    };
+    let queue = attempt.host_queue.clone();
+    let opts = stage_options("cleanup", &attempt.key, timeout, queue, &detached);
+    ctx.execute_activity(Cleanup, input, opts).await
 }
 
 /// Where a case dealt from a runtime list is: its list, the runtime it is on (its share
@@ -623,13 +893,14 @@ pub(crate) fn workflow_ms(ctx: &WorkflowContext<BatchWorkflow>) -> u64 {
 /// Runs `start`. A routed case goes where the batch's view of the circuits says (setting
 /// the key's runtime); a runtime whose breaker refuses the dispatch (`Skipped`) costs no
 /// attempt, and the case goes to the next of its list, or waits for the soonest cooldown
-/// when every circuit is open. `None`: cancelled while waiting.
+/// when every circuit is open. `None`: cancelled while waiting. Also says whether the start
+/// that counts was the probe of an open circuit.
 async fn dispatch(
     ctx: &WorkflowContext<BatchWorkflow>,
     key: &mut AttemptKey,
     cancel: &WorkflowCancellationToken,
     routed: &mut Routed<'_>,
-) -> Option<Result<StartResult, ActivityExecutionError>> {
+) -> (Option<Result<StartResult, ActivityExecutionError>>, bool) {
     let short = Duration::from_secs(60);
     let mut skips = 0u32;
     loop {
@@ -661,7 +932,7 @@ async fn dispatch(
                         _ = cancel.cancelled() => {}
                     }
                     if cancel.is_cancelled() {
-                        return None;
+                        return (None, false);
                     }
                     continue;
                 }
@@ -682,7 +953,7 @@ async fn dispatch(
             )
             .await;
         let Some((runtime, probe)) = target else {
-            return Some(result);
+            return (Some(result), false);
         };
         let now = workflow_ms(ctx);
         let (news, name) = ctx.state_mut(|s| {
@@ -722,7 +993,7 @@ async fn dispatch(
             routed.done.circuit_skips += 1;
             continue;
         }
-        return Some(result);
+        return (Some(result), probe);
     }
 }
 
@@ -734,16 +1005,24 @@ fn spill_over(
     s: &AttemptSummary,
     cancel: &WorkflowCancellationToken,
     routed: &mut Routed<'_>,
+    outage_rules: bool,
 ) -> Option<String> {
     let route = routed.route.as_deref_mut()?;
     let failure = s.failure.as_ref()?;
-    if cancel.is_cancelled() || !decide::spills(failure) || route.spills >= route.list.len() as u32
+    // A failed probe, or a runtime that did not answer, moves the case on whenever another
+    // runtime of its list is not seen open: the case fails for an unreachable runtime only
+    // once every runtime of its list was tried and is open. Other dispatch failures move it
+    // at most once per runtime of the list.
+    let free = outage_rules && decide::spills_freely(s.probe, failure);
+    if cancel.is_cancelled()
+        || !decide::spills(failure)
+        || (!free && route.spills >= route.list.len() as u32)
     {
         return None;
     }
     let (to, from_name, to_name) = route.next_healthy(ctx)?;
     route.current = to;
-    route.spills += 1;
+    route.spills += u32::from(!free);
     Some(format!(
         "runtime spillover {from_name} → {to_name} ({})",
         failure.code.as_str()

@@ -104,6 +104,8 @@ pub(super) async fn race(
         key,
         host_queue: None,
         closed: false,
+        held_job: false,
+        never_submitted: false,
     };
     let dup_token = cancel.child_token();
     ctx.state_mut(|s| with_tail(s, |t| t.duplicates += 1));
@@ -139,7 +141,10 @@ pub(super) async fn race(
                 copy_open = false;
                 duplicate.host_queue = host_queue;
                 match end {
-                    CopyEnd::Settled(result) => duplicate.settled(ctx, &dup_token, result),
+                    CopyEnd::Settled(result) => {
+                        duplicate.held_job = true;
+                        duplicate.settled(ctx, &dup_token, result);
+                    }
                     CopyEnd::NotStarted(failure) => {
                         if failure.stage == Stage::Submit {
                             duplicate.summary.actor = Some(ActorStatus::Failed);
@@ -218,7 +223,7 @@ async fn run_duplicate(
     match ctx.execute_activity(Start, key.clone(), opts).await {
         Ok(StartResult::Started(job)) => {
             let host_queue = job.host_queue.clone();
-            let settle = settle_job(ctx, p, key, job, None, host_queue.clone(), token);
+            let settle = settle_job(ctx, p, "settle", key, job, None, host_queue.clone(), token);
             (host_queue, CopyEnd::Settled(settle.await))
         }
         Ok(StartResult::Failed {
