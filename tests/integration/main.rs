@@ -25,6 +25,7 @@ mod shared_cluster;
 mod snapshots;
 mod submit_window;
 mod taxonomy;
+mod unreadable_bundle;
 mod unwritable_bundle;
 mod validation;
 mod visibility;
