@@ -23,7 +23,9 @@ mod write;
 pub use layout::Bundle;
 pub use records::*;
 pub use summary::{BatchSummary, SummaryRow, assemble, write_assembled, write_batch_files};
-pub use write::{append_jsonl, read_json, write_bytes_atomic, write_json_atomic};
+pub use write::{
+    append_jsonl, read_json, read_json_if_present, write_bytes_atomic, write_json_atomic,
+};
 
 /// Errors reading or writing the bundle; each names the file.
 #[derive(Debug, thiserror::Error)]

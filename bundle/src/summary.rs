@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::layout::attempt_files;
 use crate::records::{AttemptRecord, CaseRecordState, CaseResult, RECORD_SCHEMA_VERSION};
-use crate::{Bundle, BundleError, read_json, write_json_atomic};
+use crate::{Bundle, BundleError, read_json_if_present, write_json_atomic};
 
 /// `batch_summary.json`: counts, failure breakdown, one row per case.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -101,12 +101,8 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
     let mut simulated = false;
 
     for case in &plan.cases {
-        let path = bundle.case_result(&case.case_dir);
-        let result: Option<CaseResult> = if path.exists() {
-            Some(read_json(&path)?)
-        } else {
-            None
-        };
+        // Absent: the case has not finished an attempt yet. Damaged: an error, never "queued".
+        let result: Option<CaseResult> = read_json_if_present(&bundle.case_result(&case.case_dir))?;
         let case_attempts = read_attempts(bundle, &case.case_dir)?;
         adopted += case_attempts.iter().filter(|a| a.summary.adopted).count();
         attempts.extend(case_attempts);
@@ -240,12 +236,27 @@ fn read_attempts(bundle: &Bundle, case_dir: &str) -> Result<Vec<AttemptRecord>, 
     let mut out = Vec::new();
     for n in 1.. {
         let dir = bundle.attempt(case_dir, n);
-        if !dir.exists() {
-            break;
+        // Attempts are numbered from 1 without gaps: the first one not there ends the list.
+        // Anything else in the way (a file where the case's or the attempt's directory
+        // belongs) is damage, which would otherwise hide attempts from the counts.
+        let read_err = |source| BundleError::Read {
+            path: dir.display().to_string(),
+            source,
+        };
+        match std::fs::metadata(&dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(e) => return Err(read_err(e)),
+            Ok(m) if !m.is_dir() => {
+                return Err(read_err(std::io::Error::new(
+                    std::io::ErrorKind::NotADirectory,
+                    "not a directory, where the attempt's files belong",
+                )));
+            }
+            Ok(_) => {}
         }
-        let path = dir.join(attempt_files::RECORD);
-        if path.exists() {
-            out.push(read_json(&path)?);
+        // Absent while the attempt runs: its record is written when it is cleaned up.
+        if let Some(record) = read_json_if_present(&dir.join(attempt_files::RECORD))? {
+            out.push(record);
         }
     }
     Ok(out)

@@ -63,6 +63,28 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, BundleError> {
     })
 }
 
+/// [`read_json`] of a record that may not have been written yet: `None` only when nothing is
+/// at `path`. Anything else that stops the read (a directory where the file belongs, a file
+/// where a directory belongs, truncated or invalid JSON) is an error naming the file, so a
+/// damaged record is never taken for one not written yet: a finished case for a queued one.
+pub fn read_json_if_present<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, BundleError> {
+    match fs::read(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(BundleError::Read {
+            path: path.display().to_string(),
+            source,
+        }),
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| BundleError::Parse {
+                    path: path.display().to_string(),
+                    source,
+                })
+        }
+    }
+}
+
 /// Appends one JSON object as a line. A single `write` of a line opened with O_APPEND lands
 /// whole, so concurrent writers do not interleave.
 pub fn append_jsonl<T: Serialize>(path: &Path, value: &T) -> Result<(), BundleError> {
@@ -97,6 +119,37 @@ mod tests {
         // Not tempfile's 0600: what a plain create gives (0666 less the umask).
         let mode = fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o600, 0o600);
+    }
+
+    #[test]
+    fn only_a_missing_record_reads_as_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("result.json");
+        let read = |p: &Path| read_json_if_present::<serde_json::Value>(p);
+        assert!(read(&path).unwrap().is_none());
+        assert!(
+            read(&dir.path().join("no-dir/result.json"))
+                .unwrap()
+                .is_none()
+        );
+        fs::write(&path, b"{\"state\": \"succ").unwrap();
+        let truncated = read(&path).unwrap_err().to_string();
+        assert!(
+            truncated.contains(&path.display().to_string()),
+            "{truncated}"
+        );
+        assert!(truncated.contains("EOF while parsing"), "{truncated}");
+        fs::remove_file(&path).unwrap();
+        fs::create_dir(&path).unwrap();
+        let directory = read(&path).unwrap_err().to_string();
+        assert!(directory.contains("Is a directory"), "{directory}");
+        // A file where a directory belongs is damage too, not absence.
+        let under_file = path.join("x.json");
+        fs::remove_dir(&path).unwrap();
+        fs::write(&path, b"{}").unwrap();
+        assert!(read(&under_file).is_err());
+        fs::write(&path, b"{\"ok\": true}").unwrap();
+        assert_eq!(read(&path).unwrap(), Some(serde_json::json!({"ok": true})));
     }
 
     #[test]

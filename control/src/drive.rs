@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use casebatch_bundle::{Bundle, CaseRecordState, CaseResult, Lineage, read_json};
+use casebatch_bundle::{Bundle, CaseRecordState, CaseResult, Lineage, read_json_if_present};
 use casebatch_manifest::Plan;
 use casebatch_proto::visibility::{memo, outcome, search_attr};
 use casebatch_proto::{
@@ -167,8 +167,10 @@ async fn drive(
         let mut carried = match presence {
             Presence::Closed => carried_from_result(&handle).await,
             _ => None,
+        };
+        if carried.is_none() {
+            carried = carried_from_bundle(bundle, plan)?;
         }
-        .or_else(|| carried_from_bundle(bundle, plan));
         if let Some(c) = carried.as_mut() {
             let n = opts.requeue.apply(plan, &mut c.slots);
             if n > 0 {
@@ -182,7 +184,7 @@ async fn drive(
         if !visible {
             observer.on(DriveEvent::Unsearchable);
         }
-        let mut input = batch_input(bundle, plan, carried, opts.history_budget, visible);
+        let mut input = batch_input(bundle, plan, carried, opts.history_budget, visible)?;
         if input.routes.is_some() && !opts.no_speculation {
             input.speculation = Some(Speculation {
                 seed_ms: run_history::speculation_seed_ms(plan, bundle, opts.history_db.as_deref()),
@@ -282,10 +284,10 @@ fn batch_input(
     carried: Option<Carried>,
     history_budget: Option<u32>,
     search_attributes: bool,
-) -> BatchInput {
+) -> Result<BatchInput> {
     let (envelopes, case_loads) = scheduling::envelopes(plan);
     let routes = scheduling::routes(plan);
-    BatchInput {
+    Ok(BatchInput {
         batch_id: plan.batch_id.clone(),
         bundle_dir: bundle.root().display().to_string(),
         fingerprint: plan.fingerprint.clone(),
@@ -302,7 +304,7 @@ fn batch_input(
         carried,
         history_budget,
         oom_auto_boost: plan.settings.oom_auto_boost,
-        memory_boosts: memory_boosts(bundle, plan),
+        memory_boosts: memory_boosts(bundle, plan)?,
         search_attributes,
         envelopes,
         case_loads,
@@ -314,7 +316,7 @@ fn batch_input(
             plan.settings.prepare_ahead
         },
         routes,
-    }
+    })
 }
 
 /// Start options: the memo (who started what, from where) and, where the namespace has them,
@@ -485,18 +487,21 @@ pub(crate) async fn query_status(handle: &Handle) -> Result<BatchStatus> {
         .map_err(|e| ControlError::engine_call("query the batch's status", e))
 }
 
-/// Per-case memory granted by `retry-failed` (from lineage.json), by case index.
-fn memory_boosts(bundle: &Bundle, plan: &Plan) -> std::collections::BTreeMap<u32, u64> {
-    let Ok(lineage) = read_json::<Lineage>(&bundle.lineage()) else {
-        return Default::default();
+/// Per-case memory granted by `retry-failed` (from lineage.json), by case index. Only a batch
+/// made by `retry-failed` has a lineage; a damaged one is an error, not "no boosts", which
+/// would run an OOM-killed case again at the size it died at.
+fn memory_boosts(bundle: &Bundle, plan: &Plan) -> Result<std::collections::BTreeMap<u32, u64>> {
+    let Some(lineage) = read_json_if_present::<Lineage>(&bundle.lineage())? else {
+        return Ok(Default::default());
     };
-    plan.cases
+    Ok(plan
+        .cases
         .iter()
         .filter_map(|c| {
             let mb = lineage.memory_boost_mb.get(&c.case_id)?;
             Some((c.index, *mb))
         })
-        .collect()
+        .collect())
 }
 
 /// State to start a new run from: the last run's result. A run that was terminated or
@@ -519,30 +524,76 @@ async fn carried_from_result(handle: &Handle) -> Option<Carried> {
     })
 }
 
-fn carried_from_bundle(bundle: &Bundle, plan: &Plan) -> Option<Carried> {
+/// Where the batch stands by its per-case records, when the engine has no result to carry
+/// (a first run, a terminated run, a workflow the engine no longer remembers). A case with no
+/// record is queued; one whose record cannot be read is an error: taking it for queued
+/// would run a finished case again.
+fn carried_from_bundle(bundle: &Bundle, plan: &Plan) -> Result<Option<Carried>> {
     let mut any = false;
-    let slots = plan
-        .cases
-        .iter()
-        .map(|c| {
-            let Ok(r) = read_json::<CaseResult>(&bundle.case_result(&c.case_dir)) else {
-                return CaseSlot::default();
-            };
-            any = true;
-            let state = match r.state {
-                CaseRecordState::Succeeded => CaseState::Succeeded,
-                CaseRecordState::Failed => CaseState::Failed,
-                CaseRecordState::Cancelled => CaseState::Cancelled,
-                _ => CaseState::Queued,
-            };
-            CaseSlot {
-                state,
-                attempts: r.attempts,
-            }
-        })
-        .collect();
-    any.then(|| Carried {
+    let mut slots = Vec::with_capacity(plan.cases.len());
+    for c in &plan.cases {
+        let Some(r) = read_json_if_present::<CaseResult>(&bundle.case_result(&c.case_dir))? else {
+            slots.push(CaseSlot::default());
+            continue;
+        };
+        any = true;
+        let state = match r.state {
+            CaseRecordState::Succeeded => CaseState::Succeeded,
+            CaseRecordState::Failed => CaseState::Failed,
+            CaseRecordState::Cancelled => CaseState::Cancelled,
+            _ => CaseState::Queued,
+        };
+        slots.push(CaseSlot {
+            state,
+            attempts: r.attempts,
+        });
+    }
+    Ok(any.then(|| Carried {
         slots,
         ..Carried::default()
-    })
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan_in(dir: &std::path::Path) -> Plan {
+        let manifest = dir.join("m.yaml");
+        std::fs::write(
+            &manifest,
+            "batch_id: t\ndefaults:\n  runtime: fake\ntasks:\n  - task_id: a\n  - task_id: b\n",
+        )
+        .unwrap();
+        casebatch_manifest::load_plan(&manifest, &Default::default()).unwrap()
+    }
+
+    #[test]
+    fn a_missing_record_is_queued_and_a_damaged_one_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = plan_in(dir.path());
+        let bundle = Bundle::at(dir.path().join("t"));
+        assert!(carried_from_bundle(&bundle, &plan).unwrap().is_none());
+        let path = bundle.case_result(&plan.cases[1].case_dir);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"{\"schema_version\": \"casebatch_v1\", \"sta").unwrap();
+        let err = carried_from_bundle(&bundle, &plan).unwrap_err();
+        assert!(matches!(err, ControlError::BundleUnreadable(_)), "{err}");
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_damaged_lineage_is_an_error_not_no_boosts() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = plan_in(dir.path());
+        let bundle = Bundle::at(dir.path().join("t"));
+        assert!(memory_boosts(&bundle, &plan).unwrap().is_empty());
+        std::fs::create_dir_all(bundle.root()).unwrap();
+        std::fs::write(bundle.lineage(), b"{\"memory_boost_mb\": {\"a\": 12").unwrap();
+        let err = memory_boosts(&bundle, &plan).unwrap_err();
+        assert!(err.to_string().contains("lineage.json"), "{err}");
+    }
 }

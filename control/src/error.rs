@@ -87,9 +87,12 @@ pub enum ControlError {
         "batch workflow {workflow_id} was terminated (not by casebatch); finished cases are kept in the bundle and `casebatch batch resume` continues the rest"
     )]
     Terminated { workflow_id: String },
-    /// The bundle's records cannot be read: nothing was started.
-    #[error(transparent)]
-    BundleUnreadable(BundleError),
+    /// A record of the bundle is there but cannot be read (truncated, invalid, a directory
+    /// where a file belongs): the command stops before acting on a guess.
+    #[error(
+        "{0}. The batch's bundle is damaged there: restore that file from a copy of the bundle, then run the command again"
+    )]
+    BundleUnreadable(#[source] BundleError),
     /// Writing the bundle (or another output file) failed; what the engine holds is intact.
     #[error(transparent)]
     Write(BundleError),

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use casebatch_bundle::{Bundle, EngineMode, RunConfig, read_json};
+use casebatch_bundle::{Bundle, EngineMode, RunConfig, read_json_if_present};
 use casebatch_manifest::Plan;
 use casebatch_proto::workflow_id;
 use casebatch_worker::{Engine, EngineTarget};
@@ -105,8 +105,9 @@ impl EngineChoice {
     /// `run_config.json` records, so a batch never splits across two servers: no flags mean
     /// the recorded engine; flags naming another one are refused.
     pub(crate) fn for_batch(&self, bundle: &Bundle) -> Result<EngineChoice> {
-        let Ok(config) = read_json::<RunConfig>(&bundle.run_config()) else {
-            // Planned but never started: any engine may run it.
+        // Absent: planned but never started, so any engine may run it. Unreadable is an
+        // error: guessing would let a batch split across two engines.
+        let Some(config) = read_json_if_present::<RunConfig>(&bundle.run_config())? else {
             return Ok(self.clone());
         };
         let recorded = config.engine;
@@ -186,6 +187,22 @@ pub(crate) fn check_batch_id(id: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unreadable_run_config_is_an_error_not_a_batch_never_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = Bundle::at(dir.path());
+        let choice = EngineChoice::default();
+        assert_eq!(choice.for_batch(&bundle).unwrap(), choice, "never started");
+        std::fs::create_dir(bundle.run_config()).unwrap();
+        let err = choice.for_batch(&bundle).unwrap_err();
+        assert!(matches!(err, ControlError::BundleUnreadable(_)), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("run_config.json") && text.contains("Is a directory"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn batch_ids_cannot_leave_the_output_root() {

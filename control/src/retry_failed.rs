@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use casebatch_bundle::layout::attempt_files;
 use casebatch_bundle::{
-    Bundle, CaseRecordState, CaseResult, Lineage, Origin, RECORD_SCHEMA_VERSION, read_json,
-    write_bytes_atomic, write_json_atomic,
+    Bundle, BundleError, CaseRecordState, CaseResult, Lineage, Origin, RECORD_SCHEMA_VERSION,
+    read_json_if_present, write_bytes_atomic, write_json_atomic,
 };
 use casebatch_manifest::Plan;
 use casebatch_proto::{FailureClass, FailureCode, Stage};
@@ -99,9 +99,31 @@ pub async fn prepare(req: RetryRequest) -> Result<PreparedRetry> {
         recollected: Vec::new(),
         recovered: Vec::new(),
     };
+    // Every source record is read before anything of the new batch is written. A case with
+    // no record never ran and is re-run; a damaged record stops the retry: read as "never
+    // ran" it would re-run a case that passed.
+    let results = plan
+        .cases
+        .iter()
+        .map(|case| read_json_if_present::<CaseResult>(&source.case_result(&case.case_dir)))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    // The manifest as the source batch saw it, not as the file may read today; checked to be
+    // whole JSON, then copied byte for byte.
+    let manifest = match std::fs::read(source.manifest()) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(unreadable(&source.manifest(), e)),
+        Ok(bytes) => {
+            serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| {
+                ControlError::BundleUnreadable(BundleError::Parse {
+                    path: source.manifest().display().to_string(),
+                    source: e,
+                })
+            })?;
+            Some(bytes)
+        }
+    };
     let mut kept = Vec::new();
-    for case in &plan.cases {
-        let result: Option<CaseResult> = read_json(&source.case_result(&case.case_dir)).ok();
+    for (case, result) in plan.cases.iter().zip(results) {
         match choose(result, case.resources.memory_mb, &req.classes) {
             Choice::Carry(r) => {
                 lineage.carried.push(case.case_id.clone());
@@ -138,9 +160,8 @@ pub async fn prepare(req: RetryRequest) -> Result<PreparedRetry> {
         std::path::Path::new(&plan.provenance.manifest_path),
     )?;
     prepare::write_run_config(&target, &new_plan, &engine, &req.engine)?;
-    // The manifest as the source batch saw it, not as the file may read today.
-    if let Ok(text) = std::fs::read(source.manifest()) {
-        write_bytes_atomic(&target.manifest(), &text)?;
+    if let Some(bytes) = manifest {
+        write_bytes_atomic(&target.manifest(), &bytes)?;
     }
     write_json_atomic(&target.lineage(), &lineage)?;
     for (mut r, recollected) in kept {
@@ -174,6 +195,13 @@ impl PreparedRetry {
         };
         crate::run::follow(self.engine, self.bundle, self.plan, opts, observer).await
     }
+}
+
+fn unreadable(path: &std::path::Path, source: std::io::Error) -> ControlError {
+    ControlError::BundleUnreadable(BundleError::Read {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 /// Pulls a collect-failed case's trace again; on success (`true`) the case's state is what

@@ -18,6 +18,10 @@ pub const MAX_RETRIES_RANGE: RangeInclusive<u32> = 0..=5;
 pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 60 * 60;
 /// Accepted `timeout_seconds`.
 pub const TIMEOUT_SECONDS_RANGE: RangeInclusive<u64> = 1..=MAX_TIMEOUT_SECONDS;
+/// The `sandbox.provider`s a runtime provides today. `local` is the host's processes in the
+/// attempt's cgroup; any other name would be copied into the plan and then ignored, the
+/// harness running on the host, so it is refused until a runtime implements it.
+pub const SANDBOX_PROVIDERS: &[&str] = &["local"];
 /// Longest sandbox `lifetime`, in seconds (the same 7 days).
 pub const MAX_SANDBOX_LIFETIME_SECONDS: u64 = MAX_TIMEOUT_SECONDS;
 /// Longest scripted duration of a `fake` attempt, in milliseconds (the same 7 days).

@@ -96,6 +96,9 @@ pub struct Defaults {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Sandbox {
+    /// Where the attempt's processes live: only `local` today (the host's processes, in the
+    /// attempt's own cgroup). Another name is refused until a runtime provides it.
+    #[schemars(extend("enum" = crate::limits::SANDBOX_PROVIDERS))]
     pub provider: String,
     pub template: Option<String>,
     pub platform: Option<String>,

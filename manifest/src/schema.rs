@@ -90,6 +90,23 @@ mod tests {
     }
 
     #[test]
+    fn schema_lists_the_sandbox_providers() {
+        let s = batch_schema();
+        let provider = &s["$defs"]["Sandbox"]["properties"]["provider"];
+        assert_eq!(
+            provider["enum"],
+            serde_json::json!(crate::limits::SANDBOX_PROVIDERS),
+            "{provider:#}"
+        );
+        assert!(
+            provider["description"]
+                .as_str()
+                .unwrap()
+                .contains("`local`")
+        );
+    }
+
+    #[test]
     fn schema_covers_the_runtimes_table() {
         let s = batch_schema();
         let table = &s["properties"]["runtimes"];

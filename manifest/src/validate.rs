@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use crate::limits::{
     CONCURRENCY_RANGE, MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS, MAX_FAKE_INFRA_FAILURES,
     MAX_MEMORY_MB, MAX_PREPARE_AHEAD, MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS,
-    RESERVED_ENV_PREFIX, TIMEOUT_SECONDS_RANGE,
+    RESERVED_ENV_PREFIX, SANDBOX_PROVIDERS, TIMEOUT_SECONDS_RANGE,
 };
 use crate::model::{CommandSpec, Defaults, FakeScript, Resources, RunSpec, Sandbox, SummarySpec};
 use crate::report::{FieldPath, Report};
@@ -153,13 +153,28 @@ fn fake(f: &FakeScript, path: &FieldPath, r: &mut Report) {
 }
 
 fn sandbox(s: &Sandbox, path: &FieldPath, r: &mut Report) {
-    // A missing provider was reported by the walk; this catches `provider: ""`.
-    if s.provider.trim().is_empty() {
+    // A missing provider was reported by the walk; this catches `provider: ""` and names
+    // nothing provides: such a sandbox would be ignored and the harness run on the host.
+    if !SANDBOX_PROVIDERS.contains(&s.provider.as_str()) {
         let p = path.key("provider");
+        let accepted = SANDBOX_PROVIDERS
+            .iter()
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let found = if s.provider.trim().is_empty() {
+            "sandbox provider is empty".to_string()
+        } else {
+            format!(
+                "sandbox provider `{}` is not supported (accepted: {accepted}): no runtime \
+                 provides it yet, so the harness would run on the host, outside any sandbox",
+                s.provider
+            )
+        };
         r.at(
             &p,
-            "sandbox provider is empty",
-            format!("set {p} to a provider name"),
+            found,
+            format!("set {p} to {accepted}, or remove the sandbox"),
         );
     }
     if s.lifetime == Some(0) {

@@ -12,7 +12,7 @@ batch_id: sb
 defaults:
   harness: ./run.sh
   sandbox:
-    provider: e2b
+    provider: local
     template: web-default
     platform: linux
     lifetime: 900
@@ -27,7 +27,7 @@ tasks:
 fn a_task_sandbox_replaces_the_default_whole() {
     let plan = accept("m.yaml", SANDBOXED);
     let inherits = plan.cases[0].sandbox.as_ref().unwrap();
-    assert_eq!(inherits.provider, "e2b");
+    assert_eq!(inherits.provider, "local");
     assert_eq!(inherits.template.as_deref(), Some("web-default"));
     let replaces = plan.cases[1].sandbox.as_ref().unwrap();
     assert_eq!(replaces.provider, "local");

@@ -255,6 +255,125 @@ fn sandbox_without_provider_is_incomplete() {
     assert!(p.fix.contains("replaces the default whole"), "{err}");
 }
 
+/// Nothing provides a sandbox but `local` yet: another provider would be copied into the plan
+/// and ignored, the harness running on the host. Every manifest shape is refused alike.
+#[test]
+fn a_sandbox_provider_no_runtime_provides_is_refused_in_every_shape() {
+    let unsupported = |err: &casebatch_manifest::ManifestError, field: &str, name: &str| {
+        let p = says(
+            err,
+            field,
+            &format!("sandbox provider `{name}` is not supported"),
+        );
+        assert!(p.message.contains("accepted: `local`"), "{err}");
+        // A defaults file's or a runspec's fix names the field as written in that file.
+        assert!(p.fix.contains("sandbox.provider to `local`"), "{err}");
+        p
+    };
+
+    // YAML: the defaults' sandbox and a task's own, each at its line.
+    let err = refuse(
+        "m.yaml",
+        "\
+batch_id: t
+defaults:
+  harness: ./run.sh
+  sandbox: {provider: docker, template: web}
+tasks:
+  - task_id: a
+  - task_id: b
+    sandbox:
+      provider: e2b
+",
+    );
+    assert_eq!(
+        unsupported(&err, "defaults.sandbox.provider", "docker").line,
+        Some(4)
+    );
+    assert_eq!(
+        unsupported(&err, "tasks[1].sandbox.provider", "e2b").line,
+        Some(9)
+    );
+    assert_eq!(err.problems.len(), 2, "{err}");
+
+    // JSON.
+    let err = refuse(
+        "m.json",
+        r#"{
+  "batch_id": "t",
+  "defaults": {"harness": "./run.sh"},
+  "tasks": [
+    {"task_id": "a", "sandbox": {"provider": "docker"}}
+  ]
+}"#,
+    );
+    assert_eq!(
+        unsupported(&err, "tasks[0].sandbox.provider", "docker").line,
+        Some(5)
+    );
+
+    // JSONL records, and the defaults file that gives a JSONL manifest its settings.
+    let dir = tempfile::tempdir().unwrap();
+    let data = write(
+        dir.path(),
+        "d.jsonl",
+        "{\"id\": \"a\"}\n{\"id\": \"b\", \"sandbox\": {\"provider\": \"docker\"}}\n",
+    );
+    let defaults = write(
+        dir.path(),
+        "defaults.yaml",
+        "harness: ./run.sh\nsandbox:\n  provider: modal\n",
+    );
+    let opts = LoadOptions {
+        defaults_file: Some(defaults),
+        ..LoadOptions::default()
+    };
+    let err = casebatch_manifest::load_plan(&data, &opts).unwrap_err();
+    assert_eq!(
+        unsupported(&err, "sandbox.provider", "docker").line,
+        Some(2)
+    );
+    let p = unsupported(&err, "defaults.sandbox.provider", "modal");
+    assert!(p.message.contains("defaults.yaml line 3"), "{err}");
+
+    // batch_v1: the manifest's defaults and a runspec, named by the runspec file.
+    let err = {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "cases/a.yaml",
+            "query: q\nsandbox: {provider: docker}\n",
+        );
+        let path = write(
+            dir.path(),
+            "batch.yaml",
+            "schema_version: batch_v1\ndefaults:\n  harness: ./run.sh\n  sandbox: {provider: firecracker}\nbatch:\n  cases:\n    - label: a\n      runspec: cases/a.yaml\n",
+        );
+        load(&path).unwrap_err()
+    };
+    assert_eq!(
+        unsupported(&err, "defaults.sandbox.provider", "firecracker").line,
+        Some(4)
+    );
+    let p = unsupported(&err, "batch.cases[0].runspec.sandbox.provider", "docker");
+    assert!(p.message.contains("cases/a.yaml line 2"), "{err}");
+
+    // The one provider there is, and an empty name, which is no provider at all.
+    accept(
+        "m.yaml",
+        &with_tasks("  - task_id: a\n    sandbox: {provider: local, lifetime: 60}\n"),
+    );
+    let err = refuse(
+        "m.yaml",
+        &with_tasks("  - task_id: a\n    sandbox: {provider: ''}\n"),
+    );
+    says(
+        &err,
+        "tasks[0].sandbox.provider",
+        "sandbox provider is empty",
+    );
+}
+
 #[test]
 fn several_problems_are_all_reported() {
     let err = refuse(

@@ -97,6 +97,10 @@ fn batch_schema_rejects_invalid_manifests() {
             "batch_id: x\nruntimes:\n  Box: {kind: fake}\ntasks:\n  - task_id: a\n",
         ),
         ("batch id", "batch_id: a/b\ntasks:\n  - task_id: a\n"),
+        (
+            "sandbox provider",
+            "batch_id: x\ndefaults:\n  sandbox: {provider: docker}\ntasks:\n  - task_id: a\n",
+        ),
         ("task id type", "batch_id: x\ntasks:\n  - task_id: [a]\n"),
     ];
     for (what, text) in invalid {
@@ -106,6 +110,10 @@ fn batch_schema_rejects_invalid_manifests() {
             "{what} was accepted by the schema"
         );
     }
+    let local = parse("batch_id: x\ntasks:\n  - task_id: a\n    sandbox: {provider: local}\n");
+    assert!(errors(&schema, &local).is_empty());
+    let runspec_sandbox = parse("query: q\nsandbox: {provider: docker}\n");
+    assert!(!errors(&runspec_schema(), &runspec_sandbox).is_empty());
     let runspec_sweep = parse("matrix: {a: [1, 2]}\n");
     assert!(!errors(&runspec_schema(), &runspec_sweep).is_empty());
 }

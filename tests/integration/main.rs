@@ -26,6 +26,7 @@ mod snapshots;
 mod stalls;
 mod submit_window;
 mod taxonomy;
+mod unreadable_bundle;
 mod unwritable_bundle;
 mod validation;
 mod visibility;
