@@ -214,10 +214,21 @@ tasks: [{task_id: n1}, {task_id: n2}, {task_id: n3}]
     );
 
     let mut worker = sb.spawn(&["worker", "--address", &cluster.address], "worker.log");
-    wait_until(Duration::from_secs(60), "a stage waits for space", || {
+    let waiting = || {
         sb.read("worker.log")
             .contains("no space for the bundle: waiting for space")
-    });
+    };
+    let failed = || sb.status("nospace")["status"]["counts"]["failed"] != 0;
+    wait_until(
+        Duration::from_secs(90),
+        "a stage waits for space, or fails",
+        || waiting() || failed(),
+    );
+    assert!(
+        !failed(),
+        "the full disk failed a case: {}",
+        tail(&sb.path("worker.log"), 20)
+    );
     assert_eq!(sb.lines("ran.log"), 0, "nothing ran without its spec");
     drop(filler);
     let resumed = sb.op("resume", "nospace");
