@@ -112,6 +112,7 @@ mod tests {
         });
         assert_eq!(CliError::from(unreadable).exit, Exit::Usage);
         let full = ControlError::OutOfSpace {
+            action: "continue batch x".into(),
             path: "/x".into(),
             space: "0 B free of 3.0 MiB".into(),
             then: "`casebatch batch resume`".into(),

@@ -96,10 +96,12 @@ pub enum ControlError {
     /// The bundle's or the embedded engine's file system is (nearly) full: the run stopped
     /// before the engine died of it or the bundle was left half-written (see `space.rs`).
     #[error(
-        "failed to go on: {} is out of space: {space}. The engine's state and the bundle are intact: free space on that file system, then {then}",
+        "failed to {action}: {} is out of space: {space}. The engine's state and the bundle are intact: free space on that file system, then {then}",
         path.display()
     )]
     OutOfSpace {
+        /// What stopped: `continue batch X`, `start the embedded engine`.
+        action: String,
         path: PathBuf,
         space: String,
         /// What to run once space is back.

@@ -103,6 +103,7 @@ impl EngineChoice {
             };
             match crate::space::first_low(&[DevServer::state_dir(output_root)]) {
                 Some((path, space)) => ControlError::OutOfSpace {
+                    action: "start the embedded engine".into(),
                     path,
                     space: space.to_string(),
                     then: "run the command again".into(),

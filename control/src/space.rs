@@ -128,6 +128,7 @@ impl SpaceWatch {
         match first_low(&self.paths) {
             None => Ok(()),
             Some((path, space)) => Err(ControlError::OutOfSpace {
+                action: format!("continue batch {}", self.batch_id),
                 path,
                 space: space.to_string(),
                 then: format!(

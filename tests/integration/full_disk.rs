@@ -110,8 +110,10 @@ tasks:
     let log = sb.read("run.log");
     assert_eq!(code, 5, "the output directory is unwritable: {log}");
     assert!(
-        log.contains(&format!("{} is out of space", sb.bundle("full").display()))
-            && log.contains("free of")
+        log.contains(&format!(
+            "failed to continue batch full: {} is out of space",
+            sb.bundle("full").display()
+        )) && log.contains("free of")
             && log.contains("free space on that file system")
             && log.contains("casebatch batch resume --batch-id full"),
         "names the path, what is free, and what to do: {log}"
@@ -211,6 +213,13 @@ tasks: [{task_id: n1}, {task_id: n2}, {task_id: n3}]
         5,
         "the runner stops on the full disk: {}",
         tail(&sb.path("run.log"), 10)
+    );
+    let bundle = sb.bundle("nospace").display().to_string();
+    assert!(
+        sb.read("run.log")
+            .contains(&format!("{bundle} is out of space: 0 B free of 4.0 MiB")),
+        "{}",
+        sb.read("run.log")
     );
 
     let mut worker = sb.spawn(&["worker", "--address", &cluster.address], "worker.log");
