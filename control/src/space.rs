@@ -2,9 +2,9 @@
 //!
 //! A full disk kills the embedded engine (SQLite cannot grow its write-ahead log) and it cannot
 //! restart until space is freed, so a runner that only waited for the engine would wait in
-//! vain. The runner checks both file systems while it follows a batch (every few seconds, and
-//! whenever the engine does not answer) and ends the run once either is below its floor: the
-//! engine's state and the bundle are intact, and `batch resume` continues once space is back.
+//! vain. The runner checks both file systems every second while it follows a batch, whether
+//! the engine answers or not, and ends the run once either is below its floor: the engine's
+//! state and the bundle are intact, and `batch resume` continues once space is back.
 //! Stopping at a floor rather than at zero leaves room for what is in flight to record how it
 //! ended (a job's exit status, the engine's last transactions).
 
