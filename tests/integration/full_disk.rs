@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
@@ -50,6 +50,17 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A process the test started, killed when dropped: a failing test leaves no runner or
+/// worker behind.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn mount(args: &[&str]) {
     let status = Command::new("mount")
         .args(args)
@@ -82,12 +93,12 @@ tasks:
                 .collect::<String>()
         ),
     );
-    let mut runner = sb.spawn_batch(&manifest, "run.log");
+    let mut runner = Reaped(sb.spawn_batch(&manifest, "run.log"));
     // The floor the runner stops at, as space.rs puts it for a file system this small.
     let floor = 12 * 1024 * 1024 / 10;
     let mut low_since = None;
     let code = loop {
-        if let Some(status) = runner.try_wait().unwrap() {
+        if let Some(status) = runner.0.try_wait().unwrap() {
             break status.code().unwrap_or(-1);
         }
         if low_since.is_none() && disk.free() < floor {
@@ -179,7 +190,7 @@ fn a_stage_with_no_space_for_the_bundle_waits_for_space_instead_of_failing_the_c
     let sb = Sandbox::engine();
     let cluster = Cluster::start(&sb);
     let out = sb.out();
-    let disk = Tmpfs::mount(&out, "4m");
+    let _disk = Tmpfs::mount(&out, "4m");
     let manifest = sb.write(
         "nospace.yaml",
         r#"batch_id: nospace
@@ -202,14 +213,14 @@ tasks: [{task_id: n1}, {task_id: n2}, {task_id: n3}]
         "--address",
         &cluster.address,
     ];
-    let mut runner = sb.spawn(&args, "run.log");
+    let mut runner = Reaped(sb.spawn(&args, "run.log"));
     let describe = ["workflow", "describe", "--workflow-id", "casebatch-nospace"];
     wait_until(Duration::from_secs(60), "the workflow starts", || {
         cluster.temporal(&describe).status.success()
     });
     let filler = Filler::fill(out.join("filler"));
     assert_eq!(
-        wait_child(&mut runner, Duration::from_secs(60)),
+        wait_child(&mut runner.0, Duration::from_secs(60)),
         5,
         "the runner stops on the full disk: {}",
         tail(&sb.path("run.log"), 10)
@@ -222,7 +233,7 @@ tasks: [{task_id: n1}, {task_id: n2}, {task_id: n3}]
         sb.read("run.log")
     );
 
-    let mut worker = sb.spawn(&["worker", "--address", &cluster.address], "worker.log");
+    let mut worker = Reaped(sb.spawn(&["worker", "--address", &cluster.address], "worker.log"));
     let waiting = || {
         sb.read("worker.log")
             .contains("no space for the bundle: waiting for space")
@@ -242,11 +253,10 @@ tasks: [{task_id: n1}, {task_id: n2}, {task_id: n3}]
     drop(filler);
     let resumed = sb.op("resume", "nospace");
     assert_exit(&resumed, 0);
-    stop(&mut worker);
+    stop(&mut worker.0);
 
     assert_eq!(sb.lines("ran.log"), 3, "each case ran once");
     let summary = sb.json(&sb.bundle("nospace").join("batch_summary.json"));
     assert_eq!(summary["counts"]["succeeded"], 3, "{summary:#}");
     assert_eq!(summary["attempts_total"], 3, "{summary:#}");
-    drop(disk);
 }
