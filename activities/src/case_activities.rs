@@ -260,9 +260,63 @@ fn refused_write(stage: Stage, path: &Path, e: &std::io::Error) -> Option<Failur
     ))
 }
 
-/// A bundle write of `stage`, a refusal raised as the config failure it is.
-fn bundle_write<T>(stage: Stage, written: Result<T, BundleError>) -> Result<T, ActivityError> {
-    match written {
+/// A write that failed for want of space (or of quota): the disk's state, not the attempt's.
+fn out_of_space(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{QuotaExceeded, StorageFull};
+    matches!(e.kind(), StorageFull | QuotaExceeded)
+}
+
+/// Pauses between tries of a bundle write the disk had no space for: 1 s, growing to 5 s.
+const SPACE_FIRST_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+const SPACE_MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs `write` until it does not fail for want of space, heartbeating while it waits; raises
+/// a cancel when the activity is cancelled meanwhile. A full disk is no fault of the attempt:
+/// failing it would spend the case's attempts (or fail the case, which `resume` does not run
+/// again), while the runner stops the run on a full disk, its worker hands this activity
+/// back, and the engine's retry of it writes once space is back.
+async fn with_space<T>(
+    ctx: &ActivityContext,
+    mut write: impl FnMut() -> Result<T, BundleError>,
+) -> Result<Result<T, BundleError>, ActivityError> {
+    let path = match write() {
+        Err(BundleError::Write { path, source }) if out_of_space(&source) => {
+            tracing::warn!(%path, error = %source, "no space for the bundle: waiting for space");
+            path
+        }
+        written => return Ok(written),
+    };
+    let waited = async {
+        let mut pause = SPACE_FIRST_PAUSE;
+        loop {
+            tokio::select! {
+                _ = ctx.cancelled() => return Err(ActivityError::cancelled()),
+                _ = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(SPACE_MAX_PAUSE);
+            match write() {
+                Err(BundleError::Write { source, .. }) if out_of_space(&source) => {}
+                written => return Ok(written),
+            }
+        }
+    };
+    let written = heartbeating(ctx, (), waited).await;
+    if written.is_ok() {
+        tracing::info!(%path, "space is back: written");
+    } else {
+        tracing::info!(%path, "no space yet: the write is left to the engine's retry");
+    }
+    written
+}
+
+/// A bundle write of `stage`: a full disk waited out ([`with_space`]), a refusal raised as
+/// the config failure it is.
+async fn bundle_write<T>(
+    ctx: &ActivityContext,
+    stage: Stage,
+    write: impl FnMut() -> Result<T, BundleError>,
+) -> Result<T, ActivityError> {
+    match with_space(ctx, write).await? {
         Err(BundleError::Write { path, source }) => {
             Err(match refused_write(stage, Path::new(&path), &source) {
                 Some(f) => classified(&f),
@@ -273,11 +327,11 @@ fn bundle_write<T>(stage: Stage, written: Result<T, BundleError>) -> Result<T, A
     }
 }
 
-/// Creates an attempt's directory, a refusal raised as the config failure it is.
-fn attempt_dir(stage: Stage, env: &AttemptEnv) -> Result<(), ActivityError> {
-    std::fs::create_dir_all(&env.dir).map_err(|e| match refused_write(stage, &env.dir, &e) {
-        Some(f) => classified(&f),
-        None => e.into(),
+/// Creates a directory of the bundle, its error the write error it is.
+fn make_dir(dir: &Path) -> Result<(), BundleError> {
+    std::fs::create_dir_all(dir).map_err(|source| BundleError::Write {
+        path: dir.display().to_string(),
+        source,
     })
 }
 
@@ -292,12 +346,18 @@ impl CaseActivities {
         }
     }
 
-    async fn provision_stage(&self, env: &AttemptEnv) -> Result<StageResult, ActivityError> {
+    async fn provision_stage(
+        &self,
+        ctx: &ActivityContext,
+        env: &AttemptEnv,
+    ) -> Result<StageResult, ActivityError> {
         // A bundle the worker may not write fails the attempt as config, not the activity.
-        if let Err(e) = std::fs::create_dir_all(&env.dir) {
-            return match refused_write(Stage::Provision, &env.dir, &e) {
+        if let Err(BundleError::Write { path, source }) =
+            with_space(ctx, || make_dir(&env.dir)).await?
+        {
+            return match refused_write(Stage::Provision, &env.dir, &source) {
                 Some(f) => Ok(StageResult::Failed(f)),
-                None => Err(e.into()),
+                None => Err(BundleError::Write { path, source }.into()),
             };
         }
         let spec = serde_json::json!({
@@ -306,10 +366,10 @@ impl CaseActivities {
             "case": env.case,
             "simulated": env.case.runtime == RuntimeKind::Fake,
         });
-        bundle_write(
-            Stage::Provision,
-            write_json_atomic(&env.file(attempt_files::SPEC), &spec),
-        )?;
+        bundle_write(ctx, Stage::Provision, || {
+            write_json_atomic(&env.file(attempt_files::SPEC), &spec)
+        })
+        .await?;
         let result = with_runtime!(self, env, |rt| rt.provision(env).await);
         Ok(match result {
             Ok(()) => StageResult::Ok,
@@ -432,7 +492,7 @@ impl CaseActivities {
         // Provisioned ahead (`prepare`, which kept its own timing): ready as it is.
         if !env.file(attempt_files::PREPARED).exists() {
             let provisioned = timings
-                .time(Stage::Provision, self.provision_stage(env))
+                .time(Stage::Provision, self.provision_stage(ctx, env))
                 .await?;
             if let StageResult::Failed(f) = provisioned {
                 return Ok(failed(f.into()));
@@ -664,7 +724,7 @@ impl CaseActivities {
         async move {
             let host_queue = Self::host_queue(&env);
             let mut timings = StageTimings::default();
-            let provisioned = timings.time(Stage::Provision, self.provision_stage(&env));
+            let provisioned = timings.time(Stage::Provision, self.provision_stage(&ctx, &env));
             let provisioned = heartbeating(&ctx, (), provisioned).await?;
             timings.append_to(&env);
             let failure = match provisioned {
@@ -767,11 +827,11 @@ impl CaseActivities {
     #[activity(definition = contracts::Provision)]
     pub async fn provision(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         key: AttemptKey,
     ) -> Result<StageResult, ActivityError> {
         let env = self.env(&key)?;
-        self.provision_stage(&env).await
+        self.provision_stage(&ctx, &env).await
     }
 
     #[activity(definition = contracts::Submit)]
@@ -974,12 +1034,14 @@ impl CaseActivities {
         mut timings: StageTimings,
     ) -> Result<CleanupReport, ActivityError> {
         let will_retry = closing.will_retry;
-        attempt_dir(Stage::Cleanup, env)?;
+        bundle_write(ctx, Stage::Cleanup, || make_dir(&env.dir)).await?;
         let cleaned = timings.time(Stage::Cleanup, self.runtime_cleanup(env, closing));
         let receipt = heartbeating(ctx, (), cleaned).await;
         let held_job = receipt.held_job == Some(true);
-        let written = write_json_atomic(&env.file(attempt_files::CLEANUP), &receipt);
-        bundle_write(Stage::Cleanup, written)?;
+        bundle_write(ctx, Stage::Cleanup, || {
+            write_json_atomic(&env.file(attempt_files::CLEANUP), &receipt)
+        })
+        .await?;
         let confirmed = receipt.cleanup_confirmed;
 
         let record = AttemptRecord {
@@ -1011,7 +1073,10 @@ impl CaseActivities {
             stages: timings.with_recorded(env),
             ..record
         };
-        write_json_atomic(&env.file(attempt_files::RECORD), &record)?;
+        bundle_write(ctx, Stage::Cleanup, || {
+            write_json_atomic(&env.file(attempt_files::RECORD), &record)
+        })
+        .await?;
         let end = |outcome| AttemptEnd {
             outcome,
             failure_class: s.failure.as_ref().map(|f| f.class.as_str()),
@@ -1115,7 +1180,11 @@ impl CaseActivities {
                 }),
             runtime: Some(env.case.runtime_label().to_owned()),
         };
-        write_json_atomic(&env.bundle.case_result(&env.case.case_dir), &result)?;
+        let result_path = env.bundle.case_result(&env.case.case_dir);
+        bundle_write(ctx, Stage::Cleanup, || {
+            write_json_atomic(&result_path, &result)
+        })
+        .await?;
         let simulated = if result.simulated { " (simulated)" } else { "" };
         if !already_logged {
             tracing::info!(

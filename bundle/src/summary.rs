@@ -74,6 +74,9 @@ pub struct SummaryRow {
     pub failure_stage: Option<String>,
     pub failure_class: Option<String>,
     pub failure_code: Option<String>,
+    /// What the failure says: the path a bundle write was refused at, for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_message: Option<String>,
     /// The runtime that ran the latest attempt (provenance).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
@@ -138,6 +141,7 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
                     failure_stage: r.failure.as_ref().map(|f| f.stage.as_str().into()),
                     failure_class: r.failure.as_ref().map(|f| f.class.as_str().into()),
                     failure_code: r.failure.as_ref().map(|f| f.code.to_string()),
+                    failure_message: r.failure.as_ref().map(|f| f.message.clone()),
                     runtime: r.runtime.clone(),
                     fields: plan
                         .summary
@@ -158,6 +162,7 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
                 failure_stage: None,
                 failure_class: None,
                 failure_code: None,
+                failure_message: None,
                 runtime: None,
                 fields: BTreeMap::new(),
             },

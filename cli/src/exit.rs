@@ -80,7 +80,7 @@ fn exit_of(e: &ControlError) -> Exit {
         // A plaintext connection to a remote address is a usage error, not an outage.
         ControlError::Engine(EngineError::Insecure { .. }) => Exit::Usage,
         ControlError::Engine(_) | ControlError::EngineCall { .. } => Exit::Engine,
-        ControlError::Write(_) => Exit::Output,
+        ControlError::Write(_) | ControlError::OutOfSpace { .. } => Exit::Output,
     }
 }
 
@@ -111,6 +111,13 @@ mod tests {
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
         });
         assert_eq!(CliError::from(unreadable).exit, Exit::Usage);
+        let full = ControlError::OutOfSpace {
+            action: "continue batch x".into(),
+            path: "/x".into(),
+            space: "0 B free of 3.0 MiB".into(),
+            then: "`casebatch batch resume`".into(),
+        };
+        assert_eq!(CliError::from(full).exit, Exit::Output);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Starting a batch's workflow (or re-attaching to the running one) and following it to its
 //! end, through engine outages, with an in-process worker unless told otherwise.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use casebatch_bundle::{Bundle, CaseRecordState, CaseResult, Lineage, read_json_if_present};
@@ -35,6 +35,7 @@ use temporalio_common::search_attributes::{SearchAttributeKey, SearchAttributes}
 use crate::error::{ControlError, Result};
 use crate::prepare::RETRY_BACKOFF_MS;
 use crate::requeue::Requeue;
+use crate::space::SpaceWatch;
 use crate::{run_history, scheduling};
 
 /// How long a runner waits for an unreachable engine before giving up.
@@ -113,7 +114,8 @@ pub enum Finished {
 }
 
 /// Follows the batch to its end, hosting a worker unless told otherwise, then stops an
-/// embedded engine this process started.
+/// embedded engine this process started. A file system it writes to running out of space
+/// ends the run (see `space.rs`), also before it starts.
 pub(crate) async fn execute(
     mut engine: Engine,
     bundle: &Bundle,
@@ -121,10 +123,23 @@ pub(crate) async fn execute(
     opts: DriveOptions,
     observer: &mut dyn Observer,
 ) -> Result<Finished> {
+    let engine_dir = engine
+        .embedded
+        .as_ref()
+        .and_then(|s| s.log.parent().map(Path::to_path_buf));
+    let space = SpaceWatch::new(bundle.root(), &plan.batch_id, engine_dir);
+    space.check()?;
     let client = engine.client.clone();
     let without_worker = opts.without_worker;
     let metrics = opts.metrics.clone();
-    let followed = drive(&client, bundle, plan, opts, observer);
+    // Watched beside the drive, not between its calls: a call to a dead engine can take many
+    // seconds of retries, and a full disk is what keeps an embedded engine dead.
+    let followed = async {
+        tokio::select! {
+            driven = drive(&client, bundle, plan, opts, observer) => driven,
+            full = space.watch() => Err(full),
+        }
+    };
     let finished = if without_worker {
         followed.await
     } else {
@@ -208,7 +223,7 @@ async fn drive(
 
 /// Waits for the workflow's result, reporting status as it goes. The engine may restart under
 /// us (the embedded server is supervised): transient RPC errors mean "wait and ask again", for
-/// up to [`ENGINE_OUTAGE`].
+/// up to [`ENGINE_OUTAGE`] (unless the disk fills meanwhile: see `execute`).
 async fn follow(handle: &Handle, observer: &mut dyn Observer) -> Result<BatchOutcome> {
     let mut result = Box::pin(handle.get_result(WorkflowGetResultOptions::default()));
     let mut outage_since: Option<Instant> = None;

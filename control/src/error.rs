@@ -96,6 +96,20 @@ pub enum ControlError {
     /// Writing the bundle (or another output file) failed; what the engine holds is intact.
     #[error(transparent)]
     Write(BundleError),
+    /// The bundle's or the embedded engine's file system is (nearly) full: the run stopped
+    /// before the engine died of it or the bundle was left half-written (see `space.rs`).
+    #[error(
+        "failed to {action}: {} is out of space: {space}. The engine's state and the bundle are intact: free space on that file system, then {then}",
+        path.display()
+    )]
+    OutOfSpace {
+        /// What stopped: `continue batch X`, `start the embedded engine`.
+        action: String,
+        path: PathBuf,
+        space: String,
+        /// What to run once space is back.
+        then: String,
+    },
     /// The engine could not be reached, started or trusted.
     #[error(transparent)]
     Engine(#[from] EngineError),

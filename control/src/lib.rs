@@ -20,6 +20,7 @@ mod retry_failed;
 mod run;
 mod run_history;
 mod scheduling;
+mod space;
 
 pub use compare::{BatchDiff, Listed, diff, list};
 pub use drive::{DriveEvent, DriveOptions, Observer};

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use casebatch_bundle::{Bundle, EngineMode, RunConfig, read_json_if_present};
 use casebatch_manifest::Plan;
 use casebatch_proto::workflow_id;
-use casebatch_worker::{Engine, EngineTarget};
+use casebatch_worker::{DevServer, Engine, EngineTarget};
 
 use crate::drive::{Handle, Presence, presence};
 use crate::error::{ControlError, Result};
@@ -88,7 +88,8 @@ pub struct EngineChoice {
 }
 
 impl EngineChoice {
-    /// Connects, starting (or finding) the embedded server when that is the target.
+    /// Connects, starting (or finding) the embedded server when that is the target. An
+    /// embedded server that cannot start on a full disk is reported as the full disk it is.
     pub async fn connect(&self, output_root: &Path) -> Result<Engine> {
         let target = EngineTarget::resolve(
             output_root,
@@ -96,7 +97,20 @@ impl EngineChoice {
             self.namespace.clone(),
             self.profile.clone(),
         );
-        Ok(Engine::connect(&target).await?)
+        Engine::connect(&target).await.map_err(|e| {
+            let EngineTarget::Embedded { output_root } = &target else {
+                return e.into();
+            };
+            match crate::space::first_low(&[DevServer::state_dir(output_root)]) {
+                Some((path, space)) => ControlError::OutOfSpace {
+                    action: "start the embedded engine".into(),
+                    path,
+                    space: space.to_string(),
+                    then: "run the command again".into(),
+                },
+                None => e.into(),
+            }
+        })
     }
 }
 

@@ -117,6 +117,7 @@ mod tests {
                 failure_stage: Some("await".into()),
                 failure_class: Some("harness".into()),
                 failure_code: None,
+                failure_message: None,
                 runtime: None,
                 fields: BTreeMap::new(),
             }],
