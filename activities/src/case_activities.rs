@@ -26,10 +26,10 @@ use temporalio_sdk::activities::{ActivityContext, ActivityError};
 use tracing::Instrument;
 
 use crate::breakers::{BreakerOf, Breakers};
-use crate::evaluator;
 use crate::timings::StageTimings;
 use casebatch_runtime::agent::AgentRuntime;
 use casebatch_runtime::attempt_io;
+use casebatch_runtime::evaluator;
 use casebatch_runtime::fake::Fake;
 use casebatch_runtime::harness;
 use casebatch_runtime::local_process::{LocalProcess, hostname};
@@ -428,7 +428,13 @@ impl CaseActivities {
         Ok((job, report))
     }
 
-    async fn evaluate_stage(&self, env: &AttemptEnv) -> Result<Evaluation, ActivityError> {
+    /// The runtime evaluates the attempt where its actor ran (the fake one simulates it).
+    async fn evaluate_stage(
+        &self,
+        ctx: &ActivityContext,
+        env: &AttemptEnv,
+        job: &JobRef,
+    ) -> Result<Evaluation, ActivityError> {
         let path = env.file(attempt_files::EVALUATION);
         // Run again after a crash: the verdict already written stands.
         if let Ok(Some(done)) =
@@ -438,24 +444,11 @@ impl CaseActivities {
             return Ok(evaluator::to_evaluation(&done));
         }
         let record = match (&env.case.runtime, &env.case.evaluator) {
-            (RuntimeKind::Fake, _) => {
-                let outcome = env
-                    .case
-                    .fake
-                    .as_ref()
-                    .map(|f| f.outcome)
-                    .unwrap_or_default();
-                evaluator::simulated(outcome)
+            (RuntimeKind::Fake, _) | (_, Some(_)) => {
+                let live = ActivityLiveness { ctx };
+                with_runtime!(self, env, |rt| rt.evaluate(env, job, &live).await)
             }
-            (_, Some(cmd)) => evaluator::run(env, cmd).await,
-            (_, None) => EvaluationRecord {
-                schema_version: RECORD_SCHEMA_VERSION.into(),
-                configured: false,
-                verdict: None,
-                scores: Default::default(),
-                failure: None,
-                exit_code: None,
-            },
+            (_, None) => evaluator::not_configured(),
         };
         write_json_atomic(&path, &record)?;
         Ok(evaluator::to_evaluation(&record))
@@ -535,10 +528,12 @@ impl CaseActivities {
     /// Evaluate and collect for a finished actor.
     async fn judge(
         &self,
+        ctx: &ActivityContext,
         env: &AttemptEnv,
+        job: &JobRef,
         timings: &mut StageTimings,
     ) -> (Evaluation, Option<Failure>) {
-        let evaluated = timings.time(Stage::Evaluate, self.evaluate_stage(env));
+        let evaluated = timings.time(Stage::Evaluate, self.evaluate_stage(ctx, env, job));
         let evaluation = evaluated.await.unwrap_or_else(|e| Evaluation {
             configured: true,
             verdict: None,
@@ -676,8 +671,8 @@ impl CaseActivities {
             let finished = actor.status == ActorStatus::Finished && actor.failure.is_none();
             let (evaluation, collect_failure) = if finished && !ctx.is_cancelled() {
                 // Heartbeating the job: a retry after a crash here re-attaches to it.
-                let judged = self.judge(&env, &mut timings);
-                let (evaluation, collect_failure) = heartbeating(&ctx, job, judged).await;
+                let judged = self.judge(&ctx, &env, &job, &mut timings);
+                let (evaluation, collect_failure) = heartbeating(&ctx, job.clone(), judged).await;
                 (Some(evaluation), collect_failure)
             } else {
                 (None, None)
@@ -860,11 +855,19 @@ impl CaseActivities {
     #[activity(definition = contracts::Evaluate)]
     pub async fn evaluate(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         key: AttemptKey,
     ) -> Result<Evaluation, ActivityError> {
         let env = self.env(&key)?;
-        self.evaluate_stage(&env).await
+        // The old pipeline passes no job: the runtime finds it by the attempt's key.
+        let job = with_runtime!(self, &env, |rt| rt.adopt(&env)).unwrap_or_else(|| JobRef {
+            marker: env.marker(),
+            pid: None,
+            start_ticks: None,
+            host_queue: Self::host_queue(&env),
+            runtime: env.case.runtime_name.clone(),
+        });
+        self.evaluate_stage(&ctx, &env, &job).await
     }
 
     #[activity(definition = contracts::Collect)]

@@ -2,13 +2,12 @@
 //!
 //! Implements the stage contracts of `casebatch-workflows` over the runtimes of
 //! `casebatch-runtime`: provisioning attempt directories, submitting and awaiting jobs,
-//! running evaluators, pulling traces, cleanup with receipts, and writing each attempt's
+//! having the runtime evaluate them, pulling traces, cleanup with receipts, and writing each attempt's
 //! evidence into the bundle, and consulting and reporting to the runtimes' shared circuit
 //! breakers (`breakers.rs`) for cases routed over a runtime list. Must not decide retries or ordering: that is the workflow's job.
 
 mod breakers;
 mod case_activities;
-pub mod evaluator;
 mod timings;
 pub mod trace;
 

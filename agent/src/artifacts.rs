@@ -1,4 +1,4 @@
-//! FetchArtifacts: an ended attempt's files as chunks, read on a blocking thread with the
+//! FetchArtifacts: an ended attempt's files (the actor's, or the evaluator's) as chunks, read on a blocking thread with the
 //! rules for untrusted attempt files (`casebatch_runtime::attempt_io`): regular files only,
 //! symlinks never followed (not even to descend into a directory), each file capped at the
 //! agent's `CASEBATCH_MAX_RESULT_BYTES`. A file refused by those rules is left out of the
@@ -9,7 +9,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use casebatch_bundle::layout::attempt_files;
-use casebatch_proto::runtime_v1::ArtifactChunk;
+use casebatch_proto::runtime_v1::{ArtifactChunk, ArtifactSet};
 use casebatch_runtime::attempt_io;
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -20,16 +20,28 @@ pub(crate) const CHUNK: usize = 1024 * 1024;
 const MAX_OUTPUT_FILES: usize = 100_000;
 
 /// The files sent, in order: relative path (with `/`) and absolute path.
-fn files(dir: &Path) -> Vec<(String, PathBuf)> {
-    let mut out: Vec<(String, PathBuf)> = [
-        attempt_files::RESULT,
-        attempt_files::STDOUT,
-        attempt_files::STDERR,
-        attempt_files::JOB,
-    ]
-    .iter()
-    .map(|name| (name.to_string(), dir.join(name)))
-    .collect();
+fn files(dir: &Path, set: ArtifactSet) -> Vec<(String, PathBuf)> {
+    let top: &[&str] = match set {
+        ArtifactSet::Actor => &[
+            attempt_files::RESULT,
+            attempt_files::STDOUT,
+            attempt_files::STDERR,
+            attempt_files::JOB,
+        ],
+        // Only the evaluator's own files: the actor's were fetched when it ended.
+        ArtifactSet::Evaluator => &[
+            attempt_files::EVAL_RESULT,
+            attempt_files::EVAL_STDOUT,
+            attempt_files::EVAL_STDERR,
+        ],
+    };
+    let mut out: Vec<(String, PathBuf)> = top
+        .iter()
+        .map(|name| (name.to_string(), dir.join(name)))
+        .collect();
+    if set == ArtifactSet::Evaluator {
+        return out;
+    }
     // Depth-first without recursion; entries sorted so the order is stable.
     let mut stack = vec![(
         attempt_files::OUTPUT.to_string(),
@@ -130,11 +142,15 @@ fn send_file(
     }
 }
 
-/// Streams the attempt's files into `tx` from a blocking thread.
-pub(crate) fn stream(dir: PathBuf, tx: mpsc::Sender<Result<ArtifactChunk, Status>>) {
+/// Streams the attempt's files of `set` into `tx` from a blocking thread.
+pub(crate) fn stream(
+    dir: PathBuf,
+    set: ArtifactSet,
+    tx: mpsc::Sender<Result<ArtifactChunk, Status>>,
+) {
     let limit = attempt_io::max_result_bytes();
     tokio::task::spawn_blocking(move || {
-        for (rel, path) in files(&dir) {
+        for (rel, path) in files(&dir, set) {
             if !send_file(&rel, &path, limit, &tx) {
                 return;
             }

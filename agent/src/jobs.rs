@@ -9,6 +9,8 @@
 //!    → live entry removed; reads go to the table from then on
 //! restart: every row not `ended` gets the same task again (submit is idempotent by the
 //!    attempt's files, and await adopts by /proc identity)
+//! Evaluate (ended job) ─► task: LocalProcess::evaluate in the job's cgroup → row's
+//!    `evaluation` (see evaluations.rs); Cleanup stops a running one before its kill
 //! ```
 //!
 //! Lock order: the table's connection, then the live map; the live map is never held across
@@ -26,11 +28,13 @@ use casebatch_bundle::{CleanupReceipt, layout::attempt_files};
 use casebatch_manifest::model::PlannedCase;
 use casebatch_proto::runtime_v1 as pb;
 use casebatch_proto::{ActorReport, ActorStatus, AttemptKey, Failure, FailureCode, JobRef, Stage};
+use casebatch_runtime::evaluator;
 use casebatch_runtime::local_process::LocalProcess;
 use casebatch_runtime::{AttemptEnv, Liveness, OnCancel, Runtime};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
+use crate::evaluations::{Begin, Evaluations};
 use crate::table::{self, InFlight, JobRow, RowState, Table};
 
 /// The most the agent takes on: jobs not yet ended, and their declared memory.
@@ -63,6 +67,12 @@ pub(crate) enum JobError {
     NeverFits(String),
     #[error("job {0} has not ended yet; its files are fetched once it has")]
     NotEnded(String),
+    /// The job is not in a state the call needs (an evaluation before the end or after
+    /// cleanup).
+    #[error("{0}")]
+    Precondition(String),
+    #[error("{0}")]
+    Internal(String),
     #[error("job table: {0}")]
     Table(#[from] rusqlite::Error),
 }
@@ -103,6 +113,7 @@ pub(crate) struct Jobs {
     pruned: AtomicU64,
     started: std::time::Instant,
     stopping: watch::Sender<bool>,
+    evaluations: Evaluations,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -249,6 +260,7 @@ impl Jobs {
             pruned: AtomicU64::new(0),
             started: std::time::Instant::now(),
             stopping: watch::Sender::new(false),
+            evaluations: Evaluations::default(),
         }
     }
 
@@ -438,6 +450,7 @@ impl Jobs {
             ended_at_ms: None,
             cleaned_at_ms: None,
             cleanup_receipt: None,
+            evaluation: None,
         };
         let envelope = self.envelope;
         let live = self.live.clone();
@@ -696,13 +709,107 @@ impl Jobs {
             let mut rx = entry.tx.subscribe();
             let _ = rx.wait_for(is_ended).await;
         }
+        // No evaluator starts from now on, and a running one ends before the cgroup kill, so
+        // none can join the cgroup after it.
+        if let Some(mut done) = self.evaluations.close(key) {
+            let _ = done.wait_for(Option::is_some).await;
+        }
         let env = row.env().map_err(JobError::Invalid)?;
         let receipt = LocalProcess.cleanup(&env).await;
         let (k, r) = (key.to_string(), receipt.clone());
         self.table
             .with(move |conn| table::set_cleaned(conn, &k, &r, now_ms()))
             .await?;
+        self.evaluations.forget(key);
         Ok(receipt_to_pb(key, &receipt))
+    }
+
+    /// Runs the case's evaluator for an ended job, at most once (`evaluations.rs`), with
+    /// `LocalProcess` in the job's cgroup, and returns the recorded evaluation.
+    pub(crate) async fn evaluate(self: &Arc<Self>, key: &str) -> Result<pb::Evaluation, JobError> {
+        let row = self.row(key).await?;
+        if let Some(done) = &row.evaluation {
+            return Ok(evaluator::to_wire(key, done));
+        }
+        if !is_ended(&self.get(key).await?) {
+            return Err(JobError::Precondition(format!(
+                "job {key} has not ended yet; it is evaluated once it has"
+            )));
+        }
+        let cleaned = || {
+            JobError::Precondition(format!(
+                "job {key} was cleaned up before it was evaluated: its evaluator can no longer \
+                 run under the job's control"
+            ))
+        };
+        let unrecorded = || {
+            JobError::Internal(format!(
+                "the evaluation of job {key} ended without a record; ask again"
+            ))
+        };
+        let run = match self.evaluations.begin(key) {
+            Begin::Closed => return Err(cleaned()),
+            Begin::Wait(mut done) => {
+                if let Ok(record) = done.wait_for(Option::is_some).await
+                    && let Some(record) = record.as_ref()
+                {
+                    return Ok(evaluator::to_wire(key, record));
+                }
+                let row = self.row(key).await?;
+                let record = row.evaluation.ok_or_else(unrecorded)?;
+                return Ok(evaluator::to_wire(key, &record));
+            }
+            Begin::Run(run) => run,
+        };
+        // A run that ended between the first read and `begin` recorded its evaluation first.
+        let row = self.row(key).await?;
+        if let Some(done) = row.evaluation {
+            return Ok(evaluator::to_wire(key, &done));
+        }
+        if row.cleanup_receipt.is_some() {
+            return Err(cleaned());
+        }
+        let env = row.env().map_err(JobError::Invalid)?;
+        let job = JobRef {
+            marker: key.to_string(),
+            pid: row.pid,
+            start_ticks: row.start_ticks,
+            host_queue: None,
+            runtime: None,
+        };
+        let jobs = self.clone();
+        let k = key.to_string();
+        // A task of its own: the evaluation ends and is recorded even if the caller goes away.
+        let task = tokio::spawn(async move {
+            let record = match jobs.refuse_token_env(&env) {
+                Err(f) => evaluator::failed(Failure {
+                    stage: Stage::Evaluate,
+                    ..f
+                }),
+                Ok(()) => {
+                    LocalProcess
+                        .evaluate(&env, &job, &KillFlag(run.stop.clone()))
+                        .await
+                }
+            };
+            let recorded = jobs
+                .table
+                .with(move |conn| {
+                    table::set_evaluation(conn, &k, &record)?;
+                    table::get(conn, &k)
+                })
+                .await?
+                .and_then(|row| row.evaluation);
+            // The first record stands: the one just written, or one written before it.
+            if let Some(r) = &recorded {
+                run.finish(r.clone());
+            }
+            Ok::<_, JobError>(recorded)
+        });
+        let recorded = task.await.map_err(|e| {
+            JobError::Internal(format!("the evaluation of job {key} failed: {e}"))
+        })??;
+        Ok(evaluator::to_wire(key, &recorded.ok_or_else(unrecorded)?))
     }
 
     /// The attempt directory of an ended job.

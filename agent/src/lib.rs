@@ -23,8 +23,10 @@
 //! report). An agent that restarts on the same data directory gives every row not `ended`
 //! its task again: `LocalProcess` finds what the earlier life started by `job.json`,
 //! `wrapper.pid`, `exit_status` and `/proc`, so nothing is lost and nothing runs twice.
-//! An ended job's row and attempt directory are removed `--keep-ended` after it ended
-//! (`retention.rs`), cleaned up first when no worker did.
+//! An ended job is evaluated on request (Evaluate: the case's evaluator, run once inside the
+//! job's cgroup and recorded in its row; `evaluations.rs`). An ended job's row and attempt
+//! directory are removed `--keep-ended` after it ended (`retention.rs`), cleaned up first when
+//! no worker did.
 //!
 //! Harness environment: as for `local-process`, an allowlist; `pass_env` names are read from
 //! the *agent's* environment (export them where the agent runs), never from the worker's.
@@ -34,6 +36,7 @@ mod artifacts;
 mod auth;
 mod config;
 mod datadir;
+mod evaluations;
 mod jobs;
 mod retention;
 mod service;

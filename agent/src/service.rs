@@ -2,9 +2,10 @@
 //!
 //! Status codes: NOT_FOUND for an unknown job key; INVALID_ARGUMENT for a malformed request;
 //! RESOURCE_EXHAUSTED beyond the envelope (retryable: RUNTIME_FULL); FAILED_PRECONDITION for
-//! an attempt key of another bundle, an attempt that can never fit the memory budget, and
-//! artifacts asked for before the job ended; UNAVAILABLE for a Watch cut by the agent
-//! stopping (watch again); INTERNAL when the job table fails.
+//! an attempt key of another bundle, an attempt that can never fit the memory budget,
+//! artifacts or an evaluation asked for before the job ended, and an evaluation asked for
+//! after cleanup; UNAVAILABLE for a Watch cut by the agent stopping (watch again); INTERNAL
+//! when the job table fails.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -35,10 +36,11 @@ impl From<JobError> for Status {
             JobError::NotFound(_) => Status::not_found(m),
             JobError::Invalid(_) => Status::invalid_argument(m),
             JobError::Full(_) => Status::resource_exhausted(m),
-            JobError::OtherBundle { .. } | JobError::NeverFits(_) | JobError::NotEnded(_) => {
-                Status::failed_precondition(m)
-            }
-            JobError::Table(_) => Status::internal(m),
+            JobError::OtherBundle { .. }
+            | JobError::NeverFits(_)
+            | JobError::NotEnded(_)
+            | JobError::Precondition(_) => Status::failed_precondition(m),
+            JobError::Table(_) | JobError::Internal(_) => Status::internal(m),
         }
     }
 }
@@ -154,13 +156,31 @@ impl Runtime for RuntimeService {
 
     async fn fetch_artifacts(
         &self,
-        request: Request<pb::JobRequest>,
+        request: Request<pb::FetchRequest>,
     ) -> Result<Response<Self::FetchArtifactsStream>, Status> {
-        let key = job_key(request.get_ref())?;
-        let dir = self.jobs.artifacts_dir(key).await?;
+        let req = request.into_inner();
+        let set = pb::ArtifactSet::try_from(req.set).map_err(|_| {
+            Status::invalid_argument(format!(
+                "set {} is not an artifact set: ask for ACTOR or EVALUATOR",
+                req.set
+            ))
+        })?;
+        let key = job_key(&pb::JobRequest {
+            job_key: req.job_key,
+        })?
+        .to_string();
+        let dir = self.jobs.artifacts_dir(&key).await?;
         let (tx, rx) = mpsc::channel(4);
-        crate::artifacts::stream(dir, tx);
+        crate::artifacts::stream(dir, set, tx);
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn evaluate(
+        &self,
+        request: Request<pb::JobRequest>,
+    ) -> Result<Response<pb::Evaluation>, Status> {
+        let key = job_key(request.get_ref())?;
+        Ok(Response::new(self.jobs.evaluate(key).await?))
     }
 
     async fn capacity(

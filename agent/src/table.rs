@@ -10,7 +10,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use casebatch_bundle::CleanupReceipt;
+use casebatch_bundle::{CleanupReceipt, EvaluationRecord};
 use casebatch_proto::ActorReport;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     submitted_at_ms INTEGER NOT NULL,
     ended_at_ms INTEGER,
     cleaned_at_ms INTEGER,
-    cleanup_receipt TEXT
+    cleanup_receipt TEXT,
+    evaluation TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch_id);
@@ -95,6 +96,8 @@ pub struct JobRow {
     pub ended_at_ms: Option<u64>,
     pub cleaned_at_ms: Option<u64>,
     pub cleanup_receipt: Option<CleanupReceipt>,
+    /// The evaluator's record, once Evaluate ran it: what a repeated Evaluate returns.
+    pub evaluation: Option<EvaluationRecord>,
 }
 
 fn from_json<T: serde::de::DeserializeOwned>(
@@ -150,6 +153,7 @@ impl JobRow {
             ended_at_ms: opt_u64(row.get("ended_at_ms")?),
             cleaned_at_ms: opt_u64(row.get("cleaned_at_ms")?),
             cleanup_receipt: from_json(18, row.get("cleanup_receipt")?)?,
+            evaluation: from_json(19, row.get("evaluation")?)?,
         })
     }
 }
@@ -173,6 +177,7 @@ impl Table {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.execute_batch(SCHEMA)?;
+        migrate(&conn)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
         })
@@ -195,6 +200,17 @@ impl Table {
     }
 }
 
+/// Columns added since the first table, for a data dir an older agent made.
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    let has_evaluation = conn
+        .prepare("SELECT 1 FROM pragma_table_info('jobs') WHERE name = 'evaluation'")?
+        .exists([])?;
+    if !has_evaluation {
+        conn.execute_batch("ALTER TABLE jobs ADD COLUMN evaluation TEXT")?;
+    }
+    Ok(())
+}
+
 pub fn get(conn: &Connection, key: &str) -> rusqlite::Result<Option<JobRow>> {
     conn.prepare_cached("SELECT * FROM jobs WHERE job_key = ?1")?
         .query_row([key], JobRow::read)
@@ -205,8 +221,10 @@ pub fn insert(conn: &Connection, r: &JobRow) -> rusqlite::Result<()> {
     conn.prepare_cached(
         "INSERT INTO jobs (job_key, batch_id, bundle_dir, case_index, attempt, memory_boost_mb,
             planned_case_json, local_bundle, attempt_dir, memory_mb, state, pid, start_ticks,
-            starts, report, submitted_at_ms, ended_at_ms, cleaned_at_ms, cleanup_receipt)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+            starts, report, submitted_at_ms, ended_at_ms, cleaned_at_ms, cleanup_receipt,
+            evaluation)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
+            ?20)",
     )?
     .execute(params![
         r.job_key,
@@ -228,6 +246,7 @@ pub fn insert(conn: &Connection, r: &JobRow) -> rusqlite::Result<()> {
         opt_i64(r.ended_at_ms),
         opt_i64(r.cleaned_at_ms),
         r.cleanup_receipt.as_ref().map(to_json).transpose()?,
+        r.evaluation.as_ref().map(to_json).transpose()?,
     ])?;
     Ok(())
 }
@@ -358,9 +377,50 @@ pub fn set_cleaned(
     Ok(())
 }
 
+/// Records the job's evaluation, unless one is recorded already (the first one stands).
+pub fn set_evaluation(
+    conn: &Connection,
+    key: &str,
+    evaluation: &EvaluationRecord,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "UPDATE jobs SET evaluation = ?2 WHERE job_key = ?1 AND evaluation IS NULL",
+    )?
+    .execute(params![key, to_json(evaluation)?])?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A data dir from before evaluations gains the column, and its rows read as unevaluated.
+    #[test]
+    fn a_table_made_before_evaluations_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.sqlite");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(&SCHEMA.replace(",\n    evaluation TEXT", ""))
+                .unwrap();
+            conn.execute(
+                "INSERT INTO jobs (job_key, batch_id, bundle_dir, case_index, attempt,
+                    planned_case_json, local_bundle, attempt_dir, state, submitted_at_ms)
+                 VALUES ('b/0/1', 'b', '/w', 0, 1, '{}', '/l', '/l/a', 'ended', 1)",
+                [],
+            )
+            .unwrap();
+        }
+        let table = Table::open(&path).unwrap();
+        let conn = table.conn.lock().unwrap();
+        assert_eq!(get(&conn, "b/0/1").unwrap().unwrap().evaluation, None);
+        let record = casebatch_runtime::evaluator::not_configured();
+        set_evaluation(&conn, "b/0/1", &record).unwrap();
+        assert_eq!(
+            get(&conn, "b/0/1").unwrap().unwrap().evaluation,
+            Some(record)
+        );
+    }
 
     #[test]
     fn not_ended_names_every_state_but_ended() {

@@ -101,6 +101,14 @@ fn job_req(k: &pb::AttemptKey) -> pb::JobRequest {
     pb::JobRequest { job_key: marker(k) }
 }
 
+/// FetchArtifacts of the actor's files, as every worker before evaluators asked for them.
+fn fetch_req(k: &pb::AttemptKey) -> pb::FetchRequest {
+    pb::FetchRequest {
+        job_key: marker(k),
+        set: pb::ArtifactSet::Actor as i32,
+    }
+}
+
 async fn submit(
     c: &mut RuntimeClient<Channel>,
     k: &pb::AttemptKey,
@@ -238,12 +246,12 @@ async fn fetch_artifacts_streams_the_result_and_output_files_once_ended() {
     submit(&mut c, &k, &planned(0, harness, &[("GATE", &gate)], None))
         .await
         .unwrap();
-    let early = c.fetch_artifacts(job_req(&k)).await.unwrap_err();
+    let early = c.fetch_artifacts(fetch_req(&k)).await.unwrap_err();
     assert_eq!(early.code(), Code::FailedPrecondition, "{early:?}");
 
     std::fs::write(&gate, "").unwrap();
     watch_to_end(&mut c, &k).await;
-    let mut stream = c.fetch_artifacts(job_req(&k)).await.unwrap().into_inner();
+    let mut stream = c.fetch_artifacts(fetch_req(&k)).await.unwrap().into_inner();
     let mut files: BTreeMap<String, (usize, Vec<u8>)> = BTreeMap::new();
     let mut order = Vec::new();
     while let Some(chunk) = stream.message().await.unwrap() {
@@ -512,7 +520,13 @@ async fn unknown_keys_other_bundles_and_bad_requests_are_refused() {
         Code::NotFound
     );
     assert_eq!(
-        c.fetch_artifacts(nobody.clone()).await.unwrap_err().code(),
+        c.fetch_artifacts(pb::FetchRequest {
+            job_key: nobody.job_key.clone(),
+            set: pb::ArtifactSet::Actor as i32,
+        })
+        .await
+        .unwrap_err()
+        .code(),
         Code::NotFound
     );
     let kill = c
@@ -829,5 +843,160 @@ async fn ended_jobs_go_after_keep_ended_cleaned_up_first_and_running_ones_stay()
     assert!(!local.exists(), "{} is left", local.display());
     assert!(batches.is_dir());
     assert_eq!(lines(&counter), 1);
+    agent.stop().await;
+}
+
+/// [`planned`] with an evaluator command.
+fn with_evaluator(case: Vec<u8>, evaluator: &str) -> Vec<u8> {
+    let mut case: serde_json::Value = serde_json::from_slice(&case).unwrap();
+    case["evaluator"] = evaluator.into();
+    serde_json::to_vec(&case).unwrap()
+}
+
+async fn evaluate(
+    c: &mut RuntimeClient<Channel>,
+    k: &pb::AttemptKey,
+) -> Result<pb::Evaluation, tonic::Status> {
+    c.evaluate(job_req(k)).await.map(|r| r.into_inner())
+}
+
+/// Live processes whose command line contains `needle`.
+fn running(needle: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                String::from_utf8_lossy(&c)
+                    .replace('\0', " ")
+                    .contains(needle)
+            }) && casebatch_runtime::procfs::is_alive(*pid)
+        })
+        .collect()
+}
+
+/// Waits (a killed process can linger in /proc a moment) until nothing matches `needle`.
+async fn none_running(needle: &str) -> bool {
+    for _ in 0..100 {
+        if running(needle).is_empty() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evaluate_runs_the_evaluator_once_where_the_job_ran_and_cleanup_kills_what_it_left() {
+    let agent = TestAgent::start(|_| {}).await;
+    let mut c = agent.client().await;
+    let (counter, gate) = (agent.path("counter"), agent.path("gate"));
+    let needle = format!("sleep 3{}", std::process::id() % 1000 + 1000);
+    // The actor leaves a file in its working directory; the evaluator judges it there, leaves
+    // a detached, environment-less process, and scores.
+    let actor = r#"while [ ! -e "$GATE" ]; do sleep 0.05; done; echo acted > work.txt; echo '{}' > "$CASEBATCH_RESULT""#;
+    let evaluator = format!(
+        r#"echo run >> "$COUNTER"; test -s work.txt || exit 7; setsid env -i {needle} > /dev/null 2>&1 & echo judged; printf '{{"verdict": "pass", "scores": {{"n": 1, "f": 0.5}}}}' > "$CASEBATCH_RESULT""#
+    );
+    let env = [("COUNTER", counter.as_path()), ("GATE", gate.as_path())];
+    let case = with_evaluator(planned(0, actor, &env, None), &evaluator);
+    let k = key("evaluate", 0);
+    submit(&mut c, &k, &case).await.unwrap();
+    let early = evaluate(&mut c, &k).await.unwrap_err();
+    assert_eq!(early.code(), Code::FailedPrecondition, "{early:?}");
+
+    std::fs::write(&gate, "").unwrap();
+    watch_to_end(&mut c, &k).await;
+    // Two callers at once (a worker and its retry): one run, one record.
+    let mut c2 = agent.client().await;
+    let (first, second) = tokio::join!(evaluate(&mut c, &k), evaluate(&mut c2, &k));
+    let first = first.unwrap();
+    assert_eq!(first, second.unwrap());
+    assert_eq!(first.verdict(), pb::Verdict::Pass, "{first:?}");
+    assert_eq!(
+        (first.scores_json["n"].as_str(), first.exit_code),
+        ("1", Some(0))
+    );
+    assert!(first.failure.is_none(), "{first:?}");
+    assert_eq!(evaluate(&mut c, &k).await.unwrap(), first);
+    assert_eq!(lines(&counter), 1, "one evaluator run for three calls");
+    assert!(
+        !running(&needle).is_empty(),
+        "the evaluator's process outlived it"
+    );
+
+    // The evaluator's files, and only those.
+    let mut stream = c
+        .fetch_artifacts(pb::FetchRequest {
+            job_key: marker(&k),
+            set: pb::ArtifactSet::Evaluator as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    while let Some(chunk) = stream.message().await.unwrap() {
+        files.entry(chunk.path).or_default().extend(chunk.data);
+    }
+    assert_eq!(
+        files.keys().collect::<Vec<_>>(),
+        [
+            "evaluator.stderr.log",
+            "evaluator.stdout.log",
+            "evaluator_result.json"
+        ]
+    );
+    assert_eq!(files["evaluator.stdout.log"], b"judged\n");
+
+    // The job's cgroup holds the evaluator's process: cleanup kills it and says so.
+    let receipt = c.cleanup(job_req(&k)).await.unwrap().into_inner();
+    assert!(receipt.cleanup_confirmed, "{receipt:?}");
+    assert!(!receipt.killed.is_empty(), "{receipt:?}");
+    assert!(none_running(&needle).await, "a survivor: {needle}");
+    // Recorded, so still answered after cleanup.
+    assert_eq!(evaluate(&mut c, &k).await.unwrap(), first);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_stops_a_running_evaluator_and_no_evaluator_starts_after_it() {
+    let agent = TestAgent::start(|_| {}).await;
+    let mut c = agent.client().await;
+    let ready = agent.path("ready");
+    let needle = format!("sleep 4{}", std::process::id() % 1000 + 1000);
+    let evaluator = format!(r#"touch "$READY"; exec {needle}"#);
+    let case = with_evaluator(planned(0, "true", &[("READY", &ready)], None), &evaluator);
+    let k = key("evaluate-stop", 0);
+    submit(&mut c, &k, &case).await.unwrap();
+    watch_to_end(&mut c, &k).await;
+    let mut c2 = agent.client().await;
+    let k2 = k.clone();
+    let evaluating = tokio::spawn(async move { evaluate(&mut c2, &k2).await });
+    appears(&ready).await;
+
+    let receipt = c.cleanup(job_req(&k)).await.unwrap().into_inner();
+    assert!(receipt.cleanup_confirmed, "{receipt:?}");
+    assert!(
+        none_running(&needle).await,
+        "the evaluator survived cleanup"
+    );
+    let stopped = evaluating.await.unwrap().unwrap();
+    assert_eq!(stopped.verdict(), pb::Verdict::Unspecified);
+    let failure = stopped.failure.unwrap();
+    assert_eq!(
+        (failure.stage.as_str(), failure.code.as_str()),
+        ("evaluate", "CANCELLED")
+    );
+
+    // A job cleaned up before anyone asked: its evaluator never runs.
+    let other = key("evaluate-stop", 1);
+    let case = with_evaluator(planned(1, "true", &[("READY", &ready)], None), "exit 0");
+    submit(&mut c, &other, &case).await.unwrap();
+    watch_to_end(&mut c, &other).await;
+    c.cleanup(job_req(&other)).await.unwrap();
+    let refused = evaluate(&mut c, &other).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("cleaned up"), "{refused:?}");
     agent.stop().await;
 }

@@ -4,7 +4,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use casebatch_bundle::{CleanupReceipt, RECORD_SCHEMA_VERSION, layout::attempt_files};
+use casebatch_bundle::{
+    CleanupReceipt, EvaluationRecord, RECORD_SCHEMA_VERSION, layout::attempt_files,
+};
 use casebatch_manifest::model::{FakeOutcome, FakeScript};
 use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
 
@@ -138,6 +140,16 @@ impl Runtime for Fake {
             tokio::time::sleep(Duration::from_millis((end - now).min(1000))).await;
         }
         simulated_report(&script, env.key.attempt)
+    }
+
+    /// The scripted verdict: nothing runs, whatever evaluator the case names.
+    async fn evaluate<L: Liveness>(
+        &self,
+        env: &AttemptEnv,
+        _job: &JobRef,
+        _live: &L,
+    ) -> EvaluationRecord {
+        crate::evaluator::simulated(script(env).outcome)
     }
 
     fn adopt(&self, env: &AttemptEnv) -> Option<JobRef> {

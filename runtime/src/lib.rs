@@ -10,6 +10,7 @@ pub mod agent;
 pub mod attempt_io;
 pub mod case_env;
 pub mod cgroup;
+pub mod evaluator;
 pub mod fake;
 pub mod harness;
 pub mod local_process;
@@ -20,7 +21,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 
-use casebatch_bundle::{Bundle, CleanupReceipt, layout::attempt_files};
+use casebatch_bundle::{Bundle, CleanupReceipt, EvaluationRecord, layout::attempt_files};
 use casebatch_manifest::model::{PlannedCase, RuntimeSpec};
 use casebatch_proto::{ActorReport, AttemptKey, Failure, JobRef};
 
@@ -149,6 +150,16 @@ pub trait Runtime: Send + Sync {
         job: &JobRef,
         live: &L,
     ) -> impl Future<Output = ActorReport> + Send;
+    /// Run the case's evaluator (`env.case.evaluator`) for an attempt whose actor ended, where
+    /// the actor ran and under the attempt's control: its cgroup (so cleanup's kill and
+    /// receipt cover it), its memory limit, its working directory, the harness's environment
+    /// allowlist; heartbeating `job` while it waits. Returns the record for `evaluation.json`.
+    fn evaluate<L: Liveness>(
+        &self,
+        env: &AttemptEnv,
+        job: &JobRef,
+        live: &L,
+    ) -> impl Future<Output = EvaluationRecord> + Send;
     /// Find the attempt's job (still running or finished) by its case key.
     fn adopt(&self, env: &AttemptEnv) -> Option<JobRef>;
     /// Stop the attempt's job, verifying identity first.

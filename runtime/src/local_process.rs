@@ -38,8 +38,8 @@ use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use casebatch_bundle::{
-    CleanupReceipt, Event, RECORD_SCHEMA_VERSION, append_jsonl, layout::attempt_files,
-    write_json_atomic,
+    CleanupReceipt, EvaluationRecord, Event, RECORD_SCHEMA_VERSION, append_jsonl,
+    layout::attempt_files, write_json_atomic,
 };
 use casebatch_manifest::model::CommandSpec;
 use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
@@ -160,7 +160,7 @@ fn submit_failure(msg: String) -> Failure {
 }
 
 impl LocalProcess {
-    fn read_job(env: &AttemptEnv) -> Option<JobRecord> {
+    pub(crate) fn read_job(env: &AttemptEnv) -> Option<JobRecord> {
         Self::read_job_checked(env).ok().flatten()
     }
 
@@ -345,7 +345,7 @@ fn cgroup_name(env: &AttemptEnv) -> String {
 
 /// How the attempt's processes are tracked: as its record says, or (no record) its cgroup
 /// found by name; the marker scan only for attempts that have no cgroup.
-fn tracking_of(env: &AttemptEnv, job: Option<&JobRecord>) -> Tracking {
+pub(crate) fn tracking_of(env: &AttemptEnv, job: Option<&JobRecord>) -> Tracking {
     match job {
         Some(j) => j.tracking.clone(),
         None => Tracking::find(&cgroup_name(env)).unwrap_or_default(),
@@ -504,6 +504,15 @@ impl Runtime for LocalProcess {
             }
             Waited::Lost => lost(env, "its process is gone and left no exit status"),
         }
+    }
+
+    async fn evaluate<L: Liveness>(
+        &self,
+        env: &AttemptEnv,
+        job: &JobRef,
+        live: &L,
+    ) -> EvaluationRecord {
+        crate::evaluator::run_local(env, job, live).await
     }
 
     fn adopt(&self, env: &AttemptEnv) -> Option<JobRef> {

@@ -87,10 +87,16 @@ impl MemoryLimit {
 
     /// True when the kernel's OOM killer acted inside this attempt's cgroup.
     pub fn oom_killed(&self) -> bool {
+        self.oom_kills() > 0
+    }
+
+    /// How many processes the kernel's OOM killer has killed in this attempt's cgroup (0
+    /// without one): a count taken before the evaluator runs tells its kill from the actor's.
+    pub fn oom_kills(&self) -> u64 {
         let (file, key) = match self {
             MemoryLimit::CgroupV1 { dir, .. } => (dir.join("memory.oom_control"), "oom_kill"),
             MemoryLimit::CgroupV2 { dir, .. } => (dir.join("memory.events"), "oom_kill"),
-            _ => return false,
+            _ => return 0,
         };
         fs::read_to_string(file)
             .ok()
@@ -100,7 +106,7 @@ impl MemoryLimit {
                     (it.next() == Some(key)).then(|| it.next()?.parse::<u64>().ok())?
                 })
             })
-            .is_some_and(|n| n > 0)
+            .unwrap_or(0)
     }
 
     /// Removes the cgroup (it must be empty; a leftover process keeps it, which is reported

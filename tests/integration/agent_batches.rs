@@ -149,11 +149,10 @@ fn a_batch_spreads_over_two_agents_and_two_worker_replicas() {
     let b = Agent::start(&sb, "box-b", &[]);
     sb.write("go", "");
     // Twice the 32 eager starts a workflow task hands to its own worker, so half the batch
-    // has to go through matching, where both replicas poll. The evaluator runs on the
-    // worker, where the agent's job left no working directory, and judges the result the
-    // agent's job wrote.
+    // has to go through matching, where both replicas poll. The evaluator runs on the agent
+    // that ran the job (not on a worker), and judges the result the job wrote.
     let extra = concat!(
-        r#"  evaluator: 'test -s "$CASEBATCH_ACTOR_RESULT" && [ "$AGENT_NAME" = worker ] && printf ''{"verdict": "pass"}'' > "$CASEBATCH_RESULT"'"#,
+        r#"  evaluator: 'test -s "$CASEBATCH_ACTOR_RESULT" && [ "${AGENT_NAME#box-}" != "$AGENT_NAME" ] && printf ''{"verdict": "pass"}'' > "$CASEBATCH_RESULT"'"#,
         "\nsummary:\n  write_csv: true\n"
     );
     let m = sb.write(
@@ -255,8 +254,8 @@ fn a_worker_replica_killed_mid_batch_leaves_its_jobs_to_the_other() {
 fn replicas_on_a_cluster(sb: &Sandbox) -> (Cluster, Child, Child) {
     let cluster = Cluster::start(sb);
     let out = sb.out().display().to_string();
-    // AGENT_NAME is in the manifests' pass_env: harnesses read it on their agent, evaluators
-    // (which run on the worker) here.
+    // AGENT_NAME is in the manifests' pass_env: harnesses and evaluators read it on their
+    // agent; `worker` here says a process ran on a worker.
     let replica = |log: &str| {
         let w = sb.spawn_env(
             &[
@@ -461,6 +460,57 @@ fn cancelling_a_batch_on_an_agent_kills_its_jobs_and_confirms_their_cleanup() {
         "no harness survives the cancel on the agent"
     );
     assert!(lines(&sb, "ended.log").is_empty());
+}
+
+#[test]
+fn an_evaluator_runs_on_the_agent_in_the_jobs_cgroup_and_its_detached_process_dies_at_cleanup() {
+    let sb = Sandbox::engine_alone();
+    let _reaper = KillOnDrop("sleep 3023");
+    let a = Agent::start(&sb, "box-a", &[]);
+    // The evaluator must run where the actor ran (it looks for the actor's working file and
+    // reads the agent's AGENT_NAME), and leaves a process out of its session and without the
+    // allocation marker: only the job's cgroup holds it.
+    let harness = r#"echo acted > work.txt; echo '{}' > "$CASEBATCH_RESULT""#;
+    let evaluator = concat!(
+        r#"  evaluator: 'test -s work.txt && [ "$AGENT_NAME" = box-a ] && "#,
+        r#"{ setsid env -i sleep 3023 > /dev/null 2>&1 & echo "judged on $AGENT_NAME"; "#,
+        r#"printf ''{"verdict": "pass", "scores": {"n": 1}}'' > "$CASEBATCH_RESULT"; }'"#,
+        "\n"
+    );
+    let m = sb.write(
+        "eval-agent.yaml",
+        &manifest("eval-agent", &[&a], 1, harness, evaluator),
+    );
+    // The runner's worker has an AGENT_NAME of its own: an evaluator run there says so.
+    let o = sb.run_env(&batch_run_args(&m, &sb.out()), &[("AGENT_NAME", "worker")]);
+    assert_exit(&o, 0);
+    let result = sb.case_result("eval-agent", "c0");
+    assert_eq!(
+        (&result["state"], &result["verdict"]),
+        (&"succeeded".into(), &"pass".into()),
+        "{result:#}"
+    );
+    let evaluation = sb.json(&sb.attempt_file("eval-agent", "c0", 1, "evaluation.json"));
+    assert_eq!(evaluation["scores"]["n"], 1, "{evaluation:#}");
+    assert_eq!(evaluation["exit_code"], 0, "{evaluation:#}");
+    // The evaluator's files came back into the bundle.
+    let log = sb.attempt_file("eval-agent", "c0", 1, "evaluator.stdout.log");
+    assert_eq!(std::fs::read_to_string(log).unwrap(), "judged on box-a\n");
+    assert!(
+        sb.attempt_file("eval-agent", "c0", 1, "evaluator_result.json")
+            .exists()
+    );
+    let receipt = sb.json(&sb.attempt_file("eval-agent", "c0", 1, "cleanup.json"));
+    assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
+    assert!(
+        !receipt["killed"].as_array().unwrap().is_empty(),
+        "the evaluator's sleep was killed with the job's cgroup: {receipt:#}"
+    );
+    assert!(
+        no_process_matches("sleep 3023"),
+        "survivors of the agent's cleanup:\n{}\nreceipt: {receipt:#}",
+        describe_processes(&processes_matching("sleep 3023"))
+    );
 }
 
 #[test]

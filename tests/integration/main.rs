@@ -12,6 +12,7 @@ mod cleanup;
 mod demo;
 mod engine;
 mod environment;
+mod evaluator;
 mod full_disk;
 mod lifecycle;
 mod logs;

@@ -388,6 +388,18 @@ pub fn describe_processes(pids: &[u32]) -> String {
         .join("\n")
 }
 
+/// Kills, when dropped, every live process whose command line contains its needle: a test
+/// that fails because a process outlived its batch does not leave it running.
+pub struct KillOnDrop(pub &'static str);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for pid in processes_matching(self.0) {
+            casebatch_runtime::procfs::kill_pid(pid);
+        }
+    }
+}
+
 pub fn processes_matching(needle: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {

@@ -2,9 +2,10 @@
 //! bundle. The agent is a remote party and the files are its harness's: every path is checked
 //! before anything is written.
 //!
-//! - Only the attempt's own files: `result.json`, `stdout.log`, `stderr.log`, `job.json`, and
-//!   `output/**`. An absolute path, `..`, `.`, or any other name is refused (the bundle's own
-//!   records beside them, `attempt.json`, `evaluation.json`, ..., are never overwritten).
+//! - Only the attempt's own files: `result.json`, `stdout.log`, `stderr.log`, `job.json`,
+//!   `output/**`, and the evaluator's result and logs. An absolute path, `..`, `.`, or any
+//!   other name is refused (the bundle's own records beside them, `attempt.json`,
+//!   `evaluation.json`, ..., are never overwritten).
 //! - Never through a symlink: every directory on the way must be a real directory (checked
 //!   with `symlink_metadata`, created one level at a time), and each file is written to a
 //!   fresh temp file beside its target and renamed over it, which replaces a planted link
@@ -27,8 +28,16 @@ const TOP_LEVEL: &[&str] = &[
     attempt_files::STDOUT,
     attempt_files::STDERR,
     attempt_files::JOB,
+    attempt_files::EVAL_RESULT,
+    attempt_files::EVAL_STDOUT,
+    attempt_files::EVAL_STDERR,
 ];
-const LOGS: &[&str] = &[attempt_files::STDOUT, attempt_files::STDERR];
+const LOGS: &[&str] = &[
+    attempt_files::STDOUT,
+    attempt_files::STDERR,
+    attempt_files::EVAL_STDOUT,
+    attempt_files::EVAL_STDERR,
+];
 
 /// What a fetch wrote, and what it did not.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use casebatch_proto::JobRef;
 use casebatch_proto::runtime_v1::{
-    self as wire, JobRequest, JobState, KillRequest, SubmitRequest, kill_request,
-    runtime_client::RuntimeClient,
+    self as wire, ArtifactSet, FetchRequest, JobRequest, JobState, KillRequest, SubmitRequest,
+    kill_request, runtime_client::RuntimeClient,
 };
 use tonic::transport::Channel;
 
@@ -192,16 +192,25 @@ impl AgentRuntime {
         }
     }
 
-    /// Streams the ended job's files into the attempt directory. `Err` from the agent is
-    /// worth retrying when transient (files already written are rewritten whole).
+    /// Streams the ended job's files (the actor's or the evaluator's: `set`) into the attempt
+    /// directory. `Err` from the agent is worth retrying when transient (files already
+    /// written are rewritten whole).
     pub(crate) async fn fetch_once(
         &self,
         t: &AgentTarget,
         env: &AttemptEnv,
+        set: ArtifactSet,
     ) -> Result<Result<Fetched, String>, AgentError> {
         let key = env.marker();
-        let what = format!("fetch of the artifacts of job {key}");
-        let request = t.request(job_request(&key), None)?;
+        let what = match set {
+            ArtifactSet::Actor => format!("fetch of the artifacts of job {key}"),
+            ArtifactSet::Evaluator => format!("fetch of the evaluator's files of job {key}"),
+        };
+        let fetch = FetchRequest {
+            job_key: key.clone(),
+            set: set as i32,
+        };
+        let request = t.request(fetch, None)?;
         let mut stream = self
             .client(t)?
             .fetch_artifacts(request)
@@ -218,6 +227,26 @@ impl AgentRuntime {
             }
         }
         Ok(sink.finish().map_err(|e| e.to_string()))
+    }
+
+    /// Asks the agent for the attempt's evaluation (it runs the evaluator once, and returns
+    /// the recorded evaluation to a repeated call). The deadline leaves the evaluator its
+    /// whole timeout.
+    pub(crate) async fn evaluate_once(
+        &self,
+        t: &AgentTarget,
+        env: &AttemptEnv,
+    ) -> Result<wire::Evaluation, AgentError> {
+        let key = env.marker();
+        let what = format!("evaluation of job {key}");
+        let deadline = Duration::from_secs(env.case.timeout_seconds.max(1)) + CALL_TIMEOUT;
+        let request = t.request(job_request(&key), Some(deadline))?;
+        let evaluation = self
+            .client(t)?
+            .evaluate(request)
+            .await
+            .map_err(|s| evaluate_error(t, &what, &s))?;
+        Ok(evaluation.into_inner())
     }
 
     pub(crate) async fn kill_once(&self, t: &AgentTarget, key: &str) -> Result<(), AgentError> {
@@ -259,9 +288,44 @@ impl AgentRuntime {
     }
 }
 
+/// What an Evaluate's status means; UNIMPLEMENTED is an agent from before evaluators ran
+/// where the actor ran.
+fn evaluate_error(t: &AgentTarget, what: &str, s: &tonic::Status) -> AgentError {
+    if s.code() != tonic::Code::Unimplemented {
+        return AgentError::from_status(t, what, s);
+    }
+    AgentError::Refused(format!(
+        "{} cannot run the case's evaluator: it is older than this worker (its runtime service \
+         has no Evaluate), and evaluators run where the actor ran; upgrade it to this worker's \
+         casebatch ({})",
+        t.named(),
+        env!("CARGO_PKG_VERSION")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agent_without_evaluate_is_refused_naming_it_and_saying_to_upgrade() {
+        let t = AgentTarget {
+            name: "gpu".into(),
+            endpoint: "https://agent.example:7070".into(),
+            token: super::super::TokenSource::None,
+            tls_ca: None,
+            unreachable_grace: None,
+        };
+        let old = tonic::Status::unimplemented("unknown method Evaluate");
+        let e = evaluate_error(&t, "evaluation of job b/0/1", &old);
+        assert!(matches!(e, AgentError::Refused(_)), "{e:?}");
+        for part in ["runtime `gpu` at https://agent.example:7070", "upgrade it"] {
+            assert!(e.message().contains(part), "{part} missing from {e}");
+        }
+        // Any other status means what it means for every call.
+        let down = tonic::Status::unavailable("restarting");
+        assert!(evaluate_error(&t, "evaluation of job b/0/1", &down).is_transient());
+    }
 
     #[tokio::test]
     async fn an_outage_backs_off_then_gives_up_after_its_grace() {

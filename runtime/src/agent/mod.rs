@@ -4,7 +4,7 @@
 //! attempt key (`<batch_id>/<case_index>/<attempt>`), never by a connection or a pid.
 //!
 //! - `provision` writes only the worker's side (the attempt directory, `input.json` for the
-//!   evaluator); the agent prepares its own.
+//!   bundle); the agent prepares its own.
 //! - `submit` sends the planned case; a repeated submit returns the existing job. A full
 //!   agent is `RUNTIME_FULL` (retryable infra); the caller decides whether to wait.
 //! - `await_job` watches the job, heartbeating its reference every second; a broken stream
@@ -12,6 +12,10 @@
 //!   unreachable for [`Timing::unreachable_grace`] (then `RUNTIME_UNREACHABLE`). When the job
 //!   ends, its files are fetched into the bundle ([`artifacts`]) and the agent's classified
 //!   report is returned. A cancelled wait leaves the job running (see [`OnCancel`]).
+//! - `evaluate` asks the agent to run the case's evaluator where the actor ran, inside the
+//!   job's cgroup (so the agent's cleanup receipt covers it); idempotent by key, retried while
+//!   the agent is unreachable; then the evaluator's result and logs are fetched
+//!   (`evaluate.rs`). An agent without the call is a config failure saying to upgrade it.
 //! - `adopt` needs nothing but the key: the agent knows the rest.
 //! - `cleanup` returns the agent's receipt; an agent that never heard of the key had
 //!   nothing submitted, which is confirmed.
@@ -19,6 +23,7 @@
 pub mod artifacts;
 mod calls;
 mod error;
+mod evaluate;
 mod target;
 #[cfg(test)]
 mod tests;
@@ -27,8 +32,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use casebatch_bundle::{
-    CleanupReceipt, Event, RECORD_SCHEMA_VERSION, append_jsonl, layout::attempt_files,
-    write_json_atomic,
+    CleanupReceipt, EvaluationRecord, Event, RECORD_SCHEMA_VERSION, append_jsonl,
+    layout::attempt_files, write_json_atomic,
 };
 use casebatch_manifest::model::RuntimeSpec;
 use casebatch_proto::runtime_v1::{self as wire, runtime_client::RuntimeClient};
@@ -164,7 +169,7 @@ impl AgentRuntime {
     async fn fetch(&self, t: &AgentTarget, env: &AttemptEnv) -> Result<(), Failure> {
         let mut outage = self.outage(t.grace_or(self.timing.unreachable_grace));
         let fetched = loop {
-            match self.fetch_once(t, env).await {
+            match self.fetch_once(t, env, wire::ArtifactSet::Actor).await {
                 Ok(Ok(f)) => break f,
                 Ok(Err(write)) => {
                     return Err(Failure::infra(
@@ -278,7 +283,8 @@ impl AgentRuntime {
 
 impl Runtime for AgentRuntime {
     async fn provision(&self, env: &AttemptEnv) -> Result<(), Failure> {
-        // The worker's half: the evaluator runs here and reads the input and outputs.
+        // The worker's half of the attempt directory, which the agent's files are fetched
+        // into; the agent prepares its own, where the harness and the evaluator run.
         let fail = |e: String| Failure::infra(Stage::Provision, FailureCode::ProvisionIo, e);
         AgentTarget::of(env).map_err(|e| e.failure(Stage::Provision))?;
         std::fs::create_dir_all(env.file(attempt_files::OUTPUT))
@@ -376,6 +382,15 @@ impl Runtime for AgentRuntime {
             },
             None => unreachable!("beating without stop_on_cancel always finishes its work"),
         }
+    }
+
+    async fn evaluate<L: Liveness>(
+        &self,
+        env: &AttemptEnv,
+        job: &JobRef,
+        live: &L,
+    ) -> EvaluationRecord {
+        self.evaluate_remote(env, job, live).await
     }
 
     fn adopt(&self, env: &AttemptEnv) -> Option<JobRef> {

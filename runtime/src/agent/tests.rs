@@ -123,3 +123,34 @@ async fn an_agent_that_is_down_is_unreachable_infra_naming_its_endpoint() {
     assert!(!receipt.cleanup_confirmed);
     assert!(receipt.message.contains(&endpoint), "{}", receipt.message);
 }
+
+#[tokio::test]
+async fn an_evaluation_on_an_agent_that_is_down_is_unreachable_infra_and_heartbeats() {
+    let root = tempfile::tempdir().unwrap();
+    let endpoint = closed_endpoint();
+    let mut env = env(root.path(), &endpoint, None);
+    env.case.evaluator = Some(casebatch_manifest::model::CommandSpec::Shell("true".into()));
+    let rt = fast();
+    let live = Live::default();
+    let job = rt.adopt(&env).unwrap();
+    let record = rt.evaluate(&env, &job, &live).await;
+    assert!(record.configured && record.verdict.is_none());
+    let f = record.failure.unwrap();
+    assert_eq!(
+        (f.stage, f.class, f.code.clone(), f.retryable),
+        (
+            casebatch_proto::Stage::Evaluate,
+            FailureClass::Infra,
+            FailureCode::RuntimeUnreachable,
+            true
+        )
+    );
+    assert!(f.message.contains(&endpoint), "{}", f.message);
+    assert!(
+        live.beats.lock().unwrap().len() >= 3,
+        "it heartbeat while it waited"
+    );
+    // No evaluator: nothing is asked of the agent.
+    env.case.evaluator = None;
+    assert!(!rt.evaluate(&env, &job, &live).await.configured);
+}
