@@ -450,7 +450,7 @@ impl CaseActivities {
             }
             (_, None) => evaluator::not_configured(),
         };
-        write_json_atomic(&path, &record)?;
+        bundle_write(ctx, Stage::Evaluate, || write_json_atomic(&path, &record)).await?;
         Ok(evaluator::to_evaluation(&record))
     }
 
