@@ -11,6 +11,9 @@
 #   4. SIGKILL one of two runtime agents of a `runtime: [a, b]` batch mid-batch and leave it
 #      down: its cases spill to the other, its circuit opens after 3 failed dispatches (later
 #      cases skip it without failing), the width halves, and every case completes.
+#   5. The seeds' drill: a runtime dead before the batch and left down, a healthy one beside
+#      it, 8 cases (max_retries 2, 4 wide, default breaker): 8/8 pass, no retry is spent on
+#      the dead runtime, and the batch takes less than 3x the same batch with both up.
 #
 #   scripts/chaos-drill.sh                 # uses target/release/casebatch
 #   CASEBATCH_BIN=... WORK=dir N=12 scripts/chaos-drill.sh
@@ -132,19 +135,29 @@ agent() { # name -> starts it, prints its address
 }
 agent a; agent b
 trap 'cleanup; kill "$(cat "$WORK/agent-a.pid")" "$(cat "$WORK/agent-b.pid")" 2>/dev/null || true' EXIT
-{
-  echo "batch_id: failover"
-  echo "runtimes:"
-  for a in a b; do
-    echo "  box-$a: {kind: agent, endpoint: 'http://$(cat "$WORK/agent-$a/agent.addr")', unreachable_grace_s: 2}"
-  done
-  echo "defaults:"
-  echo "  concurrency: 4"
-  echo "  runtime: [box-a, box-b]"
-  echo "  harness: 'echo x >> \"$WORK/side/\$CASEBATCH_BATCH_ID.\$CASEBATCH_CASE_ID.started\"; sleep 1; echo x >> \"$WORK/side/\$CASEBATCH_BATCH_ID.\$CASEBATCH_CASE_ID.done\"; echo {} > \"\$CASEBATCH_RESULT\"'"
-  echo "tasks:"
-  for i in $(seq 1 "$FO_N"); do echo "  - task_id: c$i"; done
-} > "$WORK/failover.yaml"
+pair_manifest() { # file batch-id cases [runtime settings]
+  {
+    echo "batch_id: $2"
+    echo "runtimes:"
+    for a in a b; do
+      echo "  box-$a: {kind: agent, endpoint: 'http://$(cat "$WORK/agent-$a/agent.addr")'${4:-}}"
+    done
+    echo "defaults:"
+    echo "  concurrency: 4"
+    echo "  max_retries: 2"
+    echo "  runtime: [box-a, box-b]"
+    echo "  harness: 'echo x >> \"$WORK/side/\$CASEBATCH_BATCH_ID.\$CASEBATCH_CASE_ID.started\"; sleep 1; echo x >> \"$WORK/side/\$CASEBATCH_BATCH_ID.\$CASEBATCH_CASE_ID.done\"; echo {} > \"\$CASEBATCH_RESULT\"'"
+    echo "tasks:"
+    for i in $(seq 1 "$3"); do echo "  - task_id: c$i"; done
+  } > "$1"
+}
+# The baseline of drill 5, while both agents are up.
+pair_manifest "$WORK/pair.yaml" pair 8
+t0=$(now)
+"$BIN" batch run --manifest "$WORK/pair.yaml" --output-dir "$WORK/pair-out" > "$WORK/pair-run.log" 2>&1 \
+  || fail "the batch on both agents failed (see $WORK/pair-run.log)"
+both_up_s=$(awk "BEGIN { printf \"%.1f\", $(now) - $t0 }")
+pair_manifest "$WORK/failover.yaml" failover "$FO_N" ", unreachable_grace_s: 2"
 t_start=$(now)
 "$BIN" batch run --manifest "$WORK/failover.yaml" --output-dir "$WORK/failover-out" > "$WORK/failover-run.log" 2>&1 &
 RUNNER=$!
@@ -177,8 +190,31 @@ PY
 fo_after_kill=$(awk "BEGIN { printf \"%.1f\", $t_end - $t_kill }")
 fo_total=$(awk "BEGIN { printf \"%.1f\", $t_end - $t_start }")
 
+# --- 5. a runtime dead before the batch and left down (box-a, still down from 4) ---------
+pair_manifest "$WORK/left.yaml" left 8
+t0=$(now)
+"$BIN" batch run --manifest "$WORK/left.yaml" --output-dir "$WORK/left-out" > "$WORK/left-run.log" 2>&1 \
+  || fail "dead runtime left down: the batch did not succeed (see $WORK/left-run.log)"
+one_down_s=$(awk "BEGIN { printf \"%.1f\", $(now) - $t0 }")
+status=$("$BIN" batch status --batch-id left --output-dir "$WORK/left-out" --json)
+left_succeeded=$(field "s['counts']['succeeded']")
+left_spilled=$(field "s['counters']['spillovers']")
+left_retries=$(field "s['counters']['retries']")
+read -r left_dead left_probes <<<"$(python3 - "$WORK/left-out/left" <<'PY'
+import glob, json, sys
+records = [json.load(open(p)) for p in glob.glob(sys.argv[1] + "/cases/*/attempts/*/attempt.json")]
+dead = [r for r in records if r.get("runtime_name") == "box-a"]
+print(len(dead), sum(1 for r in dead if r["summary"].get("probe")))
+PY
+)"
+[ "$left_succeeded" -eq 8 ] || fail "dead runtime left down: $left_succeeded of 8 succeeded"
+[ "$left_retries" -eq 0 ] || fail "dead runtime left down: $left_retries retries spent"
+awk "BEGIN { exit !($one_down_s < 3 * $both_up_s) }" \
+  || fail "dead runtime left down: ${one_down_s}s, not under 3x the ${both_up_s}s with both up"
+
 echo "drill worker-kill: cases $N, finished before kill $finished_before, adopted $adopted, re-dispatched $redispatched (job purged: $lost), finished cases re-run 0, first progress ${first_progress_s}s after restart"
 echo "drill single-run-kill: runs 1, adopted $single_adopted"
 echo "drill engine-kill: cases $N completed, re-run 0"
 echo "drill dead-runtime: cases $FO_N succeeded, spillovers $fo_spilled, dispatches to the dead runtime $fo_dead, skipped on its open circuit $fo_skipped, width changes $fo_width, batch ${fo_total}s (${fo_after_kill}s after the kill)"
+echo "drill dead-runtime-left-down: cases 8 succeeded, attempts on the dead runtime $left_dead (probes $left_probes), spillovers $left_spilled, retries $left_retries, batch ${one_down_s}s against ${both_up_s}s with both up"
 echo "drill: ok"

@@ -109,8 +109,9 @@ tasks: [{task_id: r1}, {task_id: r2}, {task_id: r3}, {task_id: r4}, {task_id: r5
 }
 
 /// The chaos drill script (scripts/chaos-drill.sh), exactly as operators run it: worker
-/// SIGKILL with one job purged, SIGKILL of a single-case run, dev-server SIGKILL, and a
-/// runtime agent SIGKILLed and left down under a `runtime: [a, b]` batch.
+/// SIGKILL with one job purged, SIGKILL of a single-case run, dev-server SIGKILL, a runtime
+/// agent SIGKILLed and left down under a `runtime: [a, b]` batch, and a batch started with
+/// that agent still down.
 #[test]
 fn the_chaos_drill_passes() {
     let sb = Sandbox::engine();
@@ -129,9 +130,15 @@ fn the_chaos_drill_passes() {
         text.contains("drill dead-runtime: cases 24 succeeded"),
         "{text}"
     );
+    assert!(
+        text.contains("drill dead-runtime-left-down: cases 8 succeeded"),
+        "{text}"
+    );
     assert!(text.contains("drill: ok"), "{text}");
     // Leave no dev server behind (the drill's killed runner orphaned one).
     kill_engine(&sb.path("drill/out"));
     kill_engine(&sb.path("drill/engine-out"));
     kill_engine(&sb.path("drill/failover-out"));
+    kill_engine(&sb.path("drill/pair-out"));
+    kill_engine(&sb.path("drill/left-out"));
 }
