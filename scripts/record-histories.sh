@@ -7,7 +7,8 @@
 # be recorded: never delete them. Steps 1-7 run on a namespace without the Casebatch* search
 # attributes (so no upserts, like batches started before they existed); step 8 registers them
 # and records `activities-searchattr-*`, whose runs upsert them.
-# A replay failure means the workflow code became nondeterministic for running batches.
+# A replay failure means the workflow code became nondeterministic for running batches. Step 17
+# records the rules for runtimes that fail or stop answering (probes, re-asking, stranding).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q --workspace
@@ -349,3 +350,60 @@ for end in drain cancel; do
 done
 show ahead-drain "" prepared-drained
 show ahead-cancel "" prepared-cancelled
+
+# 17. The rules for runtimes that fail or stop answering (the `runtime-outage-rules` patch).
+# a. A runtime list whose first runtime is dead throughout, with a 1 s cooldown: probes go
+#    through mid-batch, fail, and move their cases on without spending retries.
+python3 - "$WORK/outage-dead.yaml" "$(cat "$AGENT_DIR/agent.addr")" <<'PY'
+import sys
+with open(sys.argv[1], "w") as f:
+    f.write("batch_id: outage-dead\nruntimes:\n")
+    f.write("  dead3: {kind: agent, endpoint: 'http://127.0.0.1:3', breaker_cooldown_s: 1}\n")
+    f.write(f"  box: {{kind: agent, endpoint: 'http://{sys.argv[2]}'}}\n")
+    f.write("defaults: {runtime: [dead3, box], concurrency: 4, max_retries: 2}\ntasks:\n")
+    for i in range(16):
+        f.write(f"  - {{task_id: d{i}, harness: 'sleep 1; echo {{}} > \"$CASEBATCH_RESULT\"'}}\n")
+PY
+cb batch run --manifest "$WORK/outage-dead.yaml" --output-dir "$WORK/out" > "$WORK/outage-dead.log"
+grep -q "16 succeeded" "$WORK/outage-dead.log" || { cat "$WORK/outage-dead.log"; exit 1; }
+grep -q '"probe": true' "$WORK"/out/outage-dead/cases/*/attempts/*/attempt.json \
+  || { echo "no probe in outage-dead"; exit 1; }
+show outage-dead "" outage-probes-spill
+# b. The agent frozen (SIGSTOP) past its grace under a batch with nowhere else to go: each
+#    attempt asks again about its job, which ended meanwhile, and settles from it.
+# c. The same freeze under a list `[box, local-process]`: the agent's cases move on, their
+#    attempts stranded and cleaned up once the agent answers.
+for shape in single list; do
+  runtime=box; batch=outage-frozen
+  [ "$shape" = list ] && { runtime="[box, local-process]"; batch=outage-stranded; }
+  cat > "$WORK/$batch.yaml" <<YAML
+batch_id: $batch
+runtimes: {box: {kind: agent, endpoint: 'http://$(cat "$AGENT_DIR/agent.addr")', unreachable_grace_s: 2}}
+defaults:
+  runtime: $runtime
+  concurrency: 4
+  harness: 'echo x >> $WORK/$batch.started; sleep 3; echo {} > "\$CASEBATCH_RESULT"'
+tasks: [{task_id: z0}, {task_id: z1}, {task_id: z2}, {task_id: z3}]
+YAML
+  cb batch run --manifest "$WORK/$batch.yaml" --output-dir "$WORK/out" --no-speculation \
+    > "$WORK/$batch.log" & RUNNER=$!
+  for _ in $(seq 1 300); do [ "$(cat "$WORK/$batch.started" 2>/dev/null | wc -l)" -ge 4 ] && break; sleep 0.1; done
+  sleep 1
+  kill -STOP "$AGENT"; sleep 45; kill -CONT "$AGENT"
+  wait $RUNNER
+  grep -q "4 succeeded" "$WORK/$batch.log" || { cat "$WORK/$batch.log"; exit 1; }
+done
+grep -q "jobs asked about again [1-9]" "$WORK/outage-frozen.log" || { cat "$WORK/outage-frozen.log"; exit 1; }
+grep -q "attempts stranded 2" "$WORK/outage-stranded.log" || { cat "$WORK/outage-stranded.log"; exit 1; }
+show outage-frozen "" outage-reattached
+show outage-stranded "" outage-stranded
+for f in outage-probes-spill outage-reattached outage-stranded; do
+  python3 - "$OUT/activities-$f.json" <<'PY' || { echo "no runtime-outage-rules patch marker in $f"; exit 1; }
+import base64, json, sys
+events = json.load(open(sys.argv[1]))["events"]
+ids = [json.loads(base64.b64decode(p["data"]))["id"]
+       for e in events
+       for p in e["attributes"].get("MarkerRecordedEventAttributes", {}).get("details", {}).get("patch-data", {}).get("payloads", [])]
+sys.exit(0 if "runtime-outage-rules" in ids else 1)
+PY
+done

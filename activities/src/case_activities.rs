@@ -979,7 +979,7 @@ struct Closing {
     will_retry: bool,
     /// Its `start` never reached the runtime: nothing to stop or ask there.
     never_submitted: bool,
-    /// Its runtime did not answer for its job: wait for it (up to `UNANSWERED_WAIT_S`).
+    /// Its runtime did not answer for its job: wait for it longer (up to `UNANSWERED_WAIT_S`).
     patient: bool,
 }
 
@@ -1018,7 +1018,15 @@ impl CaseActivities {
             };
         }
         if closing.patient {
-            let env = env.clone().with_unreachable_grace(UNANSWERED_WAIT_S);
+            // Five times the runtime's own patience (at most `UNANSWERED_WAIT_S`, all of it
+            // when it declares none): long enough to ride out what made it stop answering.
+            let declared = env
+                .runtime_spec
+                .as_ref()
+                .and_then(|s| s.unreachable_grace_s);
+            let patience =
+                declared.map_or(UNANSWERED_WAIT_S, |g| (5 * g).clamp(10, UNANSWERED_WAIT_S));
+            let env = env.clone().with_unreachable_grace(patience);
             return with_runtime!(self, &env, |rt| rt.cleanup(&env).await);
         }
         with_runtime!(self, env, |rt| rt.cleanup(env).await)

@@ -210,9 +210,10 @@ impl AttemptSummary {
     }
 }
 
-/// How long the cleanup of an attempt whose runtime did not answer for its job waits for that
-/// runtime to answer (a job that ran on there is stopped once it does); its activity's
-/// deadline is a minute more.
+/// The longest the cleanup of an attempt whose runtime did not answer for its job waits for
+/// that runtime to answer (a job that ran on there is stopped once it does): five times the
+/// runtime's `unreachable_grace_s`, capped here, all of it when it declares none. Its
+/// activity's deadline is a minute more.
 pub const UNANSWERED_WAIT_S: u64 = 300;
 
 /// Input of `cleanup`: it also records the attempt (cleanup runs for every provisioned attempt,

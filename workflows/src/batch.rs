@@ -36,7 +36,7 @@ use temporalio_sdk::{
 };
 
 use crate::admission::Envelopes;
-use crate::case::{CaseDone, CaseParams, Pipeline, run_case};
+use crate::case::{CaseDone, CaseParams, CleanedUp, LeftBehind, Pipeline, run_case};
 use crate::circuits::Circuits;
 use crate::contracts::{Finalize, Sweep};
 use crate::tail::Tail;
@@ -157,6 +157,9 @@ impl BatchWorkflow {
         let case_cancel = ctx.cancellation_token().child_token();
         let budget = ctx.state(|s| s.input.history_budget.unwrap_or(DEFAULT_HISTORY_BUDGET));
         let mut inflight: Vec<(u32, LocalBoxFuture<'static, CaseDone>)> = Vec::new();
+        // Cleanups of attempts finished cases left behind (stranded, a speculation's loser),
+        // still running: they take no slot, and the run ends only once they have.
+        let mut left_behind: Vec<LeftBehind> = Vec::new();
         let mut cursor = 0usize;
         // Wakes the loop when the next straggler is due for speculation: (due at, timer).
         let mut tail_timer: Option<(u64, LocalBoxFuture<'static, ()>)> = None;
@@ -228,7 +231,7 @@ impl BatchWorkflow {
                 tail_timer = None;
             }
 
-            if inflight.is_empty() {
+            if inflight.is_empty() && left_behind.is_empty() {
                 let queued = ctx.state(|s| s.slots.iter().any(|c| !c.state.is_terminal()));
                 if cancelling {
                     let end = if ctx.state(|s| s.superseding) {
@@ -274,7 +277,12 @@ impl BatchWorkflow {
             let event = std::future::poll_fn(|cx| {
                 for (i, (_, fut)) in inflight.iter_mut().enumerate() {
                     if let Poll::Ready(done) = fut.as_mut().poll(cx) {
-                        return Poll::Ready(Some((i, done)));
+                        return Poll::Ready(Event::Case(i, Box::new(done)));
+                    }
+                }
+                for (i, fut) in left_behind.iter_mut().enumerate() {
+                    if let Poll::Ready(cleaned) = fut.as_mut().poll(cx) {
+                        return Poll::Ready(Event::LeftBehind(i, cleaned));
                     }
                 }
                 if let Some((_, timer)) = tail_timer.as_mut()
@@ -282,10 +290,10 @@ impl BatchWorkflow {
                 {
                     // A straggler is due: the next pass asks it.
                     tail_timer = None;
-                    return Poll::Ready(None);
+                    return Poll::Ready(Event::Other);
                 }
                 match control.as_mut().map(|c| Pin::new(c).poll(cx)) {
-                    Some(Poll::Ready(_)) => Poll::Ready(None),
+                    Some(Poll::Ready(_)) => Poll::Ready(Event::Other),
                     _ => {
                         // Nothing more can happen in this activation: its completions are
                         // all recorded, so publish them now, in one upsert.
@@ -300,7 +308,7 @@ impl BatchWorkflow {
             drop(control);
 
             match event {
-                Some((i, done)) => {
+                Event::Case(i, mut done) => {
                     // Remove in place: keeps the admission order of the rest.
                     drop(inflight.remove(i));
                     ctx.state_mut(|s| {
@@ -308,10 +316,15 @@ impl BatchWorkflow {
                             admission.finished(done.case_index);
                         }
                     });
-                    record_case(ctx, done);
+                    left_behind.append(&mut done.left_behind);
+                    record_case(ctx, *done);
                     unpublished = visible;
                 }
-                None => {
+                Event::LeftBehind(i, cleaned) => {
+                    drop(left_behind.remove(i));
+                    record_cleaned(ctx, cleaned);
+                }
+                Event::Other => {
                     if ctx.cancellation_token().is_cancelled() {
                         ctx.state_mut(|s| s.cancelling = true);
                     }
@@ -743,6 +756,25 @@ fn record_case(ctx: &WorkflowContext<BatchWorkflow>, done: CaseDone) {
                 failure,
             });
         }
+    });
+}
+
+/// What woke the batch's loop.
+enum Event {
+    /// The case at this position of the in-flight list finished.
+    Case(usize, Box<CaseDone>),
+    /// The cleanup at this position of the left-behind list ended.
+    LeftBehind(usize, CleanedUp),
+    /// A control operation, the tail timer, or the workflow's cancellation.
+    Other,
+}
+
+/// Counts what the cleanup of an attempt a finished case left behind found.
+fn record_cleaned(ctx: &WorkflowContext<BatchWorkflow>, c: CleanedUp) {
+    ctx.state_mut(|s| {
+        s.counters.stranded += u32::from(c.stranded);
+        s.counters.cleanup_unconfirmed += u32::from(!c.confirmed);
+        s.counters.paid_twice += u32::from(c.held_job);
     });
 }
 

@@ -123,7 +123,6 @@ pub(crate) struct CaseParams {
 }
 
 /// What a finished case reports back to admission.
-#[derive(Debug, Clone)]
 pub(crate) struct CaseDone {
     pub case_index: u32,
     pub state: CaseState,
@@ -153,6 +152,21 @@ pub(crate) struct CaseDone {
     pub bundle_refused: Option<Failure>,
     /// The case's final failure, when the bundle could not hold it (the runner records it).
     pub unrecorded_failure: Option<Failure>,
+    /// Cleanups of attempts it left behind that are still running: the batch drives them
+    /// on, so the case's slot is free once its own outcome is final.
+    pub left_behind: Vec<LeftBehind>,
+}
+
+/// The cleanup of an attempt left behind (stranded, or a speculation's loser), running.
+pub(crate) type LeftBehind = LocalBoxFuture<'static, CleanedUp>;
+
+/// What the cleanup of an attempt left behind found.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CleanedUp {
+    pub stranded: bool,
+    pub confirmed: bool,
+    /// Its runtime held a job for it: the case paid for that one and the one counting.
+    pub held_job: bool,
 }
 
 fn local(timeout: Duration, token: &WorkflowCancellationToken) -> LocalActivityOptions {
@@ -256,6 +270,7 @@ pub(crate) async fn run_case(
         notes: Vec::new(),
         bundle_refused: None,
         unrecorded_failure: None,
+        left_behind: Vec::new(),
     };
     let mut spent = Spent::default();
     let mut memory_boost_mb = p.memory_boost_mb;
@@ -312,7 +327,7 @@ pub(crate) async fn run_case(
                 if let Some(refused) = done.bundle_refused.take() {
                     done.unrecorded_failure = Some(summary.failure.clone().unwrap_or(refused));
                 }
-                leftovers.finish(&mut done).await;
+                leftovers.hand_over(&mut done);
                 return done;
             }
             Next::Boost(mb) => {
@@ -355,7 +370,7 @@ pub(crate) async fn run_case(
                 }
                 if cancel.is_cancelled() {
                     done.state = CaseState::Cancelled;
-                    leftovers.finish(&mut done).await;
+                    leftovers.hand_over(&mut done);
                     return done;
                 }
             }
@@ -642,11 +657,11 @@ async fn ask_again(
 /// Attempts a case leaves behind, stranded on a runtime that stopped answering or a
 /// speculation's loser, cleaned up patiently while the case goes on (their activities are
 /// polled after the case's own work, in the order they were left, so replay issues the same
-/// commands), and waited for before the case ends.
+/// commands). When the case ends, those still running are handed to the batch.
 #[derive(Default)]
 struct Leftovers {
-    running: Vec<LocalBoxFuture<'static, (AttemptSummary, CleanupReport)>>,
-    ended: Vec<(AttemptSummary, CleanupReport)>,
+    running: Vec<LeftBehind>,
+    ended: Vec<CleanedUp>,
 }
 
 impl Leftovers {
@@ -654,12 +669,13 @@ impl Leftovers {
         let ctx = ctx.clone();
         self.running.push(Box::pin(async move {
             let report = run_cleanup(&ctx, &attempt, true, true).await;
-            let report = report.unwrap_or(CleanupReport {
-                cleanup_confirmed: false,
-                failure: None,
-                held_job: false,
-            });
-            (attempt.summary, report)
+            let (confirmed, held_job) =
+                report.map_or((false, false), |r| (r.cleanup_confirmed, r.held_job));
+            CleanedUp {
+                stranded: attempt.summary.stranded,
+                confirmed,
+                held_job,
+            }
         }));
     }
 
@@ -689,17 +705,21 @@ impl Leftovers {
         .await
     }
 
-    /// Waits for the cleanups still running, then counts what they found.
-    async fn finish(&mut self, done: &mut CaseDone) {
-        for cleanup in std::mem::take(&mut self.running) {
-            self.ended.push(cleanup.await);
+    /// Counts the cleanups that ended and hands the running ones to the batch with the case.
+    fn hand_over(&mut self, done: &mut CaseDone) {
+        for end in self.ended.drain(..) {
+            end.count(done);
         }
-        for (summary, report) in self.ended.drain(..) {
-            done.stranded += u32::from(summary.stranded);
-            done.cleanup_unconfirmed += u32::from(!report.cleanup_confirmed);
-            // Its runtime held a job for it: the case paid for that one and the one counting.
-            done.paid_twice += u32::from(report.held_job);
-        }
+        done.left_behind = std::mem::take(&mut self.running);
+    }
+}
+
+impl CleanedUp {
+    /// Adds what it found to the case's counters.
+    pub(crate) fn count(self, done: &mut CaseDone) {
+        done.stranded += u32::from(self.stranded);
+        done.cleanup_unconfirmed += u32::from(!self.confirmed);
+        done.paid_twice += u32::from(self.held_job);
     }
 }
 
