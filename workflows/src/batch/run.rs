@@ -179,7 +179,8 @@ impl Run {
         // Cases provisioned ahead wait in `inflight` without a slot; they are next in line
         // (once history is full too: they were admitted).
         let held = ctx.state(|s| s.shared.prepared.len());
-        if !admitting && !(held > 0 && phase.admits()) {
+        let granting = held > 0 && phase.admits();
+        if !admitting && !granting {
             return false;
         }
         // Read on every pass: a lowered limit lets running cases finish and admits nothing
