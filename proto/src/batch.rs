@@ -232,6 +232,45 @@ pub struct Counters {
     pub paid_twice: u32,
 }
 
+impl Counters {
+    /// Adds `other`'s counts to these (a finished case's tally to its batch's).
+    pub fn add(&mut self, other: &Counters) {
+        // Destructured, so a counter added to the struct cannot be forgotten here.
+        let Counters {
+            adopted,
+            redispatched,
+            retries,
+            cleanup_unconfirmed,
+            oom_boosts,
+            spillovers,
+            circuit_skips,
+            width_changes,
+            speculations,
+            speculation_wins,
+            prepared,
+            released,
+            reattached,
+            stranded,
+            paid_twice,
+        } = other;
+        self.adopted += adopted;
+        self.redispatched += redispatched;
+        self.retries += retries;
+        self.cleanup_unconfirmed += cleanup_unconfirmed;
+        self.oom_boosts += oom_boosts;
+        self.spillovers += spillovers;
+        self.circuit_skips += circuit_skips;
+        self.width_changes += width_changes;
+        self.speculations += speculations;
+        self.speculation_wins += speculation_wins;
+        self.prepared += prepared;
+        self.released += released;
+        self.reattached += reattached;
+        self.stranded += stranded;
+        self.paid_twice += paid_twice;
+    }
+}
+
 /// One step of the progress timeline.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimelineStep {

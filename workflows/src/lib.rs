@@ -13,6 +13,8 @@ mod case;
 mod circuits;
 pub mod contracts;
 pub mod decide;
+mod lifecycle;
+mod shared;
 mod tail;
 mod visibility;
 

@@ -13,8 +13,6 @@ use casebatch_proto::visibility::search_attr;
 use temporalio_common::search_attributes::SearchAttributeKey;
 use temporalio_sdk::WorkflowContext;
 
-use crate::batch::BatchWorkflow;
-
 /// Patch id recorded by runs that upsert search attributes.
 pub(crate) const SEARCH_ATTRIBUTES: &str = "search-attributes";
 
@@ -25,12 +23,12 @@ const FAILED: SearchAttributeKey<i64> = SearchAttributeKey::int(search_attr::FAI
 /// Whether this run upserts search attributes. Decided once per run, before any command but
 /// the pipeline's patch marker; the marker is only asked for when the input enables upserts,
 /// so runs that do not upsert record nothing new.
-pub(crate) fn of_run(ctx: &WorkflowContext<BatchWorkflow>, requested: bool) -> bool {
+pub(crate) fn of_run<W>(ctx: &WorkflowContext<W>, requested: bool) -> bool {
     requested && ctx.patched(SEARCH_ATTRIBUTES)
 }
 
 /// Upserts the outcome and the counts.
-pub(crate) fn publish(ctx: &WorkflowContext<BatchWorkflow>, outcome: &str, counts: &Counts) {
+pub(crate) fn publish<W>(ctx: &WorkflowContext<W>, outcome: &str, counts: &Counts) {
     ctx.upsert_search_attributes([
         OUTCOME.value_set(outcome.to_string()),
         SUCCEEDED.value_set(i64::from(counts.succeeded)),

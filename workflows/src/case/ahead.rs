@@ -15,8 +15,8 @@ use casebatch_proto::{AttemptKey, ReleaseInput};
 use temporalio_sdk::{WorkflowCancellationToken, WorkflowContext};
 
 use super::{CaseDone, stage_options};
-use crate::batch::BatchWorkflow;
 use crate::contracts::{Prepare, Release};
+use crate::shared::Host;
 
 /// How a case provisioned ahead left the wait.
 pub(super) enum Ahead {
@@ -27,8 +27,8 @@ pub(super) enum Ahead {
 }
 
 /// Provisions `key`'s environment, then waits for a slot or for the batch to stop admitting.
-pub(super) async fn prepare_then_wait(
-    ctx: &WorkflowContext<BatchWorkflow>,
+pub(super) async fn prepare_then_wait<H: Host>(
+    ctx: &WorkflowContext<H>,
     key: &AttemptKey,
     done: &mut CaseDone,
 ) -> Ahead {
@@ -43,7 +43,7 @@ pub(super) async fn prepare_then_wait(
         Ok(p) => {
             host_queue = p.host_queue;
             match p.failure {
-                None => done.prepared += 1,
+                None => done.tally.prepared += 1,
                 Some(f) => done.notes.push(format!(
                     "provisioning ahead failed ({f}); provisioned again when it starts"
                 )),
@@ -56,19 +56,19 @@ pub(super) async fn prepare_then_wait(
 
     // The batch grants a slot by taking the case out of its prepared set.
     let _ = ctx
-        .wait_condition(move |s: &BatchWorkflow| {
-            !s.prepared.contains(&case) || s.draining || s.cancelling
+        .wait_condition(move |s: &H| {
+            !s.shared().prepared.contains(&case) || s.lifecycle().winds_down()
         })
         .await;
     let (granted, why) = ctx.state(|s| {
-        let why = if s.superseding {
+        let why = if s.lifecycle().is_superseded() {
             "supersede"
-        } else if s.cancelling || ctx.cancellation_token().is_cancelled() {
+        } else if s.lifecycle().is_cancelling() || ctx.cancellation_token().is_cancelled() {
             "cancel"
         } else {
             "drain"
         };
-        (!s.prepared.contains(&case), why)
+        (!s.shared().prepared.contains(&case), why)
     });
     if granted {
         return Ahead::Granted;
@@ -83,8 +83,8 @@ pub(super) async fn prepare_then_wait(
         .execute_activity(Release, input, opts)
         .await
         .is_ok_and(|r| r.cleanup_confirmed);
-    done.released += 1;
-    done.cleanup_unconfirmed += u32::from(!confirmed);
+    done.tally.released += 1;
+    done.tally.cleanup_unconfirmed += u32::from(!confirmed);
     done.notes.push(format!(
         "environment provisioned ahead released unused ({why}): cleanup {}",
         if confirmed {

@@ -20,14 +20,14 @@ use super::{
     AWAIT_HEARTBEAT, CaseParams, HOST_WAIT, activity_failure, decide_attempt, is_timeout, local,
     mark_error, mark_job_lost, retry_policy,
 };
-use crate::batch::BatchWorkflow;
 use crate::contracts::{AwaitJob, Cleanup, Collect, Evaluate, Provision, Submit};
 use crate::decide::{Next, Spent};
+use crate::shared::Host;
 
 /// One attempt through every stage. Cleanup runs for every provisioned attempt, on a
 /// cancellation token detached from the batch's so a cancel cannot skip it.
-pub(super) async fn run_attempt(
-    ctx: &WorkflowContext<BatchWorkflow>,
+pub(super) async fn run_attempt<H: Host>(
+    ctx: &WorkflowContext<H>,
     p: &CaseParams,
     key: &AttemptKey,
     cancel: &WorkflowCancellationToken,

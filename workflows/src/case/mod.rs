@@ -30,8 +30,8 @@ use std::future::Future;
 use std::task::Poll;
 
 use casebatch_proto::{
-    ActorStatus, AttemptKey, AttemptSummary, CaseState, CleanupInput, CleanupReport, Failure,
-    FailureClass, FailureCode, JobRef, SettleInput, Settled, Stage, StartResult,
+    ActorStatus, AttemptKey, AttemptSummary, CaseState, CleanupInput, CleanupReport, Counters,
+    Failure, FailureClass, FailureCode, JobRef, SettleInput, Settled, Stage, StartResult,
 };
 use futures::future::LocalBoxFuture;
 use temporalio_common::RetryPolicy;
@@ -43,10 +43,10 @@ use temporalio_sdk::{
     WorkflowCancellationToken, WorkflowContext,
 };
 
-use crate::batch::{BatchWorkflow, note};
 use crate::circuits::Pick;
 use crate::contracts::{Cleanup, Settle, Start};
 use crate::decide::{self, Next, Spent};
+use crate::shared::{Host, note, workflow_ms};
 
 /// Patch id recorded by runs whose attempts use regular activities ([`Pipeline::Activities`]).
 pub(crate) const STAGES_AS_ACTIVITIES: &str = "stages-as-activities";
@@ -70,7 +70,7 @@ pub(crate) enum Pipeline {
 }
 
 impl Pipeline {
-    pub(crate) fn of_run(ctx: &WorkflowContext<BatchWorkflow>) -> Self {
+    pub(crate) fn of_run<H: Host>(ctx: &WorkflowContext<H>) -> Self {
         if ctx.patched(STAGES_AS_ACTIVITIES) {
             Pipeline::Activities
         } else {
@@ -79,12 +79,12 @@ impl Pipeline {
     }
 
     /// Whether `settle` may close final attempts in this run. Asked once, at the run's start.
-    pub(crate) fn settle_closes(self, ctx: &WorkflowContext<BatchWorkflow>) -> bool {
+    pub(crate) fn settle_closes<H: Host>(self, ctx: &WorkflowContext<H>) -> bool {
         self == Pipeline::Activities && ctx.patched(SETTLE_CLOSES)
     }
 
     /// Whether this run keeps [`OUTAGE_RULES`]. Asked once, at the run's start.
-    pub(crate) fn outage_rules(self, ctx: &WorkflowContext<BatchWorkflow>) -> bool {
+    pub(crate) fn outage_rules<H: Host>(self, ctx: &WorkflowContext<H>) -> bool {
         self == Pipeline::Activities && ctx.patched(OUTAGE_RULES)
     }
 }
@@ -127,25 +127,8 @@ pub(crate) struct CaseDone {
     pub case_index: u32,
     pub state: CaseState,
     pub attempts: u32,
-    pub adopted: u32,
-    pub redispatched: u32,
-    pub retries: u32,
-    pub cleanup_unconfirmed: u32,
-    pub oom_boosts: u32,
-    pub spillovers: u32,
-    pub circuit_skips: u32,
-    pub speculations: u32,
-    pub speculation_wins: u32,
-    /// The first attempt's environment was provisioned ahead of need.
-    pub prepared: u32,
-    /// An environment provisioned ahead was released unused (the case stays queued).
-    pub released: u32,
-    /// Times an attempt asked a runtime that had not answered about its job again.
-    pub reattached: u32,
-    /// Attempts left stranded on a runtime that did not answer, the case moving on.
-    pub stranded: u32,
-    /// Jobs paid for twice: stranded jobs found on their runtime, and speculations' losers.
-    pub paid_twice: u32,
+    /// What it did, counted the way the batch counts it (added to the batch's counters).
+    pub tally: Counters,
     /// Timeline messages about this case (the case is named by the step, not the text).
     pub notes: Vec<String>,
     /// Cleanup could not write the attempt's records: its worker may not write the bundle.
@@ -244,8 +227,8 @@ fn retry_policy(initial: Duration, maximum_attempts: u32) -> RetryPolicy {
 }
 
 /// Runs every attempt of one case until it finishes, is cancelled, or runs out of budget.
-pub(crate) async fn run_case(
-    ctx: WorkflowContext<BatchWorkflow>,
+pub(crate) async fn run_case<H: Host>(
+    ctx: WorkflowContext<H>,
     p: CaseParams,
     cancel: WorkflowCancellationToken,
 ) -> CaseDone {
@@ -253,20 +236,7 @@ pub(crate) async fn run_case(
         case_index: p.case_index,
         state: CaseState::Failed,
         attempts: p.attempts_before,
-        adopted: 0,
-        redispatched: 0,
-        retries: 0,
-        cleanup_unconfirmed: 0,
-        oom_boosts: 0,
-        spillovers: 0,
-        circuit_skips: 0,
-        speculations: 0,
-        speculation_wins: 0,
-        prepared: 0,
-        released: 0,
-        reattached: 0,
-        stranded: 0,
-        paid_twice: 0,
+        tally: Counters::default(),
         notes: Vec::new(),
         bundle_refused: None,
         unrecorded_failure: None,
@@ -318,8 +288,8 @@ pub(crate) async fn run_case(
                 legacy::run_attempt(&ctx, &p, &key, &cancel, spent_before).await
             }
         };
-        done.adopted += u32::from(summary.adopted);
-        done.cleanup_unconfirmed += u32::from(!summary_cleanup_ok(&summary));
+        done.tally.adopted += u32::from(summary.adopted);
+        done.tally.cleanup_unconfirmed += u32::from(!summary_cleanup_ok(&summary));
 
         match next {
             Next::Finish(state) => {
@@ -331,17 +301,17 @@ pub(crate) async fn run_case(
                 return done;
             }
             Next::Boost(mb) => {
-                done.oom_boosts += 1;
+                done.tally.oom_boosts += 1;
                 let from = summary.memory_limit_mb.unwrap_or_default();
                 done.notes
                     .push(format!("OOM auto-boost {from} → {mb} MB (in-batch retry)"));
                 memory_boost_mb = Some(mb);
             }
             // The note was written when the spillover was decided.
-            Next::Spill => done.spillovers += 1,
+            Next::Spill => done.tally.spillovers += 1,
             Next::Redispatch => {
                 spent.redispatches += 1;
-                done.redispatched += 1;
+                done.tally.redispatched += 1;
                 done.notes.push(format!(
                     "job lost with nothing to adopt; re-dispatched as attempt {}",
                     done.attempts + 1
@@ -349,7 +319,7 @@ pub(crate) async fn run_case(
             }
             Next::Retry => {
                 spent.retries += 1;
-                done.retries += 1;
+                done.tally.retries += 1;
                 let failure = summary.failure.as_ref().map(ToString::to_string);
                 done.notes.push(format!(
                     "retry {} after {}",
@@ -421,8 +391,8 @@ fn stage_options(
 /// only). When the case moves on instead (to another runtime of its list, or to a new
 /// attempt), the attempt is returned as stranded: the caller cleans it up on its runtime
 /// once that answers, while the case goes on.
-async fn run_attempt(
-    ctx: &WorkflowContext<BatchWorkflow>,
+async fn run_attempt<H: Host>(
+    ctx: &WorkflowContext<H>,
     p: &CaseParams,
     mut key: AttemptKey,
     cancel: &WorkflowCancellationToken,
@@ -624,8 +594,8 @@ fn is_unanswered(f: &Failure) -> bool {
 
 /// Pauses before asking the runtime about the attempt's job again, with a timeline step.
 /// `false` when the budget of asks is spent or the batch was cancelled meanwhile.
-async fn ask_again(
-    ctx: &WorkflowContext<BatchWorkflow>,
+async fn ask_again<H: Host>(
+    ctx: &WorkflowContext<H>,
     p: &CaseParams,
     key: &AttemptKey,
     cancel: &WorkflowCancellationToken,
@@ -637,7 +607,7 @@ async fn ask_again(
     }
     let pause = REATTACH_PAUSES_S[*reattaches as usize];
     *reattaches += 1;
-    done.reattached += 1;
+    done.tally.reattached += 1;
     note(
         ctx,
         Some(p.case_index),
@@ -665,7 +635,7 @@ struct Leftovers {
 }
 
 impl Leftovers {
-    fn add(&mut self, ctx: &WorkflowContext<BatchWorkflow>, attempt: Attempt) {
+    fn add<H: Host>(&mut self, ctx: &WorkflowContext<H>, attempt: Attempt) {
         let ctx = ctx.clone();
         self.running.push(Box::pin(async move {
             let report = run_cleanup(&ctx, &attempt, true, true).await;
@@ -708,18 +678,18 @@ impl Leftovers {
     /// Counts the cleanups that ended and hands the running ones to the batch with the case.
     fn hand_over(&mut self, done: &mut CaseDone) {
         for end in self.ended.drain(..) {
-            end.count(done);
+            end.count(&mut done.tally);
         }
         done.left_behind = std::mem::take(&mut self.running);
     }
 }
 
 impl CleanedUp {
-    /// Adds what it found to the case's counters.
-    pub(crate) fn count(self, done: &mut CaseDone) {
-        done.stranded += u32::from(self.stranded);
-        done.cleanup_unconfirmed += u32::from(!self.confirmed);
-        done.paid_twice += u32::from(self.held_job);
+    /// Adds what it found to `tally`.
+    pub(crate) fn count(self, tally: &mut Counters) {
+        tally.stranded += u32::from(self.stranded);
+        tally.cleanup_unconfirmed += u32::from(!self.confirmed);
+        tally.paid_twice += u32::from(self.held_job);
     }
 }
 
@@ -738,9 +708,9 @@ struct Attempt {
 
 impl Attempt {
     /// Folds `settle`'s outcome into the summary (`token`: the one the settle ran under).
-    fn settled(
+    fn settled<H: Host>(
         &mut self,
-        ctx: &WorkflowContext<BatchWorkflow>,
+        ctx: &WorkflowContext<H>,
         token: &WorkflowCancellationToken,
         result: Result<Settled, ActivityExecutionError>,
     ) {
@@ -765,7 +735,7 @@ impl Attempt {
             && let Some(ms) = s.duration_ms()
         {
             ctx.state_mut(|st| {
-                if let Some(t) = st.tail.as_mut() {
+                if let Some(t) = st.shared_mut().tail.as_mut() {
                     t.ran(ms);
                 }
             });
@@ -779,8 +749,8 @@ impl Attempt {
 
 /// `settle` of a started job, as an owned future (it may race a duplicate's).
 #[allow(clippy::too_many_arguments)]
-fn settle_job(
-    ctx: &WorkflowContext<BatchWorkflow>,
+fn settle_job<H: Host>(
+    ctx: &WorkflowContext<H>,
     p: &CaseParams,
     stage: &str,
     key: &AttemptKey,
@@ -808,8 +778,8 @@ fn settle_job(
 /// Runs `cleanup` where the attempt ran, on a token no cancel reaches, and returns the
 /// summary with the confirmation. An unconfirmed cleanup of a speculation's loser is
 /// counted here; the case's own attempt is counted by the caller.
-async fn clean_up(
-    ctx: &WorkflowContext<BatchWorkflow>,
+async fn clean_up<H: Host>(
+    ctx: &WorkflowContext<H>,
     attempt: Attempt,
     will_retry: bool,
     done: &mut CaseDone,
@@ -818,8 +788,8 @@ async fn clean_up(
 }
 
 /// [`clean_up`], `patient` with a runtime that did not answer for the attempt's job.
-async fn clean_up_with(
-    ctx: &WorkflowContext<BatchWorkflow>,
+async fn clean_up_with<H: Host>(
+    ctx: &WorkflowContext<H>,
     attempt: Attempt,
     will_retry: bool,
     patient: bool,
@@ -838,15 +808,15 @@ async fn clean_up_with(
     let mut summary = attempt.summary;
     summary.cleanup_confirmed = Some(confirmed);
     if summary.speculative_loser && !confirmed {
-        done.cleanup_unconfirmed += 1;
+        done.tally.cleanup_unconfirmed += 1;
     }
     summary
 }
 
 /// The `cleanup` activity of an attempt, where it ran, on a token no cancel reaches. A
 /// patient one waits up to [`UNANSWERED_WAIT`] for the attempt's runtime to answer.
-async fn run_cleanup(
-    ctx: &WorkflowContext<BatchWorkflow>,
+async fn run_cleanup<H: Host>(
+    ctx: &WorkflowContext<H>,
     attempt: &Attempt,
     will_retry: bool,
     patient: bool,
@@ -878,8 +848,8 @@ pub(crate) struct Route {
 }
 
 impl Route {
-    fn of(ctx: &WorkflowContext<BatchWorkflow>, case: u32) -> Option<Self> {
-        let (list, home) = ctx.state(|s| s.circuits.as_ref()?.route_of(case))?;
+    fn of<H: Host>(ctx: &WorkflowContext<H>, case: u32) -> Option<Self> {
+        let (list, home) = ctx.state(|s| s.shared().circuits.as_ref()?.route_of(case))?;
         Some(Self {
             list,
             current: home,
@@ -889,9 +859,9 @@ impl Route {
 
     /// The next runtime of the list after the current one whose circuit the batch has not
     /// seen open, with the names of both (for the timeline).
-    fn next_healthy(&self, ctx: &WorkflowContext<BatchWorkflow>) -> Option<(u16, String, String)> {
+    fn next_healthy<H: Host>(&self, ctx: &WorkflowContext<H>) -> Option<(u16, String, String)> {
         ctx.state(|s| {
-            let c = s.circuits.as_ref()?;
+            let c = s.shared().circuits.as_ref()?;
             let to = c.spill_target(&self.list, self.current)?;
             Some((to, c.name(self.current).to_string(), c.name(to).to_string()))
         })
@@ -904,19 +874,13 @@ struct Routed<'a> {
     done: &'a mut CaseDone,
 }
 
-pub(crate) fn workflow_ms(ctx: &WorkflowContext<BatchWorkflow>) -> u64 {
-    ctx.workflow_time()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Runs `start`. A routed case goes where the batch's view of the circuits says (setting
 /// the key's runtime); a runtime whose breaker refuses the dispatch (`Skipped`) costs no
 /// attempt, and the case goes to the next of its list, or waits for the soonest cooldown
 /// when every circuit is open. `None`: cancelled while waiting. Also says whether the start
 /// that counts was the probe of an open circuit.
-async fn dispatch(
-    ctx: &WorkflowContext<BatchWorkflow>,
+async fn dispatch<H: Host>(
+    ctx: &WorkflowContext<H>,
     key: &mut AttemptKey,
     cancel: &WorkflowCancellationToken,
     routed: &mut Routed<'_>,
@@ -928,7 +892,7 @@ async fn dispatch(
         if let Some(route) = routed.route.as_deref_mut() {
             let now = workflow_ms(ctx);
             let (pick, avoided) = ctx.state_mut(|s| {
-                let Some(c) = s.circuits.as_mut() else {
+                let Some(c) = s.shared_mut().circuits.as_mut() else {
                     return (None, false);
                 };
                 let avoided = c.is_open(route.current);
@@ -938,11 +902,15 @@ async fn dispatch(
                 Some(Pick::To { runtime, probe }) => {
                     // Sent elsewhere, untried, because the batch knows its circuit is open.
                     if avoided && runtime != route.current {
-                        routed.done.circuit_skips += 1;
+                        routed.done.tally.circuit_skips += 1;
                     }
                     route.current = runtime;
-                    key.runtime =
-                        ctx.state(|s| s.circuits.as_ref().map(|c| c.name(runtime).to_string()));
+                    key.runtime = ctx.state(|s| {
+                        s.shared()
+                            .circuits
+                            .as_ref()
+                            .map(|c| c.name(runtime).to_string())
+                    });
                     target = Some((runtime, probe));
                 }
                 Some(Pick::WaitUntil(at)) => {
@@ -977,7 +945,11 @@ async fn dispatch(
         };
         let now = workflow_ms(ctx);
         let (news, name) = ctx.state_mut(|s| {
-            let c = s.circuits.as_mut().expect("a routed case has circuits");
+            let shared = s.shared_mut();
+            let c = shared
+                .circuits
+                .as_mut()
+                .expect("a routed case has circuits");
             let news = match &result {
                 Ok(StartResult::Started(_)) => c.started(runtime).then_some(false),
                 Ok(
@@ -994,7 +966,7 @@ async fn dispatch(
             }
             if news.is_some() {
                 // The width may change: wake the admission loop.
-                s.control_gen += 1;
+                shared.wakeups += 1;
             }
             (news, c.name(runtime).to_string())
         });
@@ -1010,7 +982,7 @@ async fn dispatch(
         }
         if let Ok(StartResult::Skipped { .. }) = result {
             skips += 1;
-            routed.done.circuit_skips += 1;
+            routed.done.tally.circuit_skips += 1;
             continue;
         }
         return (Some(result), probe);
@@ -1020,8 +992,8 @@ async fn dispatch(
 /// Moves a routed case whose attempt the runtime failed ([`decide::spills`]) to the next
 /// runtime of its list not seen open, at most once per runtime of the list. Returns the
 /// timeline note.
-fn spill_over(
-    ctx: &WorkflowContext<BatchWorkflow>,
+fn spill_over<H: Host>(
+    ctx: &WorkflowContext<H>,
     s: &AttemptSummary,
     cancel: &WorkflowCancellationToken,
     routed: &mut Routed<'_>,

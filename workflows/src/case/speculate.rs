@@ -21,13 +21,13 @@ use casebatch_proto::{
 use futures::future::LocalBoxFuture;
 use temporalio_sdk::{ActivityExecutionError, WorkflowCancellationToken, WorkflowContext};
 
-use super::{Attempt, CaseParams, Routed, mark_error, settle_job, stage_options, workflow_ms};
-use crate::batch::{BatchWorkflow, note};
+use super::{Attempt, CaseParams, Routed, mark_error, settle_job, stage_options};
 use crate::contracts::Start;
+use crate::shared::{Host, note, workflow_ms};
 
 /// Whether this attempt can take part: the batch speculates and the case has a list.
-pub(super) fn may(ctx: &WorkflowContext<BatchWorkflow>, routed: &Routed<'_>) -> bool {
-    routed.route.is_some() && ctx.state(|s| s.tail.is_some())
+pub(super) fn may<H: Host>(ctx: &WorkflowContext<H>, routed: &Routed<'_>) -> bool {
+    routed.route.is_some() && ctx.state(|s| s.shared().tail.is_some())
 }
 
 type SettleFuture = LocalBoxFuture<'static, Result<Settled, ActivityExecutionError>>;
@@ -35,8 +35,8 @@ type SettleFuture = LocalBoxFuture<'static, Result<Settled, ActivityExecutionErr
 /// Settles `primary`, racing a duplicate if the batch asks for one while it waits. On return
 /// `primary` holds the attempt that counts (the duplicate, if it won); the loser, if a
 /// duplicate ran, is returned for cleanup.
-pub(super) async fn race(
-    ctx: &WorkflowContext<BatchWorkflow>,
+pub(super) async fn race<H: Host>(
+    ctx: &WorkflowContext<H>,
     p: &CaseParams,
     primary: &mut Attempt,
     settle: SettleFuture,
@@ -50,8 +50,8 @@ pub(super) async fn race(
     let mut settle = settle;
 
     // Until the batch asks, this is a plain settle.
-    let asked = ctx
-        .wait_condition(move |s: &BatchWorkflow| s.tail.as_ref().is_some_and(|t| t.is_asked(case)));
+    let asked =
+        ctx.wait_condition(move |s: &H| s.shared().tail.as_ref().is_some_and(|t| t.is_asked(case)));
     let mut asked = pin!(asked);
     let first = std::future::poll_fn(|cx| {
         if let Poll::Ready(result) = settle.as_mut().poll(cx) {
@@ -85,7 +85,7 @@ pub(super) async fn race(
         return None;
     };
     routed.done.attempts += 1;
-    routed.done.speculations += 1;
+    routed.done.tally.speculations += 1;
     note(
         ctx,
         Some(case),
@@ -174,7 +174,7 @@ pub(super) async fn race(
     if duplicate_won {
         std::mem::swap(primary, &mut duplicate);
         route.current = to;
-        routed.done.speculation_wins += 1;
+        routed.done.tally.speculation_wins += 1;
     }
     let mut loser = duplicate;
     loser.summary.speculative_loser = true;
@@ -213,8 +213,8 @@ enum CopyEnd {
 
 /// The duplicate: `start` on its runtime (no waiting for a circuit, no moving on: a runtime
 /// that refuses it simply loses), then `settle`. Returns where it ran and how it ended.
-async fn run_duplicate(
-    ctx: &WorkflowContext<BatchWorkflow>,
+async fn run_duplicate<H: Host>(
+    ctx: &WorkflowContext<H>,
     p: &CaseParams,
     key: &AttemptKey,
     token: &WorkflowCancellationToken,
@@ -243,8 +243,8 @@ async fn run_duplicate(
     }
 }
 
-fn with_tail(s: &mut BatchWorkflow, f: impl FnOnce(&mut crate::tail::Tail)) {
-    if let Some(t) = s.tail.as_mut() {
+fn with_tail<H: Host>(s: &mut H, f: impl FnOnce(&mut crate::tail::Tail)) {
+    if let Some(t) = s.shared_mut().tail.as_mut() {
         f(t);
     }
 }

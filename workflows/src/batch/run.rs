@@ -1,0 +1,547 @@
+//! One run of the batch workflow: a loop of admit → wait → record, and its ends (finish,
+//! continue-as-new). Every workflow command is issued here or by the cases' futures this
+//! polls, in an order that depends only on history: recorded histories must replay
+//! unchanged (`workflows/tests/replay.rs`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use casebatch_proto::{
+    BatchEnd, BatchOutcome, Carried, CaseState, Counts, FinalizeInput, SweepInput,
+    visibility::{outcome, outcome_of},
+};
+use futures::future::LocalBoxFuture;
+use temporalio_common::RetryPolicy;
+use temporalio_sdk::{
+    ActivityOptions, ContinueAsNewOptions, LocalActivityOptions, WorkflowCancellationToken,
+    WorkflowContext, WorkflowResult,
+};
+
+use super::BatchWorkflow;
+use crate::admission::Envelopes;
+use crate::case::{CaseDone, CaseParams, CleanedUp, LeftBehind, Pipeline, run_case};
+use crate::contracts::{Finalize, Sweep};
+use crate::lifecycle::{Control, Lifecycle};
+use crate::shared::{note, workflow_ms};
+use crate::visibility;
+
+/// Continue-as-new once history passes this many events. Temporal's hard limit is 51,200
+/// events (and 50 MB); the server's earlier *suggestion* (about 4K events) is not followed,
+/// because every continue-as-new briefly stops admissions while in-flight cases finish.
+const DEFAULT_HISTORY_BUDGET: u32 = 20_000;
+
+type Ctx = WorkflowContext<BatchWorkflow>;
+type CaseFuture = LocalBoxFuture<'static, CaseDone>;
+type Timer = LocalBoxFuture<'static, ()>;
+
+pub(super) async fn run(ctx: &Ctx) -> WorkflowResult<BatchOutcome> {
+    let mut run = Run::begin(ctx);
+    loop {
+        // What this pass decides on: controls arriving while it awaits act on the next.
+        let (phase, seen) = ctx.state(|s| (s.lifecycle, s.shared.wakeups));
+        let history_full = ctx.history_length() >= run.budget;
+        if phase.is_cancelling() {
+            run.cancel_cases(ctx).await;
+        }
+        let exhausted = run.admit(ctx, phase, history_full);
+        run.arm_tail(ctx, exhausted);
+        if !run.is_idle() {
+            let event = run.next_event(ctx, phase, seen).await;
+            run.record(ctx, event);
+            continue;
+        }
+        let queued = ctx.state(|s| s.slots.iter().any(|c| !c.state.is_terminal()));
+        match when_idle(phase, queued, history_full) {
+            Idle::End(end) => return finish(ctx, end, run.visible).await,
+            Idle::ContinueAsNew => {
+                // The next run inherits the search attributes: bring them up to date.
+                run.publish_pending(ctx);
+                return continue_as_new(ctx);
+            }
+            Idle::Sleep => {
+                run.publish_pending(ctx);
+                let _ = ctx
+                    .wait_condition(move |s: &BatchWorkflow| s.shared.wakeups != seen)
+                    .await;
+                run.notice_cancellation(ctx);
+            }
+        }
+    }
+}
+
+/// What a run with nothing in flight does next.
+#[derive(Debug, PartialEq, Eq)]
+enum Idle {
+    End(BatchEnd),
+    ContinueAsNew,
+    /// Paused (or held back) with nothing in flight: sleep until something wakes the loop.
+    Sleep,
+}
+
+fn when_idle(phase: Lifecycle, queued: bool, history_full: bool) -> Idle {
+    match phase {
+        Lifecycle::Cancelling { superseded: true } => Idle::End(BatchEnd::Superseded),
+        Lifecycle::Cancelling { superseded: false } => Idle::End(BatchEnd::Cancelled),
+        _ if !queued => Idle::End(BatchEnd::Completed),
+        Lifecycle::Draining => Idle::End(BatchEnd::Drained),
+        _ if history_full => Idle::ContinueAsNew,
+        _ => Idle::Sleep,
+    }
+}
+
+/// What woke the loop.
+enum Event {
+    /// The case at this position of the in-flight list finished.
+    Case(usize, Box<CaseDone>),
+    /// The cleanup at this position of the left-behind list ended.
+    LeftBehind(usize, CleanedUp),
+    /// A control, a wake-up, the tail timer, or the workflow's cancellation.
+    Woken,
+}
+
+/// The run's own state, which is not carried to the next run.
+struct Run {
+    pipeline: Pipeline,
+    settle_closes: bool,
+    outage_rules: bool,
+    /// This run upserts search attributes.
+    visible: bool,
+    /// Finished cases not yet in the search attributes: published once the activation
+    /// that recorded them has nothing more to do, so a burst of completions costs one
+    /// upsert, not one each.
+    unpublished: bool,
+    budget: u32,
+    /// In-flight case work is cancelled through this token (child of the workflow's own
+    /// cancellation, so `temporal workflow cancel` works too); cleanup uses detached tokens.
+    case_cancel: WorkflowCancellationToken,
+    /// Cases admitted (and provisioned ahead), in admission order.
+    inflight: Vec<(u32, CaseFuture)>,
+    /// Cleanups of attempts finished cases left behind (stranded, a speculation's loser),
+    /// still running: they take no slot, and the run ends only once they have.
+    left_behind: Vec<LeftBehind>,
+    /// Plan-order admission resumes here.
+    cursor: usize,
+    /// Wakes the loop when the next straggler is due for speculation: (due at, timer).
+    tail_timer: Option<(u64, Timer)>,
+}
+
+impl Run {
+    fn begin(ctx: &Ctx) -> Self {
+        // First, before any command: a run keeps the pipeline its history began with.
+        let pipeline = Pipeline::of_run(ctx);
+        let settle_closes = pipeline.settle_closes(ctx);
+        let outage_rules = pipeline.outage_rules(ctx);
+        let visible = visibility::of_run(ctx, ctx.state(|s| s.input.search_attributes));
+        let (segment, counts) = ctx.state(|s| (s.segment, Counts::of(&s.slots)));
+        let started = format!(
+            "segment {segment} started: {} queued, {} done",
+            counts.queued,
+            counts.done()
+        );
+        note(ctx, None, started);
+        Self {
+            pipeline,
+            settle_closes,
+            outage_rules,
+            visible,
+            unpublished: false,
+            budget: ctx.state(|s| s.input.history_budget.unwrap_or(DEFAULT_HISTORY_BUDGET)),
+            case_cancel: ctx.cancellation_token().child_token(),
+            inflight: Vec::new(),
+            left_behind: Vec::new(),
+            cursor: 0,
+            tail_timer: None,
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.inflight.is_empty() && self.left_behind.is_empty()
+    }
+
+    /// Cancels the cases in flight, once; a superseded batch first kills its jobs by batch.
+    async fn cancel_cases(&mut self, ctx: &Ctx) {
+        if self.case_cancel.is_cancelled() {
+            return;
+        }
+        self.case_cancel.cancel();
+        if ctx.state(|s| s.lifecycle.is_superseded()) {
+            sweep(ctx).await;
+        }
+    }
+
+    /// Admits what the limits allow: cases provisioned ahead get the first free slots, then
+    /// queued cases, then the next ones provision ahead of need. Returns whether admission
+    /// ran out of cases (not of room): the tail may have begun.
+    fn admit(&mut self, ctx: &Ctx, phase: Lifecycle, history_full: bool) -> bool {
+        let admitting = phase.admits() && !history_full;
+        // Cases provisioned ahead wait in `inflight` without a slot; they are next in line
+        // (once history is full too: they were admitted).
+        let held = ctx.state(|s| s.shared.prepared.len());
+        let granting = held > 0 && phase.admits();
+        if !admitting && !granting {
+            return false;
+        }
+        // Read on every pass: a lowered limit lets running cases finish and admits nothing
+        // until fewer run; a raised one admits at once. Open circuits narrow it the same
+        // way, never cancelling what runs. Duplicates take room too.
+        if let Some(change) = ctx.state_mut(BatchWorkflow::record_width) {
+            note(ctx, None, change);
+        }
+        let limit = ctx.state(BatchWorkflow::width) as usize;
+        let mut running = self.inflight.len() - held;
+        while running + tail_load(ctx) < limit && grant_prepared(ctx) {
+            running += 1;
+        }
+        let mut exhausted = false;
+        while admitting && running + tail_load(ctx) < limit {
+            let Some(index) = self.next_case(ctx) else {
+                exhausted = true;
+                break;
+            };
+            self.start_case(ctx, index, false);
+            running += 1;
+        }
+        let ahead = ctx.state(|s| s.input.prepare_ahead) as usize;
+        while admitting && ctx.state(|s| s.shared.prepared.len()) < ahead {
+            let Some(index) = self.next_case(ctx) else {
+                break;
+            };
+            self.start_case(ctx, index, true);
+        }
+        exhausted
+    }
+
+    /// The next case to admit: by envelope when runtimes declare one, else in plan order.
+    fn next_case(&mut self, ctx: &Ctx) -> Option<u32> {
+        if let Some(next) = ctx.state_mut(|s| s.admission.as_mut().map(Envelopes::next)) {
+            return next;
+        }
+        ctx.state(|s| {
+            while self.cursor < s.slots.len() {
+                let i = self.cursor;
+                self.cursor += 1;
+                if s.slots[i].state == CaseState::Queued {
+                    return Some(i as u32);
+                }
+            }
+            None
+        })
+    }
+
+    /// Starts case `index`: running now, or (`ahead`) provisioning ahead of a free slot, held
+    /// in the prepared set until [`grant_prepared`] gives it one.
+    fn start_case(&mut self, ctx: &Ctx, index: u32, ahead: bool) {
+        let params = ctx.state_mut(|s| {
+            if ahead {
+                s.shared.prepared.insert(index);
+            } else {
+                s.slots[index as usize].state = CaseState::Running;
+                s.in_flight.insert(index);
+            }
+            CaseParams {
+                batch_id: s.input.batch_id.clone(),
+                bundle_dir: s.input.bundle_dir.clone(),
+                case_index: index,
+                attempts_before: s.slots[index as usize].attempts,
+                policy: crate::decide::Policy {
+                    max_retries: s.input.max_retries,
+                    oom_auto_boost: s.input.oom_auto_boost,
+                },
+                memory_boost_mb: s.input.memory_boosts.get(&index).copied(),
+                retry_backoff_ms: s.input.retry_backoff_ms,
+                max_timeout_seconds: s.input.max_timeout_seconds,
+                pipeline: self.pipeline,
+                settle_closes: self.settle_closes,
+                outage_rules: self.outage_rules,
+                ahead,
+            }
+        });
+        let case = run_case(ctx.clone(), params, self.case_cancel.clone());
+        self.inflight.push((index, Box::pin(case)));
+    }
+
+    /// Once every case has been dispatched, keeps the tail's timer for the next straggler
+    /// due; otherwise there is none.
+    fn arm_tail(&mut self, ctx: &Ctx, exhausted: bool) {
+        let armed = self.tail_timer.take();
+        if exhausted && !self.inflight.is_empty() {
+            let room = ctx.state(BatchWorkflow::width) as usize;
+            let room = room.saturating_sub(self.inflight.len() + tail_load(ctx)) as u32;
+            self.tail_timer = speculate_due(ctx, room, armed);
+        }
+    }
+
+    /// Waits for the first of: a case finishing, a left-behind cleanup ending, the tail's
+    /// timer, or a wake-up. Polled in index order with poll_fn (not an unordered futures set,
+    /// which trips the SDK's determinism detector). Once cancelling, only the cases matter:
+    /// a wait_condition built after the workflow's own cancellation resolves at once, and
+    /// polling it would spin without ever yielding the workflow task.
+    async fn next_event(&mut self, ctx: &Ctx, phase: Lifecycle, seen: u64) -> Event {
+        let mut woken = (!phase.is_cancelling()).then(|| {
+            Box::pin(ctx.wait_condition(move |s: &BatchWorkflow| s.shared.wakeups != seen))
+        });
+        std::future::poll_fn(|cx| {
+            for (i, (_, case)) in self.inflight.iter_mut().enumerate() {
+                if let Poll::Ready(done) = case.as_mut().poll(cx) {
+                    return Poll::Ready(Event::Case(i, Box::new(done)));
+                }
+            }
+            for (i, cleanup) in self.left_behind.iter_mut().enumerate() {
+                if let Poll::Ready(cleaned) = cleanup.as_mut().poll(cx) {
+                    return Poll::Ready(Event::LeftBehind(i, cleaned));
+                }
+            }
+            if let Some((_, timer)) = self.tail_timer.as_mut()
+                && timer.as_mut().poll(cx).is_ready()
+            {
+                // A straggler is due: the next pass asks it.
+                self.tail_timer = None;
+                return Poll::Ready(Event::Woken);
+            }
+            if let Some(Poll::Ready(_)) = woken.as_mut().map(|w| Pin::new(w).poll(cx)) {
+                return Poll::Ready(Event::Woken);
+            }
+            // Nothing more can happen in this activation (only here is that known): its
+            // completions are all recorded, so publish them now, in one upsert.
+            self.publish_pending(ctx);
+            Poll::Pending
+        })
+        .await
+    }
+
+    fn record(&mut self, ctx: &Ctx, event: Event) {
+        match event {
+            Event::Case(i, mut done) => {
+                // Remove in place: keeps the admission order of the rest.
+                drop(self.inflight.remove(i));
+                self.left_behind.append(&mut done.left_behind);
+                record_case(ctx, *done);
+                self.unpublished = self.visible;
+            }
+            Event::LeftBehind(i, cleaned) => {
+                drop(self.left_behind.remove(i));
+                ctx.state_mut(|s| cleaned.count(&mut s.counters));
+            }
+            Event::Woken => self.notice_cancellation(ctx),
+        }
+    }
+
+    /// The workflow's own cancellation (`temporal workflow cancel`) cancels the batch.
+    fn notice_cancellation(&self, ctx: &Ctx) {
+        if ctx.cancellation_token().is_cancelled() {
+            ctx.state_mut(|s| {
+                if let Ok(step) = s.lifecycle.on(Control::Cancel) {
+                    s.lifecycle = step.next;
+                }
+            });
+        }
+    }
+
+    /// Upserts `running` with the current counts if finished cases are not in them yet.
+    fn publish_pending(&mut self, ctx: &Ctx) {
+        if std::mem::take(&mut self.unpublished) {
+            let counts = ctx.state(|s| Counts::of(&s.slots));
+            visibility::publish(ctx, outcome::RUNNING, &counts);
+        }
+    }
+}
+
+/// Gives the first case provisioned ahead (in plan order) its slot. `false`: none waits.
+fn grant_prepared(ctx: &Ctx) -> bool {
+    ctx.state_mut(|s| {
+        let Some(index) = s.shared.prepared.pop_first() else {
+            return false;
+        };
+        s.slots[index as usize].state = CaseState::Running;
+        s.in_flight.insert(index);
+        true
+    })
+}
+
+fn record_case(ctx: &Ctx, done: CaseDone) {
+    for n in &done.notes {
+        note(ctx, Some(done.case_index), n.clone());
+    }
+    ctx.state_mut(|s| {
+        if let Some(admission) = s.admission.as_mut() {
+            admission.finished(done.case_index);
+        }
+        let slot = &mut s.slots[done.case_index as usize];
+        // A case killed because the batch is superseded is unfinished work, not a cancel.
+        slot.state = match done.state {
+            CaseState::Cancelled if s.lifecycle.is_superseded() => CaseState::Queued,
+            state => state,
+        };
+        slot.attempts = done.attempts;
+        s.in_flight.remove(&done.case_index);
+        s.shared.prepared.remove(&done.case_index);
+        s.counters.add(&done.tally);
+        if let Some(failure) = done.unrecorded_failure {
+            s.unrecorded.push(casebatch_proto::UnrecordedFailure {
+                case: done.case_index,
+                attempts: done.attempts,
+                failure,
+            });
+        }
+    });
+}
+
+/// Slots taken beyond the admitted cases: duplicates in flight, and stragglers asked to
+/// speculate that have not started theirs yet.
+fn tail_load(ctx: &Ctx) -> usize {
+    ctx.state(|s| {
+        s.shared
+            .tail
+            .as_ref()
+            .map_or(0, |t| (t.duplicates + t.pending_asks()) as usize)
+    })
+}
+
+/// Asks the stragglers past the threshold to speculate (at most `room`, the batch's free
+/// slots; the case starts its duplicate when next polled) and keeps a timer for the next one
+/// due. `armed` is the timer already running, kept when it fires no later than needed (a
+/// timer that fires early only re-arms).
+fn speculate_due(ctx: &Ctx, room: u32, armed: Option<(u64, Timer)>) -> Option<(u64, Timer)> {
+    if room == 0 || ctx.state(|s| s.shared.tail.is_none()) {
+        return None;
+    }
+    // Admission found no case to admit; envelopes may still hold queued ones back.
+    if ctx.state(|s| s.slots.iter().any(|c| c.state == CaseState::Queued)) {
+        return None;
+    }
+    let now = workflow_ms(ctx);
+    let next = ctx.state_mut(|s| {
+        let t = s.shared.tail.as_mut()?;
+        t.ask_due(now, room);
+        t.next_due()
+    })?;
+    if let Some((at, timer)) = armed
+        && at <= next
+    {
+        return Some((at, timer));
+    }
+    let wait = Duration::from_millis(next.saturating_sub(now).max(1));
+    let timer_ctx = ctx.clone();
+    Some((
+        next,
+        Box::pin(async move {
+            let _ = timer_ctx.timer(wait).await;
+        }),
+    ))
+}
+
+/// `supersede`'s force-kill: every runtime that can kill by batch does so now, before the
+/// cases' own cancels (which still run cleanup and write receipts).
+async fn sweep(ctx: &Ctx) {
+    let input = ctx.state(|s| SweepInput {
+        batch_id: s.input.batch_id.clone(),
+        bundle_dir: s.input.bundle_dir.clone(),
+    });
+    let opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(120))
+        .activity_id("sweep".to_string())
+        .retry_policy(RetryPolicy::builder().maximum_attempts(3).build())
+        .cancellation_token(WorkflowCancellationToken::new())
+        .build();
+    let message = match ctx.execute_activity(Sweep, input, opts).await {
+        Ok(r) if r.unreachable.is_empty() => {
+            format!("supersede: {} job(s) killed by batch", r.killed.len())
+        }
+        Ok(r) => format!(
+            "supersede: {} job(s) killed by batch; not reached: {}",
+            r.killed.len(),
+            r.unreachable.join("; ")
+        ),
+        Err(e) => format!("supersede: the kill by batch failed ({e}); cases' cleanup still runs"),
+    };
+    note(ctx, None, message);
+}
+
+async fn finish(ctx: &Ctx, end: BatchEnd, visible: bool) -> WorkflowResult<BatchOutcome> {
+    let counts = ctx.state(|s| Counts::of(&s.slots));
+    if visible {
+        visibility::publish(ctx, outcome_of(end, &counts), &counts);
+    }
+    let ended = format!(
+        "run ended ({end:?}): {} succeeded, {} failed, {} cancelled, {} queued",
+        counts.succeeded, counts.failed, counts.cancelled, counts.queued
+    );
+    note(ctx, None, ended);
+    ctx.state_mut(|s| s.lifecycle = Lifecycle::Finished);
+    let status = ctx.state(|s| s.snapshot());
+    let input = ctx.state(|s| FinalizeInput {
+        batch_id: s.input.batch_id.clone(),
+        bundle_dir: s.input.bundle_dir.clone(),
+        status: status.clone(),
+    });
+    let opts = LocalActivityOptions::builder()
+        .start_to_close_timeout(Duration::from_secs(120))
+        .retry_policy(RetryPolicy::builder().maximum_attempts(3).build())
+        .cancellation_token(WorkflowCancellationToken::new())
+        .build();
+    // The bundle can always be rebuilt by `report`; a failed write must not lose the outcome.
+    let _ = ctx.execute_local_activity(Finalize, input, opts).await;
+    let slots = ctx.state(|s| s.slots.clone());
+    Ok(BatchOutcome { end, status, slots })
+}
+
+fn continue_as_new(ctx: &Ctx) -> WorkflowResult<BatchOutcome> {
+    let next = ctx.state(|s| {
+        let mut input = s.input.clone();
+        input.carried = Some(Carried {
+            slots: s.slots.clone(),
+            counters: s.counters.clone(),
+            timeline: s.shared.timeline.clone(),
+            paused: s.lifecycle.is_paused(),
+            segment: s.segment,
+            concurrency: (s.concurrency != s.input.concurrency).then_some(s.concurrency),
+            unrecorded: s.unrecorded.clone(),
+        });
+        input
+    });
+    match ctx.continue_as_new(next, ContinueAsNewOptions::default()) {
+        Err(termination) => Err(termination),
+        Ok(never) => match never {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_run_ends_by_its_phase_then_continues_as_new_then_sleeps() {
+        let cancelled = Lifecycle::Cancelling { superseded: false };
+        let superseded = Lifecycle::Cancelling { superseded: true };
+        for queued in [false, true] {
+            for full in [false, true] {
+                assert_eq!(
+                    when_idle(cancelled, queued, full),
+                    Idle::End(BatchEnd::Cancelled)
+                );
+                assert_eq!(
+                    when_idle(superseded, queued, full),
+                    Idle::End(BatchEnd::Superseded)
+                );
+            }
+        }
+        for phase in [Lifecycle::Running, Lifecycle::Paused, Lifecycle::Draining] {
+            assert_eq!(
+                when_idle(phase, false, true),
+                Idle::End(BatchEnd::Completed)
+            );
+        }
+        assert_eq!(
+            when_idle(Lifecycle::Draining, true, true),
+            Idle::End(BatchEnd::Drained)
+        );
+        // History full wins over a pause: the next run starts paused (carried).
+        assert_eq!(
+            when_idle(Lifecycle::Paused, true, true),
+            Idle::ContinueAsNew
+        );
+        assert_eq!(when_idle(Lifecycle::Running, true, false), Idle::Sleep);
+        assert_eq!(when_idle(Lifecycle::Paused, true, false), Idle::Sleep);
+    }
+}
