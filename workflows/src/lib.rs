@@ -13,6 +13,7 @@ mod case;
 mod circuits;
 pub mod contracts;
 pub mod decide;
+mod envelopes;
 mod lifecycle;
 mod shared;
 mod tail;

@@ -27,8 +27,8 @@ use casebatch_proto::{
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::{SyncWorkflowContext, WorkflowContext, WorkflowContextView, WorkflowResult};
 
-use crate::admission::Envelopes;
 use crate::circuits::Circuits;
+use crate::envelopes::Envelopes;
 use crate::lifecycle::{Control, Lifecycle};
 use crate::shared::{Host, Shared, epoch_ms};
 use crate::tail::Tail;

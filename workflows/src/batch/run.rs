@@ -20,9 +20,10 @@ use temporalio_sdk::{
 };
 
 use super::BatchWorkflow;
-use crate::admission::Envelopes;
+use crate::admission::{CircuitWidth, Concurrency, Gate, Lane, Load, Policy, ProvisionAhead, gate};
 use crate::case::{CaseDone, CaseParams, CleanedUp, LeftBehind, Pipeline, run_case};
 use crate::contracts::{Finalize, Sweep};
+use crate::envelopes::Envelopes;
 use crate::lifecycle::{Control, Lifecycle};
 use crate::shared::{note, workflow_ms};
 use crate::visibility;
@@ -189,28 +190,42 @@ impl Run {
         if let Some(change) = ctx.state_mut(BatchWorkflow::record_width) {
             note(ctx, None, change);
         }
-        let limit = ctx.state(BatchWorkflow::width) as usize;
-        let mut running = self.inflight.len() - held;
-        while running + tail_load(ctx) < limit && grant_prepared(ctx) {
-            running += 1;
-        }
+        let (concurrency, width, ahead) = ctx.state(|s| {
+            (
+                Concurrency(s.concurrency),
+                CircuitWidth(s.width()),
+                ProvisionAhead(s.input.prepare_ahead),
+            )
+        });
+        let policies: [&dyn Policy; 3] = [&concurrency, &width, &ahead];
+        let may = |run: &Self, lane| gate(&policies, lane, &run.load(ctx)) == Gate::Now;
+        while may(self, Lane::Slot) && grant_prepared(ctx) {}
         let mut exhausted = false;
-        while admitting && running + tail_load(ctx) < limit {
+        while admitting && may(self, Lane::Slot) {
             let Some(index) = self.next_case(ctx) else {
                 exhausted = true;
                 break;
             };
             self.start_case(ctx, index, false);
-            running += 1;
         }
-        let ahead = ctx.state(|s| s.input.prepare_ahead) as usize;
-        while admitting && ctx.state(|s| s.shared.prepared.len()) < ahead {
+        while admitting && may(self, Lane::Ahead) {
             let Some(index) = self.next_case(ctx) else {
                 break;
             };
             self.start_case(ctx, index, true);
         }
         exhausted
+    }
+
+    /// What the admission policies see now.
+    fn load(&self, ctx: &Ctx) -> Load {
+        // Cases provisioned ahead wait in `inflight` without a slot.
+        let held = ctx.state(|s| s.shared.prepared.len());
+        Load {
+            running: self.inflight.len() - held,
+            tail: tail_load(ctx),
+            held,
+        }
     }
 
     /// The next case to admit: by envelope when runtimes declare one, else in plan order.
