@@ -650,6 +650,44 @@ async fn a_data_dir_serves_one_agent_at_a_time() {
     assert!(next.is_ok());
 }
 
+/// A data dir whose job table a newer agent wrote (a later schema version) is refused at
+/// start, naming the file and both versions, and its table keeps its version.
+#[tokio::test]
+async fn a_data_dir_from_a_newer_agent_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().canonicalize().unwrap().join("data");
+    let table = data.join("jobs.sqlite");
+    std::fs::create_dir(&data).unwrap();
+    drop(crate::table::Table::open(&table).unwrap());
+    let newer = i64::from(crate::table::LATEST) + 1;
+    rusqlite::Connection::open(&table)
+        .unwrap()
+        .pragma_update(None, "user_version", newer)
+        .unwrap();
+
+    let err = Agent::start(AgentConfig::local("127.0.0.1:0".parse().unwrap(), &data))
+        .await
+        .err()
+        .expect("refused");
+    assert!(matches!(err, AgentError::TableTooNew { .. }), "{err:?}");
+    assert!(err.is_usage());
+    let m = err.to_string();
+    assert!(
+        m.contains(&format!(
+            "the job table {} has schema version {newer}, but this agent knows versions up to {}",
+            table.display(),
+            crate::table::LATEST
+        )) && m.contains("another --data-dir"),
+        "{m}"
+    );
+    assert!(!data.join("agent.addr").exists(), "not announced");
+    let version: i64 = rusqlite::Connection::open(&table)
+        .unwrap()
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .unwrap();
+    assert_eq!(version, newer);
+}
+
 #[tokio::test]
 async fn off_loopback_needs_tls_and_a_token_and_nothing_is_touched() {
     let dir = tempfile::tempdir().unwrap();
