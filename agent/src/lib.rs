@@ -106,25 +106,6 @@ pub enum AgentError {
     Serve(String),
 }
 
-impl AgentError {
-    /// Bad flags, or a data dir held by another agent or written by a newer one: nothing
-    /// was started.
-    pub fn is_usage(&self) -> bool {
-        matches!(
-            self,
-            AgentError::Config(_)
-                | AgentError::InUse { .. }
-                | AgentError::TableTooNew { .. }
-                | AgentError::Bind { .. }
-        )
-    }
-
-    /// The data dir or its job table could not be written.
-    pub fn is_storage(&self) -> bool {
-        matches!(self, AgentError::DataDir { .. } | AgentError::Table { .. })
-    }
-}
-
 /// What an agent's `/metrics` shows. Cloning shares the agent's job table.
 #[derive(Clone)]
 pub struct AgentMetrics(Arc<jobs::Jobs>);

@@ -630,7 +630,7 @@ async fn a_data_dir_serves_one_agent_at_a_time() {
     .await
     .err()
     .expect("refused");
-    assert!(second.is_usage());
+    assert!(matches!(second, AgentError::InUse { .. }), "{second:?}");
     let message = second.to_string();
     assert!(
         message.contains(&format!(
@@ -670,7 +670,6 @@ async fn a_data_dir_from_a_newer_agent_is_refused() {
         .err()
         .expect("refused");
     assert!(matches!(err, AgentError::TableTooNew { .. }), "{err:?}");
-    assert!(err.is_usage());
     let m = err.to_string();
     assert!(
         m.contains(&format!(
@@ -696,7 +695,7 @@ async fn off_loopback_needs_tls_and_a_token_and_nothing_is_touched() {
         .await
         .err()
         .expect("refused");
-    assert!(err.is_usage());
+    assert!(matches!(err, AgentError::Config(_)), "{err:?}");
     let m = err.to_string();
     assert!(m.contains("--tls-cert") && m.contains("--token-env"), "{m}");
     assert!(
@@ -793,7 +792,7 @@ async fn tls_with_a_token_serves_tls_clients_only() {
     config.tls = Some(crate::TlsFiles { cert, key: key_pem });
     let err = Agent::start(config).await.err().expect("refused");
     assert!(
-        err.is_usage() && err.to_string().contains("--tls-key"),
+        matches!(err, AgentError::Config(_)) && err.to_string().contains("--tls-key"),
         "{err}"
     );
     assert!(!dir.path().join("d2").exists());
