@@ -87,6 +87,15 @@ pub enum AgentError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error(
+        "the job table {} has schema version {found}, but this agent knows versions up to {latest}: a newer casebatch agent wrote it; run that version (or a later one) on this data dir, or give this agent another --data-dir",
+        path.display()
+    )]
+    TableTooNew {
+        path: PathBuf,
+        found: i64,
+        latest: u32,
+    },
     #[error("failed to listen on {addr} (--listen): {source}")]
     Bind {
         addr: SocketAddr,
@@ -95,21 +104,6 @@ pub enum AgentError {
     },
     #[error("the agent's server failed: {0}")]
     Serve(String),
-}
-
-impl AgentError {
-    /// Bad flags or a data dir held by another agent: nothing was started.
-    pub fn is_usage(&self) -> bool {
-        matches!(
-            self,
-            AgentError::Config(_) | AgentError::InUse { .. } | AgentError::Bind { .. }
-        )
-    }
-
-    /// The data dir or its job table could not be written.
-    pub fn is_storage(&self) -> bool {
-        matches!(self, AgentError::DataDir { .. } | AgentError::Table { .. })
-    }
 }
 
 /// What an agent's `/metrics` shows. Cloning shares the agent's job table.
@@ -145,9 +139,16 @@ impl Agent {
         let lock = datadir::DataDirLock::take(&data_dir)?;
         datadir::remove_addr(&data_dir)?;
         let table_path = data_dir.join(datadir::TABLE);
-        let table = table::Table::open(&table_path).map_err(|source| AgentError::Table {
-            path: table_path.clone(),
-            source,
+        let table = table::Table::open(&table_path).map_err(|e| match e {
+            table::OpenError::Sqlite(source) => AgentError::Table {
+                path: table_path.clone(),
+                source,
+            },
+            table::OpenError::Newer { found, latest } => AgentError::TableTooNew {
+                path: table_path.clone(),
+                found,
+                latest,
+            },
         })?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

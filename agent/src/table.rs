@@ -6,6 +6,11 @@
 //! One connection behind a mutex, used only from blocking threads ([`Table::with`]). WAL with
 //! `synchronous=NORMAL`: a commit survives the agent being killed (the case that matters: the
 //! jobs outlive the agent, not a power cut, which ends them too).
+//!
+//! The schema is versioned (`PRAGMA user_version`) and changes only by appending a step to
+//! `MIGRATIONS`: a data dir must survive the agent's upgrades with its rows. Opening brings
+//! an older table up to [`LATEST`], each step in its own transaction with its version; a table
+//! a newer agent wrote is refused ([`OpenError::Newer`]) before anything is written to it.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -14,7 +19,16 @@ use casebatch_bundle::{CleanupReceipt, EvaluationRecord};
 use casebatch_proto::ActorReport;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-const SCHEMA: &str = "
+/// `MIGRATIONS[n]` takes the table from version `n` to `n + 1`. Append only: a step that has
+/// shipped never changes, since data dirs already past it never run it again.
+const MIGRATIONS: &[fn(&Connection) -> rusqlite::Result<()>] = &[to_v1];
+
+/// The schema version this agent writes, and the newest it can read.
+pub const LATEST: u32 = MIGRATIONS.len() as u32;
+
+/// Version 1 is the table as agents made it before the schema had a version (their files have
+/// `user_version` 0): created when missing, kept when there.
+const V1: &str = "
 CREATE TABLE IF NOT EXISTS jobs (
     job_key TEXT PRIMARY KEY NOT NULL,
     batch_id TEXT NOT NULL,
@@ -41,6 +55,55 @@ CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch_id);
 CREATE INDEX IF NOT EXISTS jobs_ended_at ON jobs(ended_at_ms, job_key);
 ";
+
+/// An unversioned table: today's one, or none (a fresh data dir). Agents from before
+/// evaluations made it without the `evaluation` column, which it gains here, so every
+/// version-1 table has the same columns.
+fn to_v1(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(V1)?;
+    let has_evaluation = conn
+        .prepare("SELECT 1 FROM pragma_table_info('jobs') WHERE name = 'evaluation'")?
+        .exists([])?;
+    if !has_evaluation {
+        conn.execute_batch("ALTER TABLE jobs ADD COLUMN evaluation TEXT")?;
+    }
+    Ok(())
+}
+
+/// Why the job table could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    /// Written by an agent that knows a later schema: this one would misread its rows, and
+    /// writing them could lose what the newer columns hold.
+    #[error("schema version {found}, but this agent knows versions up to {latest}")]
+    Newer { found: i64, latest: u32 },
+}
+
+/// The table's version, or [`OpenError::Newer`] for one this agent does not know.
+fn version(conn: &Connection) -> Result<u32, OpenError> {
+    let found: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
+    u32::try_from(found)
+        .ok()
+        .filter(|v| *v <= LATEST)
+        .ok_or(OpenError::Newer {
+            found,
+            latest: LATEST,
+        })
+}
+
+/// Runs the steps from version `from` to [`LATEST`], each in one transaction with the version
+/// it reaches: a crash between steps leaves a table at a version, never between two.
+fn migrate(conn: &mut Connection, from: u32) -> rusqlite::Result<()> {
+    for (version, step) in (from + 1..).zip(&MIGRATIONS[from as usize..]) {
+        let tx = conn.transaction()?;
+        step(&tx)?;
+        tx.pragma_update(None, "user_version", version)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
 
 /// Where a job stands in the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,13 +234,15 @@ pub struct Table {
 }
 
 impl Table {
-    pub fn open(path: &Path) -> rusqlite::Result<Self> {
-        let conn = Connection::open(path)?;
+    /// Opens (or creates) the table at `path` and migrates it to [`LATEST`].
+    pub fn open(path: &Path) -> Result<Self, OpenError> {
+        let mut conn = Connection::open(path)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // Read before the first write: a newer agent's file is left as it is.
+        let from = version(&conn)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.execute_batch(SCHEMA)?;
-        migrate(&conn)?;
+        migrate(&mut conn, from)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
         })
@@ -198,17 +263,6 @@ impl Table {
         .await
         .unwrap_or_else(|e| Err(rusqlite::Error::ToSqlConversionFailure(Box::new(e))))
     }
-}
-
-/// Columns added since the first table, for a data dir an older agent made.
-fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    let has_evaluation = conn
-        .prepare("SELECT 1 FROM pragma_table_info('jobs') WHERE name = 'evaluation'")?
-        .exists([])?;
-    if !has_evaluation {
-        conn.execute_batch("ALTER TABLE jobs ADD COLUMN evaluation TEXT")?;
-    }
-    Ok(())
 }
 
 pub fn get(conn: &Connection, key: &str) -> rusqlite::Result<Option<JobRow>> {
@@ -392,7 +446,155 @@ pub fn set_evaluation(
 
 #[cfg(test)]
 mod tests {
+    use rusqlite::types::Value;
+
     use super::*;
+
+    /// The job table exactly as agents created it before the schema had a version (copied
+    /// from that code, not from [`V1`]): what data dirs on disk hold today.
+    const UNVERSIONED: &str = "
+CREATE TABLE IF NOT EXISTS jobs (
+    job_key TEXT PRIMARY KEY NOT NULL,
+    batch_id TEXT NOT NULL,
+    bundle_dir TEXT NOT NULL,
+    case_index INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    memory_boost_mb INTEGER,
+    planned_case_json TEXT NOT NULL,
+    local_bundle TEXT NOT NULL,
+    attempt_dir TEXT NOT NULL,
+    memory_mb INTEGER,
+    state TEXT NOT NULL,
+    pid INTEGER,
+    start_ticks INTEGER,
+    starts INTEGER NOT NULL DEFAULT 0,
+    report TEXT,
+    submitted_at_ms INTEGER NOT NULL,
+    ended_at_ms INTEGER,
+    cleaned_at_ms INTEGER,
+    cleanup_receipt TEXT,
+    evaluation TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch_id);
+CREATE INDEX IF NOT EXISTS jobs_ended_at ON jobs(ended_at_ms, job_key);
+";
+
+    /// Rows as that code wrote them: two finished jobs (one evaluated to a pass and cleaned
+    /// up, one whose evaluator failed), one running, one starting.
+    const UNVERSIONED_ROWS: &str = r#"
+INSERT INTO jobs VALUES ('b/0/1', 'b', '/w/b', 0, 1, NULL, '{"index":0}', '/d/batches/b-1', '/d/batches/b-1/cases/c0/attempts/1', 256, 'ended', 4100, 9001, 1,
+    '{"status":"finished","exit_code":0,"failure":null,"adopted":false,"memory_limit_mb":256}',
+    1000, 2000, 2100,
+    '{"schema_version":"casebatch_v1","marker":"b/0/1","cleanup_confirmed":true,"killed":[],"remaining":[],"scans":1,"message":"nothing left","method":"cgroup_v2","checks":["cgroup_empty","marker_scan"]}',
+    '{"schema_version":"casebatch_v1","configured":true,"verdict":"pass","scores":{"accuracy":0.75},"failure":null,"exit_code":0}');
+INSERT INTO jobs VALUES ('b/1/2', 'b', '/w/b', 1, 2, 128, '{"index":1}', '/d/batches/b-1', '/d/batches/b-1/cases/c1/attempts/2', NULL, 'ended', 4200, 9002, 2,
+    '{"status":"failed","exit_code":3,"failure":{"stage":"await","class":"harness","code":"HARNESS_EXIT_NONZERO","message":"exit 3","retryable":false},"adopted":true,"memory_limit_mb":null}',
+    1100, 2200, NULL, NULL,
+    '{"schema_version":"casebatch_v1","configured":true,"verdict":null,"scores":{},"failure":{"stage":"evaluate","class":"harness","code":"EVALUATOR_FAILED","message":"evaluator exited 1","retryable":false},"exit_code":1}');
+INSERT INTO jobs VALUES ('b/2/1', 'b', '/w/b', 2, 1, NULL, '{"index":2}', '/d/batches/b-1', '/d/batches/b-1/cases/c2/attempts/1', 512, 'running', 4300, 9003, 1,
+    NULL, 1200, NULL, NULL, NULL, NULL);
+INSERT INTO jobs (job_key, batch_id, bundle_dir, case_index, attempt, planned_case_json, local_bundle, attempt_dir, state, submitted_at_ms)
+    VALUES ('b/3/1', 'b', '/w/b', 3, 1, '{"index":3}', '/d/batches/b-1', '/d/batches/b-1/cases/c3/attempts/1', 'starting', 1300);
+"#;
+
+    /// Every column of the unversioned table, as stored.
+    fn dump(conn: &Connection) -> Vec<Vec<Value>> {
+        let mut stmt = conn
+            .prepare(
+                "SELECT job_key, batch_id, bundle_dir, case_index, attempt, memory_boost_mb,
+                    planned_case_json, local_bundle, attempt_dir, memory_mb, state, pid,
+                    start_ticks, starts, report, submitted_at_ms, ended_at_ms, cleaned_at_ms,
+                    cleanup_receipt, evaluation
+                 FROM jobs ORDER BY job_key",
+            )
+            .unwrap();
+        let columns = stmt.column_count();
+        stmt.query_map([], |row| (0..columns).map(|i| row.get(i)).collect())
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    fn user_version(path: &Path) -> i64 {
+        Connection::open(path)
+            .unwrap()
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .unwrap()
+    }
+
+    fn column_names(conn: &Connection) -> Vec<String> {
+        conn.prepare("SELECT name FROM pragma_table_info('jobs') ORDER BY cid")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    /// A data dir written before the schema had a version (`user_version` 0) is upgraded in
+    /// place: every row and column kept, each row readable, the version the latest.
+    #[test]
+    fn an_unversioned_data_dir_is_upgraded_in_place_with_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.sqlite");
+        let before = {
+            let conn = Connection::open(&path).unwrap();
+            conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+            conn.execute_batch(UNVERSIONED).unwrap();
+            conn.execute_batch(UNVERSIONED_ROWS).unwrap();
+            dump(&conn)
+        };
+        assert_eq!(before.len(), 4);
+        assert_eq!(user_version(&path), 0);
+
+        let table = Table::open(&path).unwrap();
+        {
+            let conn = table.conn.lock().unwrap();
+            assert_eq!(dump(&conn), before, "every row and column survives");
+            let passed = get(&conn, "b/0/1").unwrap().unwrap();
+            assert_eq!(passed.state, RowState::Ended);
+            assert_eq!(passed.report.unwrap().exit_code, Some(0));
+            assert!(passed.cleanup_receipt.unwrap().cleanup_confirmed);
+            let evaluation = passed.evaluation.unwrap();
+            assert_eq!(evaluation.verdict, Some(casebatch_proto::Verdict::Pass));
+            assert_eq!(evaluation.scores["accuracy"], serde_json::json!(0.75));
+            let failed = get(&conn, "b/1/2").unwrap().unwrap();
+            assert_eq!(failed.memory_boost_mb, Some(128));
+            assert!(failed.report.unwrap().adopted);
+            assert_eq!(
+                failed.evaluation.unwrap().failure.unwrap().code,
+                casebatch_proto::FailureCode::EvaluatorFailed
+            );
+            let unfinished: Vec<_> = unfinished(&conn)
+                .unwrap()
+                .into_iter()
+                .map(|r| (r.job_key, r.state, r.pid))
+                .collect();
+            assert_eq!(
+                unfinished,
+                [
+                    ("b/2/1".to_string(), RowState::Running, Some(4300)),
+                    ("b/3/1".to_string(), RowState::Starting, None)
+                ]
+            );
+            assert_eq!(
+                in_flight(&conn).unwrap(),
+                InFlight {
+                    jobs: 2,
+                    memory_mb: 512
+                }
+            );
+        }
+        drop(table);
+        assert_eq!(user_version(&path), i64::from(LATEST));
+
+        // Opening it again (the next restart) runs no step twice.
+        let table = Table::open(&path).unwrap();
+        assert_eq!(dump(&table.conn.lock().unwrap()), before);
+        drop(table);
+        assert_eq!(user_version(&path), i64::from(LATEST));
+    }
 
     /// A data dir from before evaluations gains the column, and its rows read as unevaluated.
     #[test]
@@ -401,7 +603,7 @@ mod tests {
         let path = dir.path().join("jobs.sqlite");
         {
             let conn = Connection::open(&path).unwrap();
-            conn.execute_batch(&SCHEMA.replace(",\n    evaluation TEXT", ""))
+            conn.execute_batch(&UNVERSIONED.replace(",\n    evaluation TEXT", ""))
                 .unwrap();
             conn.execute(
                 "INSERT INTO jobs (job_key, batch_id, bundle_dir, case_index, attempt,
@@ -420,6 +622,52 @@ mod tests {
             get(&conn, "b/0/1").unwrap().unwrap().evaluation,
             Some(record)
         );
+        assert_eq!(user_version(&path), i64::from(LATEST));
+    }
+
+    /// A fresh data dir gets the latest schema, with today's columns, and works.
+    #[test]
+    fn a_fresh_table_gets_the_latest_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.sqlite");
+        let table = Table::open(&path).unwrap();
+        {
+            let conn = table.conn.lock().unwrap();
+            let reference = Connection::open_in_memory().unwrap();
+            reference.execute_batch(UNVERSIONED).unwrap();
+            assert_eq!(column_names(&conn), column_names(&reference));
+            assert_eq!(get(&conn, "b/0/1").unwrap(), None);
+            assert_eq!(in_flight(&conn).unwrap(), InFlight::default());
+        }
+        drop(table);
+        assert_eq!(user_version(&path), i64::from(LATEST));
+    }
+
+    /// A table a newer agent wrote is refused, and left exactly as it was.
+    #[test]
+    fn a_table_from_a_newer_agent_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.sqlite");
+        let newer = i64::from(LATEST) + 1;
+        let before = {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(UNVERSIONED).unwrap();
+            conn.execute_batch(UNVERSIONED_ROWS).unwrap();
+            conn.pragma_update(None, "user_version", newer).unwrap();
+            std::fs::read(&path).unwrap()
+        };
+        match Table::open(&path) {
+            Err(OpenError::Newer { found, latest }) => {
+                assert_eq!((found, latest), (newer, LATEST));
+            }
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("a newer table was opened"),
+        }
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "the file is untouched"
+        );
     }
 
     #[test]
@@ -434,8 +682,8 @@ mod tests {
     /// through old ended jobs under it: neither may read every row the agent ever ran.
     #[test]
     fn questions_asked_under_the_table_lock_use_an_index() {
-        let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch(SCHEMA).unwrap();
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn, 0).unwrap();
         for (sql, index) in [
             (IN_FLIGHT, "jobs_state"),
             (UNFINISHED, "jobs_state"),

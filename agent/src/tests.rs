@@ -630,7 +630,7 @@ async fn a_data_dir_serves_one_agent_at_a_time() {
     .await
     .err()
     .expect("refused");
-    assert!(second.is_usage());
+    assert!(matches!(second, AgentError::InUse { .. }), "{second:?}");
     let message = second.to_string();
     assert!(
         message.contains(&format!(
@@ -650,6 +650,43 @@ async fn a_data_dir_serves_one_agent_at_a_time() {
     assert!(next.is_ok());
 }
 
+/// A data dir whose job table a newer agent wrote (a later schema version) is refused at
+/// start, naming the file and both versions, and its table keeps its version.
+#[tokio::test]
+async fn a_data_dir_from_a_newer_agent_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().canonicalize().unwrap().join("data");
+    let table = data.join("jobs.sqlite");
+    std::fs::create_dir(&data).unwrap();
+    drop(crate::table::Table::open(&table).unwrap());
+    let newer = i64::from(crate::table::LATEST) + 1;
+    rusqlite::Connection::open(&table)
+        .unwrap()
+        .pragma_update(None, "user_version", newer)
+        .unwrap();
+
+    let err = Agent::start(AgentConfig::local("127.0.0.1:0".parse().unwrap(), &data))
+        .await
+        .err()
+        .expect("refused");
+    assert!(matches!(err, AgentError::TableTooNew { .. }), "{err:?}");
+    let m = err.to_string();
+    assert!(
+        m.contains(&format!(
+            "the job table {} has schema version {newer}, but this agent knows versions up to {}",
+            table.display(),
+            crate::table::LATEST
+        )) && m.contains("another --data-dir"),
+        "{m}"
+    );
+    assert!(!data.join("agent.addr").exists(), "not announced");
+    let version: i64 = rusqlite::Connection::open(&table)
+        .unwrap()
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .unwrap();
+    assert_eq!(version, newer);
+}
+
 #[tokio::test]
 async fn off_loopback_needs_tls_and_a_token_and_nothing_is_touched() {
     let dir = tempfile::tempdir().unwrap();
@@ -658,7 +695,7 @@ async fn off_loopback_needs_tls_and_a_token_and_nothing_is_touched() {
         .await
         .err()
         .expect("refused");
-    assert!(err.is_usage());
+    assert!(matches!(err, AgentError::Config(_)), "{err:?}");
     let m = err.to_string();
     assert!(m.contains("--tls-cert") && m.contains("--token-env"), "{m}");
     assert!(
@@ -755,7 +792,7 @@ async fn tls_with_a_token_serves_tls_clients_only() {
     config.tls = Some(crate::TlsFiles { cert, key: key_pem });
     let err = Agent::start(config).await.err().expect("refused");
     assert!(
-        err.is_usage() && err.to_string().contains("--tls-key"),
+        matches!(err, AgentError::Config(_)) && err.to_string().contains("--tls-key"),
         "{err}"
     );
     assert!(!dir.path().join("d2").exists());

@@ -13,11 +13,13 @@ use crate::exit::{CliError, CliResult};
 /// Each batch is a Temporal workflow: finished results are never lost or re-run, unfinished
 /// cases are always re-runnable. With no Temporal address configured, casebatch starts a
 /// local Temporal dev server under the output directory and runs an in-process worker.
-///
-/// Exit codes: 0 all cases succeeded · 4 finished with failures · 1 drained/paused with
-/// queued work left · 2 usage or validation error · 3 engine unreachable.
 #[derive(Debug, Parser)]
-#[command(name = "casebatch", version, propagate_version = true)]
+#[command(
+    name = "casebatch",
+    version,
+    propagate_version = true,
+    after_help = crate::exit::help()
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

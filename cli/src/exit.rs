@@ -2,29 +2,88 @@
 
 use std::fmt;
 
+use casebatch_agent::AgentError;
 use casebatch_control::{ControlError, Verdict};
 use casebatch_worker::EngineError;
 
-/// Exit codes (see the README): the only place they are defined.
+/// Exit codes: the only place they are defined. `--help` renders this table ([`help`]) and
+/// the README's table says the same (both checked by the tests below).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
-    /// Every case succeeded (verified by its evaluator where one is configured).
     Success = 0,
-    /// Drained or paused with queued work remaining: deliberately incomplete. (For `casebatch
-    /// health`: the probed process is not healthy, as a HEALTHCHECK expects.)
     Incomplete = 1,
-    /// Usage or validation error; nothing was started or changed.
     Usage = 2,
-    /// The engine could not be reached or started, or refused a call.
     Engine = 3,
-    /// The batch finished with failed or mixed outcomes (all outputs still written).
     Failures = 4,
-    /// The output directory could not be written. What the engine holds is intact: fix the
-    /// disk and resume.
     Output = 5,
-    /// The batch's workflow was terminated from outside casebatch (finished cases are kept;
-    /// resume continues the rest).
     Terminated = 6,
+}
+
+impl Exit {
+    /// Every code, in order.
+    pub const ALL: [Exit; 7] = [
+        Exit::Success,
+        Exit::Incomplete,
+        Exit::Usage,
+        Exit::Engine,
+        Exit::Failures,
+        Exit::Output,
+        Exit::Terminated,
+    ];
+
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// What the code tells a script, as `--help` and the README say it.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Exit::Success => {
+                "every case succeeded (verified by its evaluator where one is configured)"
+            }
+            Exit::Incomplete => {
+                "drained or paused with queued work remaining (deliberately incomplete); for `casebatch health`: the probed process is not healthy"
+            }
+            Exit::Usage => {
+                "usage or validation error, or a bundle file that is there but cannot be read (truncated JSON, a directory where a file belongs: the message names the file and why); nothing started or written"
+            }
+            Exit::Engine => "the engine could not be reached or started, or refused a call",
+            Exit::Failures => {
+                "the batch finished with failed, cancelled or mixed outcomes (all outputs written)"
+            }
+            Exit::Output => {
+                "the output directory could not be written (the engine's state is intact: fix the disk, then resume)"
+            }
+            Exit::Terminated => {
+                "the batch's workflow was terminated outside casebatch (finished cases kept; `batch resume` continues)"
+            }
+        }
+    }
+}
+
+/// The `Exit codes:` section of `casebatch --help`, one entry per code of [`Exit::ALL`].
+/// Wrapped here with a hanging indent, since clap wraps this text flush left.
+pub fn help() -> String {
+    const WIDTH: usize = 80;
+    let mut out = String::from("Exit codes:");
+    for e in Exit::ALL {
+        let mut line = format!("  {}  ", e.code());
+        let mut words = e.meaning().split(' ');
+        line.push_str(words.next().unwrap_or_default());
+        for word in words {
+            if line.len() + 1 + word.len() > WIDTH {
+                out.push('\n');
+                out.push_str(&line);
+                line = format!("     {word}");
+            } else {
+                line.push(' ');
+                line.push_str(word);
+            }
+        }
+        out.push('\n');
+        out.push_str(&line);
+    }
+    out
 }
 
 impl From<Verdict> for Exit {
@@ -93,6 +152,30 @@ impl From<ControlError> for CliError {
     }
 }
 
+/// `casebatch agent`'s failures to start or serve.
+fn agent_exit_of(e: &AgentError) -> Exit {
+    match e {
+        // Flags, or a data dir held by another agent or written by a newer one: nothing started.
+        AgentError::Config(_)
+        | AgentError::InUse { .. }
+        | AgentError::TableTooNew { .. }
+        | AgentError::Bind { .. } => Exit::Usage,
+        // The data dir is the agent's output directory.
+        AgentError::DataDir { .. } | AgentError::Table { .. } => Exit::Output,
+        // The service itself failed while serving (the agent's engine, as it were).
+        AgentError::Serve(_) => Exit::Engine,
+    }
+}
+
+impl From<AgentError> for CliError {
+    fn from(e: AgentError) -> Self {
+        Self {
+            exit: agent_exit_of(&e),
+            message: e.to_string(),
+        }
+    }
+}
+
 pub type CliResult<T = Exit> = Result<T, CliError>;
 
 #[cfg(test)]
@@ -131,5 +214,93 @@ mod tests {
             address: "10.0.0.1:7233".into(),
         });
         assert_eq!(CliError::from(insecure).exit, Exit::Usage);
+    }
+
+    /// The `Exit codes:` entries of a help text or of the README's table: (code, meaning)
+    /// with whitespace collapsed (clap wraps long lines to the terminal).
+    fn entries(lines: impl Iterator<Item = String>) -> Vec<(u8, String)> {
+        let mut entries: Vec<(u8, String)> = Vec::new();
+        for line in lines {
+            let line = line.trim();
+            let (head, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+            match head.parse::<u8>() {
+                Ok(code) => entries.push((code, rest.to_string())),
+                Err(_) => match entries.last_mut() {
+                    Some((_, meaning)) => meaning.push_str(&format!(" {line}")),
+                    None => panic!("not an exit code entry: {line:?}"),
+                },
+            }
+        }
+        entries
+            .into_iter()
+            .map(|(code, m)| (code, m.split_whitespace().collect::<Vec<_>>().join(" ")))
+            .collect()
+    }
+
+    fn table() -> Vec<(u8, String)> {
+        Exit::ALL
+            .iter()
+            .map(|e| (e.code(), e.meaning().to_string()))
+            .collect()
+    }
+
+    /// `casebatch --help` and `-h` list every code of the table, with its meaning, and no other.
+    #[test]
+    fn the_help_lists_exactly_the_table_s_exit_codes() {
+        use clap::CommandFactory;
+        let codes: Vec<u8> = Exit::ALL.iter().map(|e| e.code()).collect();
+        assert_eq!(codes, (0..=6).collect::<Vec<u8>>(), "every code, in order");
+        let mut command = crate::cli::Cli::command();
+        for help in [command.render_long_help(), command.render_help()] {
+            let help = help.to_string();
+            let section = help
+                .split_once("Exit codes:")
+                .unwrap_or_else(|| panic!("no exit codes in --help:\n{help}"))
+                .1;
+            let listed = entries(
+                section
+                    .lines()
+                    .map(str::to_string)
+                    .filter(|l| !l.trim().is_empty()),
+            );
+            assert_eq!(listed, table(), "{help}");
+        }
+    }
+
+    /// The README's exit code table says what the table says (in its own row order).
+    #[test]
+    fn the_readme_s_exit_codes_are_the_table_s() {
+        let readme = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+        let text = std::fs::read_to_string(readme).unwrap();
+        let rows = text
+            .split_once("| exit | meaning |\n|---|---|\n")
+            .unwrap_or_else(|| panic!("{readme}: no exit code table"))
+            .1
+            .lines()
+            .take_while(|l| l.starts_with('|'))
+            .map(|row| row.trim_matches('|').replacen('|', " ", 1));
+        let mut listed = entries(rows);
+        listed.sort();
+        assert_eq!(listed, table(), "{readme}");
+    }
+
+    #[test]
+    fn agent_errors_exit_by_kind() {
+        let in_use = AgentError::InUse {
+            data_dir: "/d".into(),
+            pid: None,
+        };
+        assert_eq!(CliError::from(in_use).exit, Exit::Usage);
+        let newer = AgentError::TableTooNew {
+            path: "/d/jobs.sqlite".into(),
+            found: 2,
+            latest: 1,
+        };
+        assert_eq!(CliError::from(newer).exit, Exit::Usage);
+        let unwritable = AgentError::DataDir {
+            path: "/d".into(),
+            source: std::io::Error::from(std::io::ErrorKind::StorageFull),
+        };
+        assert_eq!(CliError::from(unwritable).exit, Exit::Output);
     }
 }

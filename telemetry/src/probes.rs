@@ -10,14 +10,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
+use hyper::header::{CONNECTION, HOST};
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use temporalio_common::telemetry::metrics::CoreMeter;
 use temporalio_common::telemetry::{PrometheusExporterOptions, start_prometheus_metric_exporter};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::Metrics;
@@ -205,8 +205,8 @@ async fn answer(
     })
 }
 
-/// The exporter's `/metrics` body, over one HTTP/1.0 request on loopback.
-async fn scrape(exporter: SocketAddr) -> std::io::Result<Vec<u8>> {
+/// The exporter's `/metrics` body, over one request on loopback.
+async fn scrape(exporter: SocketAddr) -> std::io::Result<Bytes> {
     get(exporter, "/metrics").await
 }
 
@@ -220,21 +220,106 @@ pub async fn check(addr: SocketAddr, path: &str, timeout: Duration) -> Result<()
     }
 }
 
-/// The body of `GET path` over one HTTP/1.0 request, or an error for any status but 200.
-async fn get(addr: SocketAddr, path: &str) -> std::io::Result<Vec<u8>> {
-    let mut stream = TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await?;
-    let split = response
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other("a response without a header end"))?;
-    let status_line = response.split(|&b| b == b'\n').next().unwrap_or_default();
-    if !status_line.windows(5).any(|w| w == b" 200 ") {
-        let status = String::from_utf8_lossy(status_line);
-        return Err(std::io::Error::other(format!("answered {}", status.trim())));
+/// The body of `GET path`, on a connection of its own that closes with the answer (probes
+/// and scrapes are rare), or an error for any status but 200. Everything runs inside the
+/// returned future: dropping it (a probe's timeout) drops the connection too.
+async fn get(addr: SocketAddr, path: &str) -> std::io::Result<Bytes> {
+    let stream = TcpStream::connect(addr).await?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    let request = Request::get(path)
+        .header(HOST, addr.to_string())
+        .header(CONNECTION, "close")
+        .body(Empty::<Bytes>::new())
+        .map_err(std::io::Error::other)?;
+    let exchange = async move {
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok::<_, hyper::Error>((status, body))
+    };
+    // The connection is driven beside the exchange and ends after the answer (`close`).
+    let (answer, _closed) = tokio::join!(exchange, connection);
+    let (status, body) = answer.map_err(std::io::Error::other)?;
+    if status != StatusCode::OK {
+        return Err(std::io::Error::other(format!("answered {status}")));
     }
-    Ok(response.split_off(split + 4))
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn rendered(body: &'static str) -> (SocketAddr, Readiness) {
+        let listen = Listen {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            address_file: None,
+        };
+        let render: Render = Arc::new(move || Box::pin(async move { body.to_string() }));
+        serve_rendered(&listen, render).await.unwrap()
+    }
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    #[tokio::test]
+    async fn a_probe_passes_on_200_only_and_says_what_it_got() {
+        let (addr, ready) = rendered("m 1\n").await;
+        assert_eq!(check(addr, "/healthz", WAIT).await, Ok(()));
+        assert_eq!(
+            check(addr, "/readyz", WAIT).await,
+            Err(format!(
+                "http://{addr}/readyz: answered 503 Service Unavailable"
+            ))
+        );
+        ready.set(true);
+        assert_eq!(check(addr, "/readyz", WAIT).await, Ok(()));
+        assert_eq!(
+            check(addr, "/nope", WAIT).await,
+            Err(format!("http://{addr}/nope: answered 404 Not Found"))
+        );
+        assert_eq!(&get(addr, "/metrics").await.unwrap()[..], b"m 1\n");
+    }
+
+    /// A worker's `/metrics` is the exporter's body, fetched by the same client.
+    #[tokio::test]
+    async fn metrics_are_forwarded_from_the_exporter() {
+        let (exporter, _) = rendered("exported_total 3\n").await;
+        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(accept(
+            listener,
+            Source::Exporter(exporter),
+            Readiness::default(),
+        ));
+        assert_eq!(
+            &get(addr, "/metrics").await.unwrap()[..],
+            b"exported_total 3\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_listener_that_never_answers_fails_the_probe_in_time() {
+        // Bound but never accepting: the connection opens (the kernel's backlog), no answer.
+        let silent = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .unwrap();
+        let addr = silent.local_addr().unwrap();
+        let timeout = Duration::from_millis(200);
+        assert_eq!(
+            check(addr, "/healthz", timeout).await,
+            Err(format!(
+                "http://{addr}/healthz: no answer within {timeout:?}"
+            ))
+        );
+        drop(silent);
+        let refused = check(addr, "/healthz", WAIT).await.unwrap_err();
+        assert!(
+            refused.starts_with(&format!("http://{addr}/healthz: ")),
+            "{refused}"
+        );
+    }
 }

@@ -1,29 +1,11 @@
 //! `casebatch agent`: the runtime service on this host. Runs until SIGTERM or Ctrl-C; its
 //! jobs keep running after it stops, and the next agent on the same data dir re-attaches them.
 
-use casebatch_agent::{Agent, AgentError};
+use casebatch_agent::Agent;
 
 use crate::cli::AgentArgs;
+// The agent's errors map to their exit codes in exit.rs, with every other error.
 use crate::exit::{CliError, CliResult, Exit};
-
-fn exit_of(e: &AgentError) -> Exit {
-    if e.is_usage() {
-        Exit::Usage
-    } else if e.is_storage() {
-        Exit::Output
-    } else {
-        Exit::Engine
-    }
-}
-
-impl From<AgentError> for CliError {
-    fn from(e: AgentError) -> Self {
-        Self {
-            exit: exit_of(&e),
-            message: e.to_string(),
-        }
-    }
-}
 
 pub async fn run(args: AgentArgs) -> CliResult {
     let config = args.config()?;
