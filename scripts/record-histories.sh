@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Records workflow histories of representative batches for the replay tests
-# (workflows/tests/replay.rs), which replay every file in workflows/tests/histories/.
+# (workflows/tests/replay.rs), which replay every file in workflows/tests/histories/ and fail
+# on a file their EXPECTED list does not name, or a named one that is missing: list a new
+# recording there.
 # Existing files are kept (histories recorded by older code must keep replaying: batches
 # started then may still be running); FORCE=1 re-records this pipeline's files. Files without
 # the `activities-` prefix were recorded by the old local-activity pipeline and can no longer

@@ -5,54 +5,15 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// Tests that run an engine take turns, two at a time. Such a test spends most of its time
-/// waiting (heartbeat timeouts, gated harnesses, processes starting), so two of them share
-/// two cores with most of the CPU idle; a dev server and a batch per test for every test
-/// thread would measure contention, not behaviour.
-const ENGINE_TURNS: usize = 2;
-
-static TURNS_TAKEN: Mutex<usize> = Mutex::new(0);
-static TURN_FREED: Condvar = Condvar::new();
-
-/// Turns of the [`ENGINE_TURNS`] (how many this holds); given back when dropped.
-pub struct EngineTurn(usize);
-
-impl EngineTurn {
-    pub fn take() -> Self {
-        let mut taken = TURNS_TAKEN.lock().unwrap_or_else(|p| p.into_inner());
-        while *taken >= ENGINE_TURNS {
-            taken = TURN_FREED.wait(taken).unwrap_or_else(|p| p.into_inner());
-        }
-        *taken += 1;
-        Self(1)
-    }
-
-    /// Every turn: the test runs with no other engine test beside it.
-    pub fn take_all() -> Self {
-        let mut taken = TURNS_TAKEN.lock().unwrap_or_else(|p| p.into_inner());
-        while *taken > 0 {
-            taken = TURN_FREED.wait(taken).unwrap_or_else(|p| p.into_inner());
-        }
-        *taken = ENGINE_TURNS;
-        Self(ENGINE_TURNS)
-    }
-}
-
-impl Drop for EngineTurn {
-    fn drop(&mut self) {
-        *TURNS_TAKEN.lock().unwrap_or_else(|p| p.into_inner()) -= self.0;
-        TURN_FREED.notify_all();
-    }
-}
-
+/// A temp directory per test. Which tests may run side by side is nextest's to decide
+/// (`.config/nextest.toml`: test groups, by test name); the constructors say what a test
+/// needs, and under nextest check that the configuration gives it that.
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
-    _turn: Option<EngineTurn>,
 }
 
 impl Sandbox {
@@ -60,27 +21,34 @@ impl Sandbox {
     pub fn new() -> Self {
         Self {
             dir: tempfile::tempdir().expect("tempdir"),
-            _turn: None,
         }
     }
 
-    /// A sandbox for a test that runs batches (takes its turn on the engine lock).
+    /// A sandbox for a test that runs batches: nextest's `engine` group, at most two at once.
     pub fn engine() -> Self {
-        Self::with_turn(EngineTurn::take())
+        Self::in_group("engine")
     }
 
-    /// The same, for a test that must run with no other engine test beside it: the cleanup
-    /// tests, which once timed out waiting for a killed grandchild to leave /proc while
-    /// another engine test ran (cause not found; they ran alone before, and do again).
+    /// The same, for a test that must run with no other test beside it (group `alone`): the
+    /// cleanup tests, which once timed out waiting for a killed grandchild to leave /proc
+    /// while another engine test ran (cause not found; they ran alone before, and do again).
     pub fn engine_alone() -> Self {
-        Self::with_turn(EngineTurn::take_all())
+        Self::in_group("alone")
     }
 
-    fn with_turn(turn: EngineTurn) -> Self {
-        Self {
-            dir: tempfile::tempdir().expect("tempdir"),
-            _turn: Some(turn),
+    /// Nextest (0.9.90 and later) names the test group it runs a test in: a test outside the
+    /// group it needs would run beside tests it must not, so it fails here and says where to
+    /// add it. Under `cargo test` (one test picked by hand) there is no group to check.
+    fn in_group(group: &str) -> Self {
+        if let Ok(actual) = std::env::var("NEXTEST_TEST_GROUP") {
+            let test = std::env::var("NEXTEST_TEST_NAME").unwrap_or_default();
+            assert!(
+                actual == group,
+                "{test} runs in nextest test group {actual}, but needs group {group}: add it \
+                 to that group's filter in .config/nextest.toml"
+            );
         }
+        Self::new()
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {

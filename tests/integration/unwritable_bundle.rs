@@ -14,7 +14,7 @@ const NOBODY: &str = "65534";
 
 #[test]
 fn a_worker_that_cannot_write_the_bundle_fails_cases_as_config_naming_path_and_uid() {
-    let sb = Sandbox::new();
+    let sb = Sandbox::engine();
     let cluster = Cluster::start(&sb);
     let out = sb.out();
     std::fs::create_dir_all(&out).unwrap();

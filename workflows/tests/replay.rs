@@ -2,14 +2,67 @@
 //! against the current workflow code without a nondeterminism error. A failure here means a
 //! change would break batches that are running now.
 
-use std::path::Path;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
 use casebatch_workflows::{BatchWorkflow, RuntimeBreaker};
 use temporalio_client::WorkflowHistory;
+use temporalio_common::protos::temporal::api::enums::v1::EventType;
+use temporalio_common::protos::temporal::api::history::v1::History;
 use temporalio_sdk::workflow_replayer::{WorkflowReplayer, WorkflowReplayerOptions};
 
 #[path = "replay/legacy_query.rs"]
 mod legacy_query;
+
+/// Every file `tests/histories` must hold, and nothing else may be there: a history that goes
+/// missing is a running batch nobody checks any more, so removing one is a failure, not a
+/// smaller test. Histories recorded by older code stay (batches started then may still be
+/// running when a new worker picks them up); a new recording is listed here in its commit.
+const EXPECTED: &[&str] = &[
+    // The regular-activity pipeline (scripts/record-histories.sh), crashed runs included.
+    "activities-agent-crashed-runner.json",
+    "activities-breaker-skipped.json",
+    "activities-cancelled.json",
+    "activities-closed-crashed-runner.json",
+    "activities-closed-on-settle.json",
+    "activities-completed-local.json",
+    "activities-continued-as-new.json",
+    "activities-crashed-runner.json",
+    "activities-drained.json",
+    "activities-enveloped.json",
+    "activities-failover.json",
+    "activities-oom-auto-boost.json",
+    "activities-operated.json",
+    "activities-outage-probes-spill.json",
+    "activities-outage-reattached.json",
+    "activities-outage-stranded.json",
+    "activities-prepared-ahead.json",
+    "activities-prepared-cancelled.json",
+    "activities-prepared-drained.json",
+    "activities-resumed.json",
+    "activities-retries.json",
+    // Its runs that upsert the Casebatch* search attributes.
+    "activities-searchattr-continued-as-new.json",
+    "activities-searchattr-paused-drained.json",
+    "activities-searchattr-resumed.json",
+    "activities-searchattr-retries.json",
+    "activities-speculated.json",
+    "activities-superseded.json",
+    // A runtime's breaker workflow (the dead runtime of `activities-failover`).
+    "breaker-failover.json",
+    // The old local-activity pipeline: can no longer be recorded, never delete them.
+    "cancelled.json",
+    "completed-local.json",
+    "continued-as-new.json",
+    "drained.json",
+    "oom-auto-boost.json",
+    "resumed.json",
+    "retries.json",
+];
+
+fn histories_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/histories")
+}
 
 fn replayer() -> WorkflowReplayer {
     let options = WorkflowReplayerOptions::new()
@@ -21,56 +74,134 @@ fn replayer() -> WorkflowReplayer {
     WorkflowReplayer::new(options).expect("replayer")
 }
 
-fn history(name: &str) -> WorkflowHistory {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/histories")
-        .join(name);
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    WorkflowHistory::from_json(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+/// One file's history, or why it is not one: unreadable, not the SDK's JSON, or no workflow
+/// start (an emptied file would otherwise replay as nothing and pass).
+fn load(path: &Path) -> Result<WorkflowHistory, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot be read: {e}"))?;
+    let history: History = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("is not a history in the SDK's JSON format: {e}"))?;
+    match history.events.first().map(|e| e.event_type()) {
+        Some(EventType::WorkflowExecutionStarted) => Ok(history.into()),
+        Some(other) => Err(format!(
+            "does not start with the workflow's start: {other:?}"
+        )),
+        None => Err("holds no events".into()),
+    }
 }
 
-/// Every recorded history, sorted by name. Histories recorded by older code stay: batches
-/// started then may still be running when a new worker picks them up.
-fn recorded() -> Vec<String> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/histories");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.ends_with(".json"))
-        .collect();
-    names.sort();
-    names
+/// Replays every file in `dir` and checks the folder against `expected`, one line per failure
+/// (`name: what`), so one run names every history that broke, not only the first.
+async fn failures(dir: &Path, expected: &[&str]) -> Vec<String> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => return vec![format!("{}: cannot be listed: {e}", dir.display())],
+    };
+    let mut failures = Vec::new();
+    let mut present = Vec::new();
+    for entry in entries {
+        match entry.map(|e| e.file_name().into_string()) {
+            Ok(Ok(name)) => present.push(name),
+            Ok(Err(name)) => failures.push(format!("{name:?}: a file name that is not UTF-8")),
+            Err(e) => failures.push(format!("{}: an entry cannot be read: {e}", dir.display())),
+        }
+    }
+    present.sort();
+    for name in expected.iter().filter(|n| !present.iter().any(|p| p == *n)) {
+        failures.push(format!(
+            "{name}: missing from {} (listed in EXPECTED, workflows/tests/replay.rs)",
+            dir.display()
+        ));
+    }
+    let replayer = replayer();
+    for name in &present {
+        if !expected.contains(&name.as_str()) {
+            failures.push(format!(
+                "{name}: not listed in EXPECTED (workflows/tests/replay.rs): list a new \
+                 recording there, or move a file that is not a history out of the folder"
+            ));
+        }
+        // Unlisted files are replayed too: every file in the folder is checked.
+        match load(&dir.join(name)) {
+            Ok(history) => {
+                if let Err(e) = replayer.replay_workflow(history).await {
+                    failures.push(format!("{name}: no longer replays: {e}"));
+                }
+            }
+            Err(why) => failures.push(format!("{name}: {why}")),
+        }
+    }
+    failures
 }
 
 #[tokio::test]
 async fn recorded_histories_replay_deterministically() {
-    let names = recorded();
-    // The local-activity pipeline's seven, the regular-activity pipeline's set with the
-    // crashed runs, and its runs that upsert search attributes (scripts/record-histories.sh).
-    assert!(names.len() >= 7, "histories missing: {names:?}");
+    let failures = failures(&histories_dir(), EXPECTED).await;
     assert!(
-        names
-            .iter()
-            .any(|n| n.starts_with("activities-searchattr-")),
-        "no history with search-attribute upserts: {names:?}"
+        failures.is_empty(),
+        "{} failure(s) in {}:\n{}",
+        failures.len(),
+        histories_dir().display(),
+        failures.join("\n")
     );
-    // A batch that spilled over a dead runtime and that runtime's breaker, a batch whose
-    // dispatches an open circuit skipped, a superseded batch, and a batch whose stragglers
-    // raced duplicates (tail speculation).
-    for needed in [
-        "activities-failover.json",
-        "breaker-failover.json",
-        "activities-breaker-skipped.json",
-        "activities-superseded.json",
-        "activities-speculated.json",
+}
+
+/// The check itself, on a damaged copy of the folder: each kind of damage is reported, all in
+/// one run, and the intact history beside them is not.
+#[tokio::test]
+async fn a_damaged_history_folder_reports_every_failure() {
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("replay-check-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let intact = std::fs::read(histories_dir().join("activities-drained.json")).unwrap();
+    std::fs::write(dir.join("intact.json"), &intact).unwrap();
+    std::fs::write(dir.join("truncated.json"), &intact[..intact.len() / 2]).unwrap();
+    std::fs::write(dir.join("empty.json"), br#"{"events":[]}"#).unwrap();
+    std::fs::create_dir(dir.join("directory.json")).unwrap();
+    // The same batch, but its first stage activity under another name: the workflow code
+    // schedules something the history does not hold.
+    let text = String::from_utf8(intact.clone()).unwrap();
+    let first = text
+        .find(r#""activity_type":{"name":""#)
+        .expect("an activity in the history");
+    let mut altered = text.clone();
+    altered.insert_str(first + r#""activity_type":{"name":""#.len(), "renamed-");
+    std::fs::write(dir.join("altered.json"), altered).unwrap();
+    std::fs::write(dir.join("unlisted.json"), &intact).unwrap();
+    let expected = [
+        "intact.json",
+        "truncated.json",
+        "empty.json",
+        "directory.json",
+        "altered.json",
+        "gone.json",
+    ];
+
+    let failures = failures(&dir, &expected).await;
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let mut report = String::new();
+    for f in &failures {
+        writeln!(report, "{f}").unwrap();
+    }
+    for (name, what) in [
+        ("gone.json", "missing from"),
+        ("unlisted.json", "not listed in EXPECTED"),
+        ("truncated.json", "not a history"),
+        ("empty.json", "holds no events"),
+        ("directory.json", "cannot be read"),
+        ("altered.json", "no longer replays"),
     ] {
-        assert!(names.iter().any(|n| n == needed), "{needed} missing");
+        assert!(
+            failures
+                .iter()
+                .any(|f| f.starts_with(&format!("{name}: ")) && f.contains(what)),
+            "{name} not reported as \"{what}\":\n{report}"
+        );
     }
-    let replayer = replayer();
-    for name in &names {
-        replayer
-            .replay_workflow(history(name))
-            .await
-            .unwrap_or_else(|e| panic!("{name} no longer replays: {e}"));
-    }
+    assert!(
+        !failures.iter().any(|f| f.starts_with("intact.json")),
+        "an intact history reported:\n{report}"
+    );
+    assert_eq!(failures.len(), 6, "one failure per damaged file:\n{report}");
 }
