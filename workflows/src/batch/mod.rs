@@ -17,98 +17,21 @@
 //! ```
 
 mod run;
+mod state;
 
-use std::collections::BTreeSet;
-
-use casebatch_proto::{
-    BatchInput, BatchOutcome, BatchStatus, CONCURRENCY_RANGE, CaseSlot, CaseState, Counters,
-    Counts, Phase, UnrecordedFailure,
-};
-use temporalio_macros::{workflow, workflow_methods};
+use casebatch_proto::{BatchInput, BatchOutcome, BatchStatus, CONCURRENCY_RANGE, Phase};
+use temporalio_macros::workflow_methods;
 use temporalio_sdk::{SyncWorkflowContext, WorkflowContext, WorkflowContextView, WorkflowResult};
 
-use crate::circuits::Circuits;
-use crate::envelopes::Envelopes;
-use crate::lifecycle::{Control, Lifecycle};
-use crate::shared::{Host, Shared, epoch_ms};
-use crate::tail::Tail;
-
-#[workflow]
-pub struct BatchWorkflow {
-    input: BatchInput,
-    slots: Vec<CaseSlot>,
-    counters: Counters,
-    segment: u32,
-    lifecycle: Lifecycle,
-    /// Active case limit: the input's until an operator sets another.
-    concurrency: u32,
-    /// Admission against runtime envelopes; `None` when no runtime declares one.
-    admission: Option<Envelopes>,
-    /// Cases admitted at once while open circuits hold the batch below `concurrency`, as
-    /// last recorded ([`BatchWorkflow::record_width`]).
-    width: Option<u32>,
-    /// What the cases see and change of the batch.
-    shared: Shared,
-    in_flight: BTreeSet<u32>,
-    /// Final failures the bundle could not hold (its worker may not write there).
-    unrecorded: Vec<UnrecordedFailure>,
-}
-
-impl Host for BatchWorkflow {
-    fn shared(&self) -> &Shared {
-        &self.shared
-    }
-
-    fn shared_mut(&mut self) -> &mut Shared {
-        &mut self.shared
-    }
-
-    fn lifecycle(&self) -> Lifecycle {
-        self.lifecycle
-    }
-}
+pub use self::state::BatchWorkflow;
+use self::state::Verdict;
+use crate::lifecycle::Control;
 
 #[workflow_methods]
 impl BatchWorkflow {
     #[init]
-    pub fn new(_ctx: &WorkflowContextView, mut input: BatchInput) -> Self {
-        let carried = input.carried.take().unwrap_or_default();
-        let mut slots = carried.slots;
-        slots.resize(input.case_count as usize, CaseSlot::default());
-        for s in &mut slots {
-            // A case running when its run ended was not finished: it is queued again (its
-            // next attempt adopts the job if it is still alive).
-            if s.state == CaseState::Running {
-                s.state = CaseState::Queued;
-            }
-        }
-        let concurrency = carried.concurrency.unwrap_or(input.concurrency);
-        // Runtimes with an envelope take no more than it at once; the rest wait here.
-        let admission = Envelopes::new(&input, &slots);
-        let circuits = Circuits::new(&input);
-        // Only a routed case has somewhere else to run a duplicate.
-        let tail = circuits
-            .as_ref()
-            .and(input.speculation.as_ref())
-            .map(Tail::new);
-        Self {
-            input,
-            slots,
-            counters: carried.counters,
-            segment: carried.segment + 1,
-            lifecycle: Lifecycle::starting(carried.paused),
-            concurrency,
-            admission,
-            width: None,
-            shared: Shared {
-                circuits,
-                tail,
-                timeline: carried.timeline,
-                ..Shared::default()
-            },
-            in_flight: BTreeSet::new(),
-            unrecorded: carried.unrecorded,
-        }
+    pub fn new(_ctx: &WorkflowContextView, input: BatchInput) -> Self {
+        Self::from_input(input)
     }
 
     #[run]
@@ -240,101 +163,5 @@ impl BatchWorkflow {
     #[query(name = "status")]
     pub fn status(&self, _ctx: &WorkflowContextView) -> BatchStatus {
         self.snapshot()
-    }
-}
-
-/// What an update validator returns: `Err` refuses the update, with the reason.
-type Verdict = Result<(), Box<dyn std::error::Error + Send + Sync>>;
-
-impl BatchWorkflow {
-    /// Whether the lifecycle accepts `control` now (an update's validator).
-    fn check(&self, control: Control) -> Verdict {
-        self.lifecycle.on(control).map(|_| ()).map_err(Into::into)
-    }
-
-    /// Applies an operator's control: a refused one (a signal, unchecked) changes nothing.
-    /// Either way the admission loop is woken. Returns the phase after it.
-    fn apply(&mut self, ctx: &SyncWorkflowContext<Self>, control: Control) -> Phase {
-        if let Ok(step) = self.lifecycle.on(control) {
-            self.lifecycle = step.next;
-            if let Some(note) = step.note {
-                let at_ms = epoch_ms(ctx.workflow_time());
-                self.shared.push_step(at_ms, None, note.to_string());
-            }
-        }
-        self.shared.wake();
-        self.lifecycle.phase()
-    }
-
-    /// Returns the previous limit.
-    fn apply_concurrency(&mut self, ctx: &SyncWorkflowContext<Self>, limit: u32) -> u32 {
-        let before = std::mem::replace(&mut self.concurrency, limit);
-        if before != limit {
-            let at_ms = epoch_ms(ctx.workflow_time());
-            let message = format!("concurrency {before} → {limit} (set by operator)");
-            self.shared.push_step(at_ms, None, message);
-        }
-        self.shared.wake();
-        before
-    }
-
-    /// The number of cases admitted at once: the concurrency limit, narrowed while circuits
-    /// are open ([`Circuits::width`]). A pure query: [`Self::record_width`] records changes.
-    fn width(&self) -> u32 {
-        let limit = self.concurrency.max(1);
-        self.shared
-            .circuits
-            .as_ref()
-            .map_or(limit, |c| c.width(limit))
-    }
-
-    /// Records a change of [`Self::width`] since it was last recorded: a timeline step
-    /// (returned, to be noted) and a count. `None`: unchanged.
-    fn record_width(&mut self) -> Option<String> {
-        let limit = self.concurrency.max(1);
-        let now = self.width();
-        let now = (now < limit).then_some(now);
-        if now == self.width {
-            return None;
-        }
-        let from = self.width.unwrap_or(limit);
-        let why = match (now, &self.shared.circuits) {
-            (Some(_), Some(c)) => format!("circuit open on {}", c.open_names()),
-            _ => "circuits closed".to_string(),
-        };
-        self.width = now;
-        self.counters.width_changes += 1;
-        Some(format!(
-            "concurrency {from} → {}: {why}",
-            now.unwrap_or(limit)
-        ))
-    }
-
-    fn snapshot(&self) -> BatchStatus {
-        BatchStatus {
-            batch_id: self.input.batch_id.clone(),
-            phase: self.lifecycle.phase(),
-            counts: Counts::of(&self.slots),
-            in_flight: self.in_flight.iter().copied().collect(),
-            counters: self.counters.clone(),
-            timeline: self.shared.timeline.clone(),
-            segment: self.segment,
-            concurrency: self.concurrency,
-            envelopes: self
-                .admission
-                .as_ref()
-                .map(Envelopes::usage)
-                .unwrap_or_default(),
-            width: self.width,
-            open_circuits: self
-                .shared
-                .circuits
-                .as_ref()
-                .map(Circuits::open_circuits)
-                .unwrap_or_default(),
-            speculate_after_ms: self.shared.tail.as_ref().and_then(Tail::threshold_ms),
-            prepared: self.shared.prepared.iter().copied().collect(),
-            unrecorded: self.unrecorded.clone(),
-        }
     }
 }

@@ -19,7 +19,7 @@ use temporalio_sdk::{
     WorkflowContext, WorkflowResult,
 };
 
-use super::BatchWorkflow;
+use super::state::BatchWorkflow;
 use crate::admission::{CircuitWidth, Concurrency, Gate, Lane, Load, Policy, ProvisionAhead, gate};
 use crate::case::{CaseDone, CaseParams, CleanedUp, LeftBehind, Pipeline, run_case};
 use crate::contracts::{Finalize, Sweep};

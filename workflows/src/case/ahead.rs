@@ -14,7 +14,8 @@ use std::time::Duration;
 use casebatch_proto::{AttemptKey, ReleaseInput};
 use temporalio_sdk::{WorkflowCancellationToken, WorkflowContext};
 
-use super::{CaseDone, stage_options};
+use super::options::stage_options;
+use super::params::CaseDone;
 use crate::contracts::{Prepare, Release};
 use crate::shared::Host;
 

@@ -21,7 +21,11 @@ use casebatch_proto::{
 use futures::future::LocalBoxFuture;
 use temporalio_sdk::{ActivityExecutionError, WorkflowCancellationToken, WorkflowContext};
 
-use super::{Attempt, CaseParams, Routed, mark_error, settle_job, stage_options};
+use super::attempt::{Attempt, settle_job};
+use super::options::stage_options;
+use super::outcome::mark_error;
+use super::params::{CaseDone, CaseParams};
+use super::route::Routed;
 use crate::contracts::Start;
 use crate::shared::{Host, note, workflow_ms};
 
@@ -47,28 +51,7 @@ pub(super) async fn race<H: Host>(
     let case = p.case_index;
     let dispatched = primary.summary.started_at_ms.unwrap_or_default();
     ctx.state_mut(|s| with_tail(s, |t| t.waiting(case, dispatched)));
-    let mut settle = settle;
-
-    // Until the batch asks, this is a plain settle.
-    let asked =
-        ctx.wait_condition(move |s: &H| s.shared().tail.as_ref().is_some_and(|t| t.is_asked(case)));
-    let mut asked = pin!(asked);
-    let first = std::future::poll_fn(|cx| {
-        if let Poll::Ready(result) = settle.as_mut().poll(cx) {
-            return Poll::Ready(Some(result));
-        }
-        // Fused: after the workflow's cancellation resolved it, it stays pending.
-        match asked.as_mut().poll(cx) {
-            Poll::Ready(Ok(())) => Poll::Ready(None),
-            _ => Poll::Pending,
-        }
-    })
-    .await;
-    if let Some(result) = first {
-        primary.settled(ctx, &token, result);
-        ctx.state_mut(|s| with_tail(s, |t| t.settled(case)));
-        return None;
-    }
+    let mut settle = until_asked(ctx, case, primary, settle, &token).await?;
 
     // Asked: one duplicate, on the next runtime of the list not seen open.
     ctx.state_mut(|s| with_tail(s, |t| t.spend(case)));
@@ -109,59 +92,13 @@ pub(super) async fn race<H: Host>(
     };
     let dup_token = cancel.child_token();
     ctx.state_mut(|s| with_tail(s, |t| t.duplicates += 1));
-    let copy_key = duplicate.key.clone();
-    let mut copy = pin!(run_duplicate(ctx, p, &copy_key, &dup_token));
-
-    // The race. Each copy is folded in when it ends; the first to run to its end wins and
-    // the other is cancelled (its settle waits until the job is stopped).
-    let mut primary_open = true;
-    let mut copy_open = true;
-    let mut winner = None;
-    while primary_open || copy_open {
-        let ended = std::future::poll_fn(|cx| {
-            if primary_open && let Poll::Ready(r) = settle.as_mut().poll(cx) {
-                return Poll::Ready(Ended::Primary(r));
-            }
-            if copy_open && let Poll::Ready((queue, end)) = copy.as_mut().poll(cx) {
-                return Poll::Ready(Ended::Copy(queue, end));
-            }
-            Poll::Pending
-        })
-        .await;
-        match ended {
-            Ended::Primary(result) => {
-                primary_open = false;
-                primary.settled(ctx, &token, result);
-                if winner.is_none() && primary.ran_to_end() {
-                    winner = Some(Copy::Primary);
-                    dup_token.cancel();
-                }
-            }
-            Ended::Copy(host_queue, end) => {
-                copy_open = false;
-                duplicate.host_queue = host_queue;
-                match end {
-                    CopyEnd::Settled(result) => {
-                        duplicate.held_job = true;
-                        duplicate.settled(ctx, &dup_token, result);
-                    }
-                    CopyEnd::NotStarted(failure) => {
-                        if failure.stage == Stage::Submit {
-                            duplicate.summary.actor = Some(ActorStatus::Failed);
-                        }
-                        duplicate.summary.failure = Some(failure);
-                    }
-                    CopyEnd::StartError(e) => {
-                        mark_error(&mut duplicate.summary, &dup_token, Stage::Provision, &e);
-                    }
-                }
-                if winner.is_none() && duplicate.ran_to_end() {
-                    winner = Some(Copy::Duplicate);
-                    token.cancel();
-                }
-            }
-        }
-    }
+    let copies = Copies {
+        primary: &mut *primary,
+        duplicate: &mut duplicate,
+        token: &token,
+        dup_token: &dup_token,
+    };
+    let winner = copies.race(ctx, p, &mut settle).await;
     ctx.state_mut(|s| {
         with_tail(s, |t| {
             t.duplicates -= 1;
@@ -169,12 +106,32 @@ pub(super) async fn race<H: Host>(
         })
     });
 
-    // Neither ran to its end: the case's own attempt decides (a retry, a cancel).
     let duplicate_won = winner == Some(Copy::Duplicate);
     if duplicate_won {
-        std::mem::swap(primary, &mut duplicate);
         route.current = to;
-        routed.done.tally.speculation_wins += 1;
+    }
+    Some(conclude(
+        primary,
+        duplicate,
+        duplicate_won,
+        (from_name, to_name),
+        routed.done,
+    ))
+}
+
+/// The race's end: a duplicate that won becomes the attempt that counts (when neither ran to
+/// its end, the case's own attempt does, and decides: a retry, a cancel). The other is kept
+/// as evidence, with a note naming where each ran (the primary's runtime, the duplicate's).
+fn conclude(
+    primary: &mut Attempt,
+    mut duplicate: Attempt,
+    duplicate_won: bool,
+    (from_name, to_name): (String, String),
+    done: &mut CaseDone,
+) -> Attempt {
+    if duplicate_won {
+        std::mem::swap(primary, &mut duplicate);
+        done.tally.speculation_wins += 1;
     }
     let mut loser = duplicate;
     loser.summary.speculative_loser = true;
@@ -183,12 +140,128 @@ pub(super) async fn race<H: Host>(
     } else {
         (from_name, to_name)
     };
-    routed.done.notes.push(format!(
+    done.notes.push(format!(
         "tail speculation: attempt {} on {won_on} counts; attempt {} on {lost_on} stopped \
          and kept as evidence",
         primary.key.attempt, loser.key.attempt
     ));
-    Some(loser)
+    loser
+}
+
+/// Until the batch asks, a speculating attempt is a plain settle. `None`: it settled first
+/// (folded into `primary`); otherwise the batch asked, and the settle is still running.
+async fn until_asked<H: Host>(
+    ctx: &WorkflowContext<H>,
+    case: u32,
+    primary: &mut Attempt,
+    mut settle: SettleFuture,
+    token: &WorkflowCancellationToken,
+) -> Option<SettleFuture> {
+    let asked =
+        ctx.wait_condition(move |s: &H| s.shared().tail.as_ref().is_some_and(|t| t.is_asked(case)));
+    let mut asked = pin!(asked);
+    let first = std::future::poll_fn(|cx| {
+        if let Poll::Ready(result) = settle.as_mut().poll(cx) {
+            return Poll::Ready(Some(result));
+        }
+        // Fused: after the workflow's cancellation resolved it, it stays pending.
+        match asked.as_mut().poll(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(None),
+            _ => Poll::Pending,
+        }
+    })
+    .await;
+    match first {
+        Some(result) => {
+            primary.settled(ctx, token, result);
+            ctx.state_mut(|s| with_tail(s, |t| t.settled(case)));
+            None
+        }
+        None => Some(settle),
+    }
+}
+
+/// The two copies of a raced attempt, each with the token its settle runs under.
+struct Copies<'a> {
+    primary: &'a mut Attempt,
+    duplicate: &'a mut Attempt,
+    token: &'a WorkflowCancellationToken,
+    dup_token: &'a WorkflowCancellationToken,
+}
+
+impl Copies<'_> {
+    /// The race. Each copy is folded in when it ends; the first to run to its end wins and
+    /// the other is cancelled (its settle waits until the job is stopped). `None`: neither
+    /// ran to its end.
+    async fn race<H: Host>(
+        mut self,
+        ctx: &WorkflowContext<H>,
+        p: &CaseParams,
+        settle: &mut SettleFuture,
+    ) -> Option<Copy> {
+        let copy_key = self.duplicate.key.clone();
+        let mut copy = pin!(run_duplicate(ctx, p, &copy_key, self.dup_token));
+        let mut primary_open = true;
+        let mut copy_open = true;
+        let mut winner = None;
+        while primary_open || copy_open {
+            let ended = std::future::poll_fn(|cx| {
+                if primary_open && let Poll::Ready(r) = settle.as_mut().poll(cx) {
+                    return Poll::Ready(Ended::Primary(r));
+                }
+                if copy_open && let Poll::Ready((queue, end)) = copy.as_mut().poll(cx) {
+                    return Poll::Ready(Ended::Copy(queue, end));
+                }
+                Poll::Pending
+            })
+            .await;
+            match ended {
+                Ended::Primary(result) => {
+                    primary_open = false;
+                    self.primary.settled(ctx, self.token, result);
+                    if winner.is_none() && self.primary.ran_to_end() {
+                        winner = Some(Copy::Primary);
+                        self.dup_token.cancel();
+                    }
+                }
+                Ended::Copy(host_queue, end) => {
+                    copy_open = false;
+                    self.fold_duplicate(ctx, host_queue, end);
+                    if winner.is_none() && self.duplicate.ran_to_end() {
+                        winner = Some(Copy::Duplicate);
+                        self.token.cancel();
+                    }
+                }
+            }
+        }
+        winner
+    }
+
+    /// Folds how the duplicate ended into its summary.
+    fn fold_duplicate<H: Host>(
+        &mut self,
+        ctx: &WorkflowContext<H>,
+        host_queue: Option<String>,
+        end: CopyEnd,
+    ) {
+        let duplicate = &mut *self.duplicate;
+        duplicate.host_queue = host_queue;
+        match end {
+            CopyEnd::Settled(result) => {
+                duplicate.held_job = true;
+                duplicate.settled(ctx, self.dup_token, result);
+            }
+            CopyEnd::NotStarted(failure) => {
+                if failure.stage == Stage::Submit {
+                    duplicate.summary.actor = Some(ActorStatus::Failed);
+                }
+                duplicate.summary.failure = Some(failure);
+            }
+            CopyEnd::StartError(e) => {
+                mark_error(&mut duplicate.summary, self.dup_token, Stage::Provision, &e);
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
