@@ -14,9 +14,9 @@ use temporalio_client::{
     WorkflowExecutionInfo, WorkflowFetchHistoryOptions, WorkflowGetResultOptions, WorkflowHandle,
 };
 
-use crate::drive::{self, Presence};
 use crate::error::{ControlError, Result};
 use crate::location::{Attached, BatchLocation, EngineChoice};
+use crate::workflow::{Presence, query_status};
 
 /// How long a status query may take before the bundle's view is shown instead.
 const QUERY_WAIT: Duration = Duration::from_secs(5);
@@ -45,7 +45,7 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
     } = location.attach(engine).await?;
     let running = presence == Presence::Running;
     let (status, end) = if running {
-        match tokio::time::timeout(QUERY_WAIT, drive::query_status(&handle)).await {
+        match tokio::time::timeout(QUERY_WAIT, query_status(&handle)).await {
             Ok(Ok(s)) => (s, None),
             // Running but no worker answers (its runner died): show the bundle's view.
             _ => (from_bundle(&bundle, &plan, Phase::Running)?, None),

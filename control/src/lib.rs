@@ -6,13 +6,27 @@
 //! an [`Observer`]. The CLI parses flags, calls one operation, renders what comes back and
 //! maps errors to exit codes; policy (what a success is, what gets re-run) lives here and in
 //! `casebatch_workflows::decide`, never in the CLI.
+//!
+//! An operation is its steps called in order from one function: locate (`location.rs`) →
+//! plan (`run_history.rs`, `retry_failed.rs`) → prepare the bundle (`prepare.rs`) → start or
+//! attach (`begin.rs`) → follow (`follow.rs`) → finish (`finish.rs`); `drive.rs` is the tail
+//! from start or attach on that every run shares. Files import downwards only
+//! (`scripts/import-cycles.py control` checks there is no circle).
 
+mod begin;
+mod carry;
 pub mod compare;
 mod drive;
 mod error;
+mod events;
+mod finish;
+mod follow;
+mod host;
+mod input;
 mod inspect;
 mod location;
 mod operate;
+mod options;
 mod prepare;
 mod replica;
 mod requeue;
@@ -21,20 +35,23 @@ mod run;
 mod run_history;
 mod scheduling;
 mod space;
+mod start;
+#[cfg(test)]
+mod test_plan;
+mod workflow;
 
 pub use compare::{BatchDiff, Listed, diff, list};
-pub use drive::{DriveEvent, DriveOptions, Observer};
 pub use error::{ControlError, Result};
+pub use events::{DriveEvent, Observer};
+pub use finish::{Ending, RunReport, Verdict};
 pub use inspect::{ReportView, StatusView, history, report, status};
 pub use location::{BatchLocation, EngineChoice};
 pub use operate::{Applied, Control, control};
+pub use options::DriveOptions;
 pub use replica::Replica;
 pub use requeue::Requeue;
 pub use retry_failed::{PreparedRetry, RetryRequest};
-pub use run::{
-    Ending, ManifestInput, Planned, ResumeRequest, RunReport, RunRequest, Verdict, plan, resume,
-    run, run_case,
-};
+pub use run::{ManifestInput, Planned, ResumeRequest, RunRequest, plan, resume, run, run_case};
 pub use run_history::{
     HISTORY_DB_ENV, HistoryView, index_path as history_index_path, show as history_view,
 };

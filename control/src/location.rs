@@ -1,14 +1,15 @@
-//! Where a batch lives (output root + batch id) and which engine runs it.
+//! Locating a batch: where it lives (output root + batch id), which engine runs it (the one
+//! its `run_config.json` records), and, for an existing batch, its workflow, proven to be
+//! this batch's.
 
 use std::path::{Path, PathBuf};
 
 use casebatch_bundle::{Bundle, EngineMode, RunConfig, read_json_if_present};
 use casebatch_manifest::Plan;
-use casebatch_proto::workflow_id;
 use casebatch_worker::{DevServer, Engine, EngineTarget};
 
-use crate::drive::{Handle, Presence, presence};
 use crate::error::{ControlError, Result};
+use crate::workflow::{self, Handle, Presence, presence};
 
 /// A batch's place on disk. The output root is absolute: activities may run in other
 /// processes, started from other directories.
@@ -64,9 +65,7 @@ impl BatchLocation {
             .for_batch(&bundle)?
             .connect(&self.output_root)
             .await?;
-        let handle: Handle = engine
-            .client
-            .get_workflow_handle(workflow_id(&plan.batch_id));
+        let handle = workflow::handle(&engine.client, &plan);
         let presence = presence(&handle, &bundle, &plan).await?;
         Ok(Attached {
             bundle,

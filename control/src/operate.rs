@@ -16,9 +16,9 @@ use temporalio_client::{
     errors::{WorkflowGetResultError, WorkflowUpdateError},
 };
 
-use crate::drive::{Handle, Presence};
 use crate::error::{ControlError, Result};
 use crate::location::{Attached, BatchLocation, EngineChoice};
+use crate::workflow::{Handle, Presence};
 
 /// How long an update may wait for a worker before it is sent as a signal instead.
 const ANSWER_WITHIN: Duration = Duration::from_secs(20);

@@ -18,11 +18,14 @@ use casebatch_proto::{FailureClass, FailureCode, Stage};
 use casebatch_worker::Engine;
 use casebatch_workflows::decide::{OomBoost, is_verified_success, oom_boost};
 
-use crate::drive::{DriveOptions, Observer, Presence};
+use crate::drive::drive;
 use crate::error::{ControlError, Result};
+use crate::events::Observer;
+use crate::finish::RunReport;
 use crate::location::{Attached, BatchLocation, EngineChoice, check_batch_id};
+use crate::options::DriveOptions;
 use crate::prepare;
-use crate::run::RunReport;
+use crate::workflow::Presence;
 
 #[derive(Debug, Clone)]
 pub struct RetryRequest {
@@ -56,7 +59,24 @@ enum Choice {
     PastCap(CaseResult),
 }
 
-/// Writes the new batch's bundle (plan, lineage, carried results, re-collected traces).
+/// The source batch as it was read, before anything of the new batch is written.
+struct Source {
+    /// Each case's record, in plan order (`None`: it never ran).
+    results: Vec<Option<CaseResult>>,
+    /// `manifest.json` byte for byte, checked to be whole JSON.
+    manifest: Option<Vec<u8>>,
+}
+
+/// The new batch's cases: what happens to each, and the results it keeps.
+struct Sorted {
+    lineage: Lineage,
+    /// Carried results, and whether their trace was pulled again.
+    kept: Vec<(CaseResult, bool)>,
+}
+
+/// Writes the new batch's bundle (plan, lineage, carried results, re-collected traces):
+/// locate the source (on its engine, not running), name the new batch, read the source,
+/// sort its cases, then write the new bundle.
 pub async fn prepare(req: RetryRequest) -> Result<PreparedRetry> {
     let Attached {
         bundle: source,
@@ -65,13 +85,48 @@ pub async fn prepare(req: RetryRequest) -> Result<PreparedRetry> {
         presence,
         ..
     } = req.source.attach(&req.engine).await?;
-    let root = &req.source.output_root;
     if presence == Presence::Running {
         return Err(ControlError::StillRunning {
             batch_id: plan.batch_id.clone(),
             action: "retry",
         });
     }
+    let (new_id, target) = new_bundle(&req, &plan)?;
+    let read = read_source(&source, &plan)?;
+    let sorted = sort_cases(&plan, read.results, &req.classes, &target).await?;
+    let mut new_plan = plan.clone();
+    new_plan.batch_id = new_id;
+    prepare::write_plan(
+        &target,
+        &new_plan,
+        std::path::Path::new(&plan.provenance.manifest_path),
+    )?;
+    prepare::write_run_config(&target, &new_plan, &engine, &req.engine)?;
+    if let Some(bytes) = read.manifest {
+        write_bytes_atomic(&target.manifest(), &bytes)?;
+    }
+    write_json_atomic(&target.lineage(), &sorted.lineage)?;
+    for (mut r, recollected) in sorted.kept {
+        r.origin = Some(Origin {
+            retry_of: plan.batch_id.clone(),
+            carried: true,
+            recollected,
+        });
+        write_json_atomic(&target.case_result(&r.case_dir), &r)?;
+    }
+    Ok(PreparedRetry {
+        lineage: sorted.lineage,
+        engine,
+        bundle: target,
+        plan: new_plan,
+        without_worker: req.without_worker,
+    })
+}
+
+/// The new batch's bundle: `--new-batch-id`, else the first free `<source>-retry<N>`; one
+/// that exists already is refused.
+fn new_bundle(req: &RetryRequest, plan: &Plan) -> Result<(String, Bundle)> {
+    let root = &req.source.output_root;
     let new_id = match &req.new_batch_id {
         Some(id) => id.clone(),
         None => (1..)
@@ -87,28 +142,19 @@ pub async fn prepare(req: RetryRequest) -> Result<PreparedRetry> {
             path: target.root().to_path_buf(),
         });
     }
+    Ok((new_id, target))
+}
 
-    let mut lineage = Lineage {
-        schema_version: RECORD_SCHEMA_VERSION.into(),
-        retry_of: plan.batch_id.clone(),
-        class_filter: req.classes.iter().map(|c| c.as_str().to_string()).collect(),
-        rerun: Vec::new(),
-        carried: Vec::new(),
-        memory_boost_mb: BTreeMap::new(),
-        past_cap: Vec::new(),
-        recollected: Vec::new(),
-        recovered: Vec::new(),
-    };
-    // Every source record is read before anything of the new batch is written. A case with
-    // no record never ran and is re-run; a damaged record stops the retry: read as "never
-    // ran" it would re-run a case that passed.
+/// Every source record, read before anything of the new batch is written. A case with no
+/// record never ran and is re-run; a damaged record stops the retry: read as "never ran" it
+/// would re-run a case that passed. The manifest is the one the source batch saw, not the
+/// file as it may read today.
+fn read_source(source: &Bundle, plan: &Plan) -> Result<Source> {
     let results = plan
         .cases
         .iter()
         .map(|case| read_json_if_present::<CaseResult>(&source.case_result(&case.case_dir)))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    // The manifest as the source batch saw it, not as the file may read today; checked to be
-    // whole JSON, then copied byte for byte.
     let manifest = match std::fs::read(source.manifest()) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(unreadable(&source.manifest(), e)),
@@ -122,63 +168,59 @@ pub async fn prepare(req: RetryRequest) -> Result<PreparedRetry> {
             Some(bytes)
         }
     };
+    Ok(Source { results, manifest })
+}
+
+/// What happens to every case (see [`choose`]), with the traces of collect failures pulled
+/// again into the new bundle.
+async fn sort_cases(
+    plan: &Plan,
+    results: Vec<Option<CaseResult>>,
+    classes: &[FailureClass],
+    target: &Bundle,
+) -> Result<Sorted> {
+    let mut lineage = Lineage {
+        schema_version: RECORD_SCHEMA_VERSION.into(),
+        retry_of: plan.batch_id.clone(),
+        class_filter: classes.iter().map(|c| c.as_str().to_string()).collect(),
+        rerun: Vec::new(),
+        carried: Vec::new(),
+        memory_boost_mb: BTreeMap::new(),
+        past_cap: Vec::new(),
+        recollected: Vec::new(),
+        recovered: Vec::new(),
+    };
     let mut kept = Vec::new();
     for (case, result) in plan.cases.iter().zip(results) {
-        match choose(result, case.resources.memory_mb, &req.classes) {
+        let id = || case.case_id.clone();
+        match choose(result, case.resources.memory_mb, classes) {
             Choice::Carry(r) => {
-                lineage.carried.push(case.case_id.clone());
+                lineage.carried.push(id());
                 kept.push((r, false));
             }
             Choice::Recollect(r) => {
-                lineage.recollected.push(case.case_id.clone());
-                lineage.carried.push(case.case_id.clone());
-                let (r, recovered) = recollect(r, &target).await?;
+                lineage.recollected.push(id());
+                lineage.carried.push(id());
+                let (r, recovered) = recollect(r, target).await?;
                 if recovered {
-                    lineage.recovered.push(case.case_id.clone());
+                    lineage.recovered.push(id());
                 }
                 kept.push((r, true));
             }
             Choice::PastCap(r) => {
-                lineage.past_cap.push(case.case_id.clone());
-                lineage.carried.push(case.case_id.clone());
+                lineage.past_cap.push(id());
+                lineage.carried.push(id());
                 kept.push((r, false));
             }
             Choice::Rerun { boost_mb } => {
                 if let Some(mb) = boost_mb {
-                    lineage.memory_boost_mb.insert(case.case_id.clone(), mb);
+                    lineage.memory_boost_mb.insert(id(), mb);
                 }
-                lineage.rerun.push(case.case_id.clone());
+                lineage.rerun.push(id());
             }
         }
     }
-
-    let mut new_plan = plan.clone();
-    new_plan.batch_id = new_id;
-    prepare::write_plan(
-        &target,
-        &new_plan,
-        std::path::Path::new(&plan.provenance.manifest_path),
-    )?;
-    prepare::write_run_config(&target, &new_plan, &engine, &req.engine)?;
-    if let Some(bytes) = manifest {
-        write_bytes_atomic(&target.manifest(), &bytes)?;
-    }
-    write_json_atomic(&target.lineage(), &lineage)?;
-    for (mut r, recollected) in kept {
-        r.origin = Some(Origin {
-            retry_of: plan.batch_id.clone(),
-            carried: true,
-            recollected,
-        });
-        write_json_atomic(&target.case_result(&r.case_dir), &r)?;
-    }
-    Ok(PreparedRetry {
-        lineage,
-        engine,
-        bundle: target,
-        plan: new_plan,
-        without_worker: req.without_worker,
-    })
+    Ok(Sorted { lineage, kept })
 }
 
 impl PreparedRetry {
@@ -193,7 +235,7 @@ impl PreparedRetry {
             without_worker: self.without_worker,
             ..DriveOptions::default()
         };
-        crate::run::follow(self.engine, self.bundle, self.plan, opts, observer).await
+        drive(self.engine, self.bundle, self.plan, opts, observer).await
     }
 }
 

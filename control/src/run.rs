@@ -1,19 +1,19 @@
-//! Running batches: validate, plan, run, a single case, resume and rerun.
+//! Running batches: validate, plan, run, a single case, resume and rerun. Each operation is
+//! its steps in order, here: locate → plan → prepare the bundle → drive (`drive.rs`: start
+//! or attach → follow → finish).
 
 use std::path::{Path, PathBuf};
 
-use casebatch_bundle::{
-    BatchSummary, Bundle, CaseRecordState, CaseResult, RECORD_SCHEMA_VERSION, write_batch_files,
-    write_json_atomic,
-};
+use casebatch_bundle::Bundle;
 use casebatch_manifest::{LoadOptions, Plan, load_plan};
-use casebatch_proto::{BatchEnd, BatchOutcome, UnrecordedFailure};
 
-use crate::drive::{self, DriveOptions, Finished, Observer};
+use crate::drive::drive;
 use crate::error::{ControlError, Result};
+use crate::events::Observer;
+use crate::finish::RunReport;
 use crate::location::{BatchLocation, EngineChoice, absolute};
-use crate::prepare;
-use crate::run_history;
+use crate::options::DriveOptions;
+use crate::{prepare, run_history, workflow};
 
 /// A manifest and how to read it.
 #[derive(Debug, Clone)]
@@ -54,52 +54,6 @@ pub struct Planned {
     pub plan: Plan,
 }
 
-/// A batch followed to the end of a run.
-#[derive(Debug)]
-pub struct RunReport {
-    pub bundle: Bundle,
-    pub plan: Plan,
-    pub ending: Ending,
-}
-
-#[derive(Debug)]
-pub enum Ending {
-    /// The workflow ran to this outcome.
-    Ran(BatchOutcome),
-    /// Every case was already finished: nothing was started. The batch files were rebuilt.
-    AlreadyComplete(BatchSummary),
-}
-
-/// What a run adds up to, for people and exit codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Every case succeeded (verified by its evaluator where one is configured).
-    AllSucceeded,
-    /// Drained, paused or superseded with queued work remaining: deliberately incomplete.
-    Incomplete,
-    /// Failed, cancelled or mixed outcomes (all outputs still written).
-    Failures,
-}
-
-impl RunReport {
-    pub fn verdict(&self) -> Verdict {
-        match &self.ending {
-            Ending::Ran(o) => {
-                let c = &o.status.counts;
-                match o.end {
-                    // Superseded: its unfinished cases wait for the run that replaces it.
-                    BatchEnd::Drained | BatchEnd::Superseded if c.queued > 0 => Verdict::Incomplete,
-                    BatchEnd::Cancelled => Verdict::Failures,
-                    _ if c.succeeded == c.total() => Verdict::AllSucceeded,
-                    _ => Verdict::Failures,
-                }
-            }
-            Ending::AlreadyComplete(s) if s.succeeded() == s.total => Verdict::AllSucceeded,
-            Ending::AlreadyComplete(_) => Verdict::Failures,
-        }
-    }
-}
-
 /// Writes the plan into the bundle; nothing is executed.
 pub fn plan(
     manifest: &ManifestInput,
@@ -116,7 +70,7 @@ pub fn plan(
 /// Plans the batch and runs it to the end of a run.
 pub async fn run(req: RunRequest, observer: &mut dyn Observer) -> Result<RunReport> {
     let plan = req.manifest.load()?;
-    start(req, plan, observer).await
+    launch(req, plan, observer).await
 }
 
 /// One case on its own: a one-case batch (`<batch>--<case_dir>`), so it is resumed and its
@@ -126,32 +80,44 @@ pub async fn run_case(
     case_id: &str,
     observer: &mut dyn Observer,
 ) -> Result<RunReport> {
-    let mut plan = req.manifest.load()?;
+    let plan = one_case(req.manifest.load()?, case_id, &req.manifest.path)?;
+    launch(req, plan, observer).await
+}
+
+/// The one-case batch of `case_id`: its own id and fingerprint, so it never shares a bundle
+/// or a workflow with the whole batch.
+fn one_case(mut plan: Plan, case_id: &str, manifest: &Path) -> Result<Plan> {
     let Some(mut case) = plan.cases.iter().find(|c| c.case_id == case_id).cloned() else {
         return Err(ControlError::UnknownCase {
             case_id: case_id.to_string(),
-            within: req.manifest.path.display().to_string(),
+            within: manifest.display().to_string(),
         });
     };
     case.index = 0;
     plan.batch_id = format!("{}--{}", plan.batch_id, case.case_dir);
     plan.cases = vec![case];
     plan.fingerprint = format!("{}:{case_id}", plan.fingerprint);
-    start(req, plan, observer).await
+    Ok(plan)
 }
 
-async fn start(req: RunRequest, mut plan: Plan, observer: &mut dyn Observer) -> Result<RunReport> {
+/// A batch from a manifest. Another task list under its id, or someone else's workflow, is
+/// refused before anything is written.
+async fn launch(req: RunRequest, mut plan: Plan, observer: &mut dyn Observer) -> Result<RunReport> {
+    // Locate the bundle; another task list under its id is refused first.
     let root = absolute(&req.output_dir)?;
     let bundle = Bundle::new(&root, &plan.batch_id);
     prepare::check_same_task_list(&bundle, &plan)?;
+    // Plan: the runtime lists dealt by the run history (a batch keeps the deal it has).
     run_history::weigh(&mut plan, &bundle, req.drive.history_db.as_deref());
+    // Locate the engine the batch runs on; someone else's workflow under its id is refused.
     let choice = req.engine.for_batch(&bundle)?;
     let engine = choice.connect(&root).await?;
-    // Someone else's batch under this id is refused before anything is written.
-    drive::claim(&engine.client, &bundle, &plan).await?;
+    workflow::claim(&engine.client, &bundle, &plan).await?;
+    // Prepare the bundle: its input files.
     prepare::write_plan(&bundle, &plan, &req.manifest.path)?;
     prepare::write_run_config(&bundle, &plan, &engine, &choice)?;
-    follow(engine, bundle, plan, req.drive, observer).await
+    // Start or attach, follow, finish.
+    drive(engine, bundle, plan, req.drive, observer).await
 }
 
 /// Continues a batch from its bundle's saved plan (never a re-read manifest).
@@ -168,74 +134,30 @@ pub async fn resume(req: ResumeRequest, observer: &mut dyn Observer) -> Result<R
         .for_batch(&bundle)?
         .connect(&req.location.output_root)
         .await?;
-    follow(engine, bundle, plan, req.drive, observer).await
+    drive(engine, bundle, plan, req.drive, observer).await
 }
 
-pub(crate) async fn follow(
-    engine: casebatch_worker::Engine,
-    bundle: Bundle,
-    plan: Plan,
-    opts: DriveOptions,
-    observer: &mut dyn Observer,
-) -> Result<RunReport> {
-    let ending = match drive::execute(engine, &bundle, &plan, opts, observer).await? {
-        Finished::Ran(outcome) => {
-            record_unrecorded(&bundle, &plan, &outcome.status.unrecorded)?;
-            Ending::Ran(*outcome)
-        }
-        Finished::AlreadyComplete => Ending::AlreadyComplete(write_batch_files(&bundle, &plan)?),
-    };
-    Ok(RunReport {
-        bundle,
-        plan,
-        ending,
-    })
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Writes the results a worker could not (it may not write the bundle; the engine kept their
-/// failures), so the bundle and `batch report` show why those cases failed. A result the
-/// worker did write is left alone.
-fn record_unrecorded(bundle: &Bundle, plan: &Plan, unrecorded: &[UnrecordedFailure]) -> Result<()> {
-    let mut wrote = false;
-    for u in unrecorded {
-        let Some(case) = plan.cases.get(u.case as usize) else {
-            continue;
-        };
-        let path = bundle.case_result(&case.case_dir);
-        if path.exists() {
-            continue;
-        }
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| ControlError::write(dir, e))?;
-        }
-        let result = CaseResult {
-            schema_version: RECORD_SCHEMA_VERSION.into(),
-            case_id: case.case_id.clone(),
-            case_dir: case.case_dir.clone(),
-            state: CaseRecordState::Failed,
-            attempts: u.attempts,
-            actor_status: None,
-            exit_code: None,
-            evaluation_configured: false,
-            verdict: None,
-            cleanup_confirmed: false,
-            failure: Some(u.failure.clone()),
-            collect_failure: None,
-            adopted: false,
-            job_starts: None,
-            scores: Default::default(),
-            outputs: serde_json::Value::Null,
-            simulated: false,
-            memory_boost_mb: None,
-            trace_ref: None,
-            origin: None,
-            runtime: Some(case.runtime_label().to_owned()),
-        };
-        write_json_atomic(&path, &result)?;
-        wrote = true;
+    #[test]
+    fn one_case_is_a_batch_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let whole = crate::test_plan::two_cases(dir.path());
+        let manifest = dir.path().join("m.yaml");
+        let plan = one_case(whole.clone(), "b", &manifest).unwrap();
+        assert_eq!(plan.cases.len(), 1);
+        let case = &plan.cases[0];
+        assert_eq!((case.case_id.as_str(), case.index), ("b", 0));
+        assert_eq!(plan.batch_id, format!("t--{}", case.case_dir));
+        assert_eq!(plan.fingerprint, format!("{}:b", whole.fingerprint));
+
+        let err = one_case(whole, "c", &manifest).unwrap_err();
+        assert!(
+            matches!(&err, ControlError::UnknownCase { case_id, within }
+                if case_id == "c" && within == &manifest.display().to_string()),
+            "{err}"
+        );
     }
-    if wrote {
-        write_batch_files(bundle, plan)?;
-    }
-    Ok(())
 }

@@ -120,6 +120,24 @@ impl Sandbox {
         self.spawn(&batch_run_args(manifest, &self.out()), log)
     }
 
+    /// `batch run --no-worker --manifest M --output-dir <out> --address <cluster>` in the
+    /// background: a runner on a shared cluster that leaves the work to worker replicas.
+    pub fn spawn_batch_on_cluster(&self, manifest: &Path, cluster: &Cluster, log: &str) -> Child {
+        let out = self.out().display().to_string();
+        let args = [
+            "batch",
+            "run",
+            "--no-worker",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--output-dir",
+            &out,
+            "--address",
+            &cluster.address,
+        ];
+        self.spawn(&args, log)
+    }
+
     /// `batch run --no-worker` in the background on the embedded engine, returned once that
     /// engine is up: worker replicas joining it do the work.
     pub fn spawn_batch_without_worker(&self, manifest: &Path, log: &str) -> Child {
