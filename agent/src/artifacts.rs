@@ -8,9 +8,8 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use casebatch_bundle::layout::attempt_files;
 use casebatch_proto::runtime_v1::{ArtifactChunk, ArtifactSet};
-use casebatch_runtime::attempt_io;
+use casebatch_runtime::{attempt_files, attempt_io};
 use tokio::sync::mpsc;
 use tonic::Status;
 

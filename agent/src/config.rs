@@ -9,26 +9,13 @@ use std::time::Duration;
 
 use tonic::transport::{Identity, ServerTlsConfig};
 
+use casebatch_runtime::token::TokenSource;
+
 use crate::AgentError;
 use crate::auth::BearerAuth;
 
-/// Where the bearer token is read from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TokenSource {
-    /// `--token-env VAR`: the variable's name.
-    Env(String),
-    /// `--token-file PATH`.
-    File(PathBuf),
-}
-
-impl TokenSource {
-    fn describe(&self) -> String {
-        match self {
-            TokenSource::Env(name) => format!("--token-env {name}"),
-            TokenSource::File(path) => format!("--token-file {}", path.display()),
-        }
-    }
-}
+/// How the agent's command line spells its token settings, for [`TokenSource`]'s messages.
+pub(crate) const FLAGS: (&str, &str) = ("--token-env", "--token-file");
 
 /// `--tls-cert` and `--tls-key`: PEM files.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,41 +132,11 @@ impl Security {
     }
 }
 
+/// The shared checks (`casebatch_runtime::token`): set, readable, trimmed, header-safe.
 fn read_token(source: &TokenSource) -> Result<Token, AgentError> {
-    let raw = match source {
-        TokenSource::Env(name) => {
-            if name.is_empty() || name.contains('=') {
-                return Err(AgentError::Config(format!(
-                    "--token-env takes the name of an environment variable, not {name:?}"
-                )));
-            }
-            std::env::var(name).map_err(|_| {
-                AgentError::Config(format!(
-                    "--token-env {name}: the variable is not set (or not UTF-8) in the agent's environment; export the token there"
-                ))
-            })?
-        }
-        TokenSource::File(path) => std::fs::read_to_string(path).map_err(|e| {
-            AgentError::Config(format!(
-                "--token-file {}: failed to read the token: {e}",
-                path.display()
-            ))
-        })?,
-    };
-    // A file usually ends with a newline; the token is what is around it.
-    let token = raw.trim();
-    if token.is_empty() {
-        return Err(AgentError::Config(format!(
-            "{}: the token is empty",
-            source.describe()
-        )));
-    }
-    if !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(AgentError::Config(format!(
-            "{}: the token must be printable ASCII without spaces (it travels in an HTTP header)",
-            source.describe()
-        )));
-    }
+    let token = source
+        .read(FLAGS)
+        .map_err(|e| AgentError::Config(e.to_string()))?;
     Ok(Token {
         digest: crate::auth::digest(token.as_bytes()),
         source: source.clone(),

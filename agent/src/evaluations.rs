@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use casebatch_bundle::EvaluationRecord;
+use casebatch_runtime::EvaluationRecord;
 use tokio::sync::watch;
 
 /// The end of a run: its record, or `None` when it ended without one.

@@ -24,13 +24,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use casebatch_bundle::{CleanupReceipt, layout::attempt_files};
-use casebatch_manifest::model::PlannedCase;
-use casebatch_proto::runtime_v1 as pb;
+use casebatch_proto::runtime_v1::{self as pb, CONTRACT_VERSION, contract_of};
 use casebatch_proto::{ActorReport, ActorStatus, AttemptKey, Failure, FailureCode, JobRef, Stage};
 use casebatch_runtime::evaluator;
 use casebatch_runtime::local_process::LocalProcess;
-use casebatch_runtime::{AttemptEnv, Liveness, OnCancel, Runtime};
+use casebatch_runtime::{Attempt, CleanupReceipt, Liveness, OnCancel, attempt_files};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
@@ -51,6 +49,9 @@ pub(crate) enum JobError {
     NotFound(String),
     #[error("{0}")]
     Invalid(String),
+    /// A request of another contract version (`runtime.proto`): it names both.
+    #[error("{0}")]
+    Contract(String),
     #[error(
         "attempt key {key} belongs to another bundle ({existing}), not {submitted}: a batch id is used by two bundles"
     )]
@@ -179,14 +180,15 @@ fn local_bundle(batches: &Path, batch_id: &str, bundle_dir: &str) -> PathBuf {
 
 impl JobRow {
     /// The attempt as `LocalProcess` sees it: the agent's directory in place of the bundle.
-    pub(crate) fn env(&self) -> Result<AttemptEnv, String> {
-        let case: PlannedCase = serde_json::from_str(&self.planned_case_json).map_err(|e| {
+    pub(crate) fn env(&self) -> Result<Attempt, String> {
+        let job = self.job.clone().ok_or_else(|| {
             format!(
-                "the stored planned case of {} is unreadable: {e}",
+                "the stored job of {} is unreadable (a row from before contract v2 whose \
+                 planned case could not be read)",
                 self.job_key
             )
         })?;
-        Ok(AttemptEnv::new(
+        Ok(Attempt::new(
             AttemptKey {
                 batch_id: self.batch_id.clone(),
                 bundle_dir: self.local_bundle.clone(),
@@ -195,9 +197,29 @@ impl JobRow {
                 memory_boost_mb: self.memory_boost_mb,
                 runtime: None,
             },
-            case,
+            job,
         ))
     }
+}
+
+/// A submit of another contract version, refused before anything else is read: a v1 worker
+/// sends its planned case as JSON and no version; a newer one a version this agent does not
+/// know. The message names both versions and the side to upgrade (a worker recognises it).
+pub(crate) fn contract_refusal(req: &pb::SubmitRequest) -> Option<String> {
+    let theirs = contract_of(req.contract_version);
+    if theirs == CONTRACT_VERSION {
+        return None;
+    }
+    let upgrade = if theirs < CONTRACT_VERSION {
+        "upgrade the worker (casebatch on the worker hosts) to this agent's version"
+    } else {
+        "upgrade the agent to the worker's version"
+    };
+    Some(format!(
+        "this worker speaks contract v{theirs}, this agent speaks contract v{CONTRACT_VERSION} \
+         (casebatch {}): {upgrade}",
+        env!("CARGO_PKG_VERSION")
+    ))
 }
 
 fn check_key(key: &pb::AttemptKey) -> Result<(), JobError> {
@@ -220,22 +242,45 @@ fn check_key(key: &pb::AttemptKey) -> Result<(), JobError> {
     Ok(())
 }
 
-/// `case_dir` becomes a path component under the agent's data dir: exactly one normal one.
-fn check_case(case: &PlannedCase, key: &pb::AttemptKey) -> Result<(), JobError> {
-    if case.index != key.case_index {
-        return Err(JobError::Invalid(format!(
-            "planned_case_json is case {} but key.case_index is {}",
-            case.index, key.case_index
-        )));
+/// The job as sent: its case index the key's, `case_dir` exactly one normal path component
+/// (it becomes one under the agent's data dir), commands with a program, input one JSON object,
+/// and no sandbox (this agent runs jobs on its host only; a worker that sets one must not have
+/// its job run unsandboxed).
+fn check_job(job: &pb::JobSpec, key: &pb::AttemptKey) -> Result<(), JobError> {
+    let bad = |m: String| Err(JobError::Invalid(m));
+    if job.case_index != key.case_index {
+        return bad(format!(
+            "job.case_index is {} but key.case_index is {}",
+            job.case_index, key.case_index
+        ));
     }
-    let mut parts = Path::new(&case.case_dir).components();
-    match (parts.next(), parts.next()) {
-        (Some(Component::Normal(_)), None) if !case.case_dir.contains('\0') => Ok(()),
-        _ => Err(JobError::Invalid(format!(
-            "planned_case_json.case_dir {:?} is not a single directory name",
-            case.case_dir
-        ))),
+    let mut parts = Path::new(&job.case_dir).components();
+    if !matches!(
+        (parts.next(), parts.next()),
+        (Some(Component::Normal(_)), None)
+    ) || job.case_dir.contains('\0')
+    {
+        return bad(format!(
+            "job.case_dir {:?} is not a single directory name",
+            job.case_dir
+        ));
     }
+    for (field, command) in [("harness", &job.harness), ("evaluator", &job.evaluator)] {
+        if command.as_ref().is_some_and(|c| c.argv.is_empty()) {
+            return bad(format!(
+                "job.{field}.argv is empty: send the command, or leave {field} unset"
+            ));
+        }
+    }
+    job.input().map_err(JobError::Invalid)?;
+    if job.sandbox.is_some() {
+        return bad(
+            "job.sandbox is set, but this agent runs jobs on its host only: upgrade it to a \
+             version that provides the sandbox"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 enum Admission {
@@ -400,16 +445,26 @@ impl Jobs {
     /// Admits the attempt (or finds it), and returns once its process is known or it ended.
     pub(crate) async fn submit(
         self: &Arc<Self>,
-        key: pb::AttemptKey,
-        planned_case_json: Vec<u8>,
+        req: pb::SubmitRequest,
     ) -> Result<pb::Job, JobError> {
+        if let Some(m) = contract_refusal(&req) {
+            return Err(JobError::Contract(m));
+        }
+        let key = req
+            .key
+            .ok_or_else(|| JobError::Invalid("key is missing: name the attempt".into()))?;
         check_key(&key)?;
-        let case: PlannedCase = serde_json::from_slice(&planned_case_json).map_err(|e| {
-            JobError::Invalid(format!("planned_case_json is not a planned case: {e}"))
-        })?;
-        check_case(&case, &key)?;
+        if !req.planned_case_json.is_empty() {
+            return Err(JobError::Invalid(
+                "planned_case_json is set, but contract v2 sends the job in `job` only".into(),
+            ));
+        }
+        let job = req
+            .job
+            .ok_or_else(|| JobError::Invalid("job is missing: send the attempt's job".into()))?;
+        check_job(&job, &key)?;
         let local = local_bundle(&self.batches, &key.batch_id, &key.bundle_dir);
-        let env = AttemptEnv::new(
+        let env = Attempt::new(
             AttemptKey {
                 batch_id: key.batch_id.clone(),
                 bundle_dir: local.display().to_string(),
@@ -418,7 +473,7 @@ impl Jobs {
                 memory_boost_mb: key.memory_boost_mb,
                 runtime: None,
             },
-            case,
+            job,
         );
         let memory_mb = env.memory_mb();
         if let Some(budget) = self.envelope.memory_budget_mb
@@ -437,7 +492,7 @@ impl Jobs {
             case_index: key.case_index,
             attempt: key.attempt,
             memory_boost_mb: key.memory_boost_mb,
-            planned_case_json: String::from_utf8_lossy(&planned_case_json).into_owned(),
+            job: Some(env.job.clone()),
             local_bundle: local.display().to_string(),
             attempt_dir: env.dir.display().to_string(),
             memory_mb,
@@ -588,9 +643,9 @@ impl Jobs {
     }
 
     /// The agent's token never reaches a harness, even when a manifest asks for it by name.
-    fn refuse_token_env(&self, env: &AttemptEnv) -> Result<(), Failure> {
+    fn refuse_token_env(&self, env: &Attempt) -> Result<(), Failure> {
         match &self.token_env {
-            Some(name) if env.case.pass_env.iter().any(|n| n == name) => Err(Failure::config(
+            Some(name) if env.job.pass_env.iter().any(|n| n == name) => Err(Failure::config(
                 Stage::Submit,
                 FailureCode::PassEnvUnset,
                 format!(

@@ -7,8 +7,10 @@
 //! TLS), the data directory's lock and readiness file. Jobs run with exactly the
 //! `local-process` machinery of `casebatch-runtime` (wrapper, process group, `job.json`
 //! intents, memory limits, cleanup): this crate never starts or signals a process itself.
-//! It must not know Temporal, manifests beyond the planned case, or the bundle's layout
-//! beyond an attempt's own files.
+//! What reaches it is proto's (a submit is an attempt key and a `JobSpec`, contract v2; a
+//! request of another contract version is refused naming both), what runs it is the
+//! runtime's: it depends on neither the manifest nor the bundle crate. It must not know
+//! Temporal, manifests, or the bundle's layout beyond an attempt's own files.
 //!
 //! ```text
 //! D/agent.lock                 flock held for the agent's life (its pid inside)
@@ -23,7 +25,7 @@
 //! report). An agent that restarts on the same data directory gives every row not `ended`
 //! its task again: `LocalProcess` finds what the earlier life started by `job.json`,
 //! `wrapper.pid`, `exit_status` and `/proc`, so nothing is lost and nothing runs twice.
-//! An ended job is evaluated on request (Evaluate: the case's evaluator, run once inside the
+//! An ended job is evaluated on request (Evaluate: the job's evaluator, run once inside the
 //! job's cgroup and recorded in its row; `evaluations.rs`). An ended job's row and attempt
 //! directory are removed `--keep-ended` after it ended (`retention.rs`), cleaned up first when
 //! no worker did.
@@ -55,7 +57,8 @@ use casebatch_proto::runtime_v1::runtime_server::RuntimeServer;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
-pub use config::{AgentConfig, TlsFiles, TokenSource};
+pub use casebatch_runtime::token::TokenSource;
+pub use config::{AgentConfig, TlsFiles};
 pub use retention::{DEFAULT_KEEP_ENDED, parse_keep_ended};
 
 /// Default of `--max-concurrent`.

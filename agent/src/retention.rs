@@ -13,7 +13,6 @@ use std::path::{Component, Path};
 use std::sync::Arc;
 use std::time::Duration;
 
-use casebatch_runtime::Runtime;
 use casebatch_runtime::local_process::LocalProcess;
 
 use crate::jobs::{JobError, Jobs, now_ms};

@@ -2,7 +2,7 @@
 //!
 //! Status codes: NOT_FOUND for an unknown job key; INVALID_ARGUMENT for a malformed request;
 //! RESOURCE_EXHAUSTED beyond the envelope (retryable: RUNTIME_FULL); FAILED_PRECONDITION for
-//! an attempt key of another bundle, an attempt that can never fit the memory budget,
+//! a request of another contract version (naming both), an attempt key of another bundle, an attempt that can never fit the memory budget,
 //! artifacts or an evaluation asked for before the job ended, and an evaluation asked for
 //! after cleanup; UNAVAILABLE for a Watch cut by the agent stopping (watch again); INTERNAL
 //! when the job table fails.
@@ -36,7 +36,8 @@ impl From<JobError> for Status {
             JobError::NotFound(_) => Status::not_found(m),
             JobError::Invalid(_) => Status::invalid_argument(m),
             JobError::Full(_) => Status::resource_exhausted(m),
-            JobError::OtherBundle { .. }
+            JobError::Contract(_)
+            | JobError::OtherBundle { .. }
             | JobError::NeverFits(_)
             | JobError::NotEnded(_)
             | JobError::Precondition(_) => Status::failed_precondition(m),
@@ -67,13 +68,7 @@ impl Runtime for RuntimeService {
         &self,
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::Job>, Status> {
-        let req = request.into_inner();
-        let key = req
-            .key
-            .ok_or_else(|| Status::invalid_argument("key is missing: name the attempt"))?;
-        Ok(Response::new(
-            self.jobs.submit(key, req.planned_case_json).await?,
-        ))
+        Ok(Response::new(self.jobs.submit(request.into_inner()).await?))
     }
 
     type WatchStream = BoxStream<pb::Job>;
@@ -206,6 +201,7 @@ impl Runtime for RuntimeService {
             hostname: casebatch_runtime::local_process::hostname(),
             uptime_ms: self.jobs.uptime_ms(),
             reattached: self.jobs.reattached(),
+            contract_version: pb::CONTRACT_VERSION,
         }))
     }
 }

@@ -1,5 +1,6 @@
 //! The job table: `D/jobs.sqlite` (WAL), one row per attempt the agent was given, keyed by
-//! the attempt's marker `<batch_id>/<case_index>/<attempt>`. It is what survives the agent:
+//! the attempt's marker `<batch_id>/<case_index>/<attempt>`, with its job (`JobSpec`, stored
+//! as its protobuf encoding: the wire's own rules for adding fields keep old rows readable). It is what survives the agent:
 //! a restarted agent awaits every row not `ended` again, and answers for ended ones from
 //! their stored report and cleanup receipt.
 //!
@@ -15,20 +16,22 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use casebatch_bundle::{CleanupReceipt, EvaluationRecord};
 use casebatch_proto::ActorReport;
+use casebatch_proto::runtime_v1::JobSpec;
+use casebatch_runtime::{CleanupReceipt, EvaluationRecord};
+use prost::Message;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 /// `MIGRATIONS[n]` takes the table from version `n` to `n + 1`. Append only: a step that has
 /// shipped never changes, since data dirs already past it never run it again.
-const MIGRATIONS: &[fn(&Connection) -> rusqlite::Result<()>] = &[to_v1];
+const MIGRATIONS: &[fn(&Connection) -> rusqlite::Result<()>] = &[to_v1, to_v2];
 
 /// The schema version this agent writes, and the newest it can read.
 pub const LATEST: u32 = MIGRATIONS.len() as u32;
 
 /// Version 1 is the table as agents made it before the schema had a version (their files have
 /// `user_version` 0): created when missing, kept when there.
-const V1: &str = "
+pub(crate) const V1: &str = "
 CREATE TABLE IF NOT EXISTS jobs (
     job_key TEXT PRIMARY KEY NOT NULL,
     batch_id TEXT NOT NULL,
@@ -68,6 +71,30 @@ fn to_v1(conn: &Connection) -> rusqlite::Result<()> {
         conn.execute_batch("ALTER TABLE jobs ADD COLUMN evaluation TEXT")?;
     }
     Ok(())
+}
+
+/// Version 2 stores each job as contract v2 sent it: `job_spec`, the protobuf encoding of its
+/// `JobSpec`, in place of `planned_case_json`, the manifest's planned case that contract v1
+/// sent. Every row's planned case is read into its job (the frozen v1 reader,
+/// `casebatch_proto::planned_case_v1`), so jobs running or ended across the upgrade are still
+/// awaited, harvested, evaluated and cleaned up; a row whose planned case cannot be read (it
+/// could not run before either) keeps no job, and calls that need it say so.
+fn to_v2(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch("ALTER TABLE jobs ADD COLUMN job_spec BLOB")?;
+    let rows: Vec<(String, String)> = conn
+        .prepare("SELECT job_key, planned_case_json FROM jobs")?
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut set = conn.prepare("UPDATE jobs SET job_spec = ?2 WHERE job_key = ?1")?;
+    for (key, planned) in rows {
+        match casebatch_proto::planned_case_v1::job_spec(planned.as_bytes()) {
+            Ok(job) => {
+                set.execute(params![key, job.encode_to_vec()])?;
+            }
+            Err(why) => tracing::warn!(job = %key, "job table upgrade: no job for the row: {why}"),
+        }
+    }
+    conn.execute_batch("ALTER TABLE jobs DROP COLUMN planned_case_json")
 }
 
 /// Why the job table could not be opened.
@@ -144,7 +171,9 @@ pub struct JobRow {
     pub case_index: u32,
     pub attempt: u32,
     pub memory_boost_mb: Option<u64>,
-    pub planned_case_json: String,
+    /// The job as submitted; `None` only for a row carried over from contract v1 whose
+    /// planned case could not be read.
+    pub job: Option<JobSpec>,
     /// The agent's own directory for the batch, standing in for the bundle.
     pub local_bundle: String,
     pub attempt_dir: String,
@@ -197,7 +226,18 @@ impl JobRow {
             case_index: row.get("case_index")?,
             attempt: row.get("attempt")?,
             memory_boost_mb: opt_u64(row.get("memory_boost_mb")?),
-            planned_case_json: row.get("planned_case_json")?,
+            job: row
+                .get::<_, Option<Vec<u8>>>("job_spec")?
+                .map(|bytes| {
+                    JobSpec::decode(bytes.as_slice()).map_err(|e| {
+                        rusqlite::Error::FromSqlConversionFailure(
+                            20,
+                            rusqlite::types::Type::Blob,
+                            Box::new(e),
+                        )
+                    })
+                })
+                .transpose()?,
             local_bundle: row.get("local_bundle")?,
             attempt_dir: row.get("attempt_dir")?,
             memory_mb: opt_u64(row.get("memory_mb")?),
@@ -274,7 +314,7 @@ pub fn get(conn: &Connection, key: &str) -> rusqlite::Result<Option<JobRow>> {
 pub fn insert(conn: &Connection, r: &JobRow) -> rusqlite::Result<()> {
     conn.prepare_cached(
         "INSERT INTO jobs (job_key, batch_id, bundle_dir, case_index, attempt, memory_boost_mb,
-            planned_case_json, local_bundle, attempt_dir, memory_mb, state, pid, start_ticks,
+            job_spec, local_bundle, attempt_dir, memory_mb, state, pid, start_ticks,
             starts, report, submitted_at_ms, ended_at_ms, cleaned_at_ms, cleanup_receipt,
             evaluation)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
@@ -287,7 +327,7 @@ pub fn insert(conn: &Connection, r: &JobRow) -> rusqlite::Result<()> {
         r.case_index,
         r.attempt,
         opt_i64(r.memory_boost_mb),
-        r.planned_case_json,
+        r.job.as_ref().map(Message::encode_to_vec),
         r.local_bundle,
         r.attempt_dir,
         opt_i64(r.memory_mb),
@@ -480,10 +520,11 @@ CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch_id);
 CREATE INDEX IF NOT EXISTS jobs_ended_at ON jobs(ended_at_ms, job_key);
 ";
 
-    /// Rows as that code wrote them: two finished jobs (one evaluated to a pass and cleaned
-    /// up, one whose evaluator failed), one running, one starting.
+    /// Rows as that code wrote them, each with the planned case a contract v1 worker sent: two
+    /// finished jobs (one evaluated to a pass and cleaned up, one whose evaluator failed and
+    /// whose planned case is unreadable), one running, one starting.
     const UNVERSIONED_ROWS: &str = r#"
-INSERT INTO jobs VALUES ('b/0/1', 'b', '/w/b', 0, 1, NULL, '{"index":0}', '/d/batches/b-1', '/d/batches/b-1/cases/c0/attempts/1', 256, 'ended', 4100, 9001, 1,
+INSERT INTO jobs VALUES ('b/0/1', 'b', '/w/b', 0, 1, NULL, '{"index":0,"case_id":"c0","case_dir":"c0","runtime":"agent","runtime_name":"box","harness":"echo hi","evaluator":["/bin/check","--strict"],"sandbox":null,"resources":{"cpu":null,"memory_mb":256},"timeout_seconds":60,"fake":null,"env":{"MODE":"fast"},"input":{"query":"q"},"source":{"line":3,"runspec":null}}', '/d/batches/b-1', '/d/batches/b-1/cases/c0/attempts/1', 256, 'ended', 4100, 9001, 1,
     '{"status":"finished","exit_code":0,"failure":null,"adopted":false,"memory_limit_mb":256}',
     1000, 2000, 2100,
     '{"schema_version":"casebatch_v1","marker":"b/0/1","cleanup_confirmed":true,"killed":[],"remaining":[],"scans":1,"message":"nothing left","method":"cgroup_v2","checks":["cgroup_empty","marker_scan"]}',
@@ -492,18 +533,19 @@ INSERT INTO jobs VALUES ('b/1/2', 'b', '/w/b', 1, 2, 128, '{"index":1}', '/d/bat
     '{"status":"failed","exit_code":3,"failure":{"stage":"await","class":"harness","code":"HARNESS_EXIT_NONZERO","message":"exit 3","retryable":false},"adopted":true,"memory_limit_mb":null}',
     1100, 2200, NULL, NULL,
     '{"schema_version":"casebatch_v1","configured":true,"verdict":null,"scores":{},"failure":{"stage":"evaluate","class":"harness","code":"EVALUATOR_FAILED","message":"evaluator exited 1","retryable":false},"exit_code":1}');
-INSERT INTO jobs VALUES ('b/2/1', 'b', '/w/b', 2, 1, NULL, '{"index":2}', '/d/batches/b-1', '/d/batches/b-1/cases/c2/attempts/1', 512, 'running', 4300, 9003, 1,
+INSERT INTO jobs VALUES ('b/2/1', 'b', '/w/b', 2, 1, NULL, '{"index":2,"case_id":"c2","case_dir":"c2","runtime":"agent","runtime_name":"box","harness":["/bin/sleep","300"],"evaluator":null,"sandbox":null,"resources":{"cpu":null,"memory_mb":512},"timeout_seconds":60,"fake":null,"env":{"MODE":"fast"},"input":{"query":"q"},"source":{"line":3,"runspec":null}}', '/d/batches/b-1', '/d/batches/b-1/cases/c2/attempts/1', 512, 'running', 4300, 9003, 1,
     NULL, 1200, NULL, NULL, NULL, NULL);
 INSERT INTO jobs (job_key, batch_id, bundle_dir, case_index, attempt, planned_case_json, local_bundle, attempt_dir, state, submitted_at_ms)
-    VALUES ('b/3/1', 'b', '/w/b', 3, 1, '{"index":3}', '/d/batches/b-1', '/d/batches/b-1/cases/c3/attempts/1', 'starting', 1300);
+    VALUES ('b/3/1', 'b', '/w/b', 3, 1, '{"index":3,"case_id":"c3","case_dir":"c3","runtime":"agent","runtime_name":"box","harness":"echo hi","evaluator":["/bin/check","--strict"],"sandbox":null,"resources":{"cpu":null,"memory_mb":null},"timeout_seconds":60,"fake":null,"pass_env":["API_KEY"],"input":{"query":"q"},"source":{"line":3,"runspec":null}}', '/d/batches/b-1', '/d/batches/b-1/cases/c3/attempts/1', 'starting', 1300);
 "#;
 
-    /// Every column of the unversioned table, as stored.
+    /// Every column of the unversioned table but `planned_case_json` (which version 2
+    /// replaces by `job_spec`), as stored.
     fn dump(conn: &Connection) -> Vec<Vec<Value>> {
         let mut stmt = conn
             .prepare(
                 "SELECT job_key, batch_id, bundle_dir, case_index, attempt, memory_boost_mb,
-                    planned_case_json, local_bundle, attempt_dir, memory_mb, state, pid,
+                    local_bundle, attempt_dir, memory_mb, state, pid,
                     start_ticks, starts, report, submitted_at_ms, ended_at_ms, cleaned_at_ms,
                     cleanup_receipt, evaluation
                  FROM jobs ORDER BY job_key",
@@ -514,6 +556,41 @@ INSERT INTO jobs (job_key, batch_id, bundle_dir, case_index, attempt, planned_ca
             .unwrap()
             .collect::<Result<_, _>>()
             .unwrap()
+    }
+
+    /// The job each row of [`UNVERSIONED_ROWS`] is read as once upgraded.
+    fn check_jobs(conn: &Connection) {
+        let job = |key: &str| get(conn, key).unwrap().unwrap().job;
+        let passed = job("b/0/1").expect("a readable planned case becomes its job");
+        assert_eq!((passed.case_index, passed.case_dir.as_str()), (0, "c0"));
+        assert_eq!(
+            passed.harness.as_ref().unwrap().argv,
+            ["sh", "-c", "echo hi"]
+        );
+        assert_eq!(
+            passed.evaluator.as_ref().unwrap().argv,
+            ["/bin/check", "--strict"]
+        );
+        assert_eq!(passed.env["MODE"], "fast");
+        assert_eq!(passed.memory_mb(), Some(256));
+        assert_eq!(passed.input().unwrap()["query"], "q");
+        assert_eq!(
+            job("b/1/2"),
+            None,
+            "an unreadable planned case keeps no job"
+        );
+        let running = job("b/2/1").unwrap();
+        assert_eq!(running.harness.unwrap().argv, ["/bin/sleep", "300"]);
+        assert!(running.evaluator.is_none());
+        let starting = job("b/3/1").unwrap();
+        assert_eq!(starting.pass_env, ["API_KEY"]);
+        // What the agent runs from a row: the job in the agent's own directory.
+        let row = get(conn, "b/2/1").unwrap().unwrap();
+        let attempt = row.env().unwrap();
+        assert_eq!(attempt.dir, Path::new("/d/batches/b-1/cases/c2/attempts/1"));
+        assert_eq!(attempt.memory_mb(), Some(512));
+        let unreadable = get(conn, "b/1/2").unwrap().unwrap().env().unwrap_err();
+        assert!(unreadable.contains("b/1/2"), "{unreadable}");
     }
 
     fn user_version(path: &Path) -> i64 {
@@ -552,6 +629,7 @@ INSERT INTO jobs (job_key, batch_id, bundle_dir, case_index, attempt, planned_ca
         {
             let conn = table.conn.lock().unwrap();
             assert_eq!(dump(&conn), before, "every row and column survives");
+            check_jobs(&conn);
             let passed = get(&conn, "b/0/1").unwrap().unwrap();
             assert_eq!(passed.state, RowState::Ended);
             assert_eq!(passed.report.unwrap().exit_code, Some(0));
@@ -625,6 +703,35 @@ INSERT INTO jobs (job_key, batch_id, bundle_dir, case_index, attempt, planned_ca
         assert_eq!(user_version(&path), i64::from(LATEST));
     }
 
+    /// A data dir at version 1 (planned cases as JSON, what agents before contract v2 wrote)
+    /// is upgraded to store each job: rows kept, jobs read from their planned cases, and a
+    /// job written after the upgrade reads back whole.
+    #[test]
+    fn a_version_1_data_dir_gets_its_jobs_from_their_planned_cases() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.sqlite");
+        let before = {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(V1).unwrap();
+            conn.execute_batch(UNVERSIONED_ROWS).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            dump(&conn)
+        };
+        let table = Table::open(&path).unwrap();
+        {
+            let conn = table.conn.lock().unwrap();
+            assert_eq!(dump(&conn), before);
+            check_jobs(&conn);
+            let mut row = get(&conn, "b/0/1").unwrap().unwrap();
+            row.job_key = "b/9/1".into();
+            row.case_index = 9;
+            insert(&conn, &row).unwrap();
+            assert_eq!(get(&conn, "b/9/1").unwrap().unwrap(), row);
+        }
+        drop(table);
+        assert_eq!(user_version(&path), i64::from(LATEST));
+    }
+
     /// A fresh data dir gets the latest schema, with today's columns, and works.
     #[test]
     fn a_fresh_table_gets_the_latest_version() {
@@ -635,7 +742,10 @@ INSERT INTO jobs (job_key, batch_id, bundle_dir, case_index, attempt, planned_ca
             let conn = table.conn.lock().unwrap();
             let reference = Connection::open_in_memory().unwrap();
             reference.execute_batch(UNVERSIONED).unwrap();
-            assert_eq!(column_names(&conn), column_names(&reference));
+            let mut expected = column_names(&reference);
+            expected.retain(|c| c != "planned_case_json");
+            expected.push("job_spec".into());
+            assert_eq!(column_names(&conn), expected);
             assert_eq!(get(&conn, "b/0/1").unwrap(), None);
             assert_eq!(in_flight(&conn).unwrap(), InFlight::default());
         }

@@ -23,7 +23,11 @@ struct TestAgent {
 
 impl TestAgent {
     async fn start(configure: impl FnOnce(&mut AgentConfig)) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap(), configure).await
+    }
+
+    /// Starts on `dir/data`, which may hold an earlier agent's data dir.
+    async fn start_in(dir: tempfile::TempDir, configure: impl FnOnce(&mut AgentConfig)) -> Self {
         let mut config =
             AgentConfig::local("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
         configure(&mut config);
@@ -62,25 +66,33 @@ impl TestAgent {
     }
 }
 
-/// A planned case, as the bundle's `batch_plan.json` holds it.
-fn planned(index: u32, harness: &str, env: &[(&str, &Path)], memory_mb: Option<u64>) -> Vec<u8> {
-    let env: BTreeMap<String, String> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.display().to_string()))
-        .collect();
-    serde_json::to_vec(&serde_json::json!({
-        "index": index,
-        "case_id": format!("case-{index}"),
-        "case_dir": format!("case-{index}"),
-        "runtime": "agent",
-        "harness": harness,
-        "resources": {"memory_mb": memory_mb},
-        "timeout_seconds": 120,
-        "env": env,
-        "input": {"query": "q"},
-        "source": {"line": null, "runspec": null},
-    }))
-    .unwrap()
+/// A job as a worker sends it (`casebatch_runtime::job_spec::from_planned` of a case with
+/// this harness string, environment and memory).
+fn planned(
+    index: u32,
+    harness: &str,
+    env: &[(&str, &Path)],
+    memory_mb: Option<u64>,
+) -> pb::JobSpec {
+    pb::JobSpec {
+        case_index: index,
+        case_id: format!("case-{index}"),
+        case_dir: format!("case-{index}"),
+        harness: Some(pb::Command::shell(harness)),
+        evaluator: None,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.display().to_string()))
+            .collect(),
+        pass_env: Vec::new(),
+        input_json: r#"{"query":"q"}"#.into(),
+        timeout_seconds: 120,
+        resources: Some(pb::Resources {
+            memory_mb,
+            cpu: None,
+        }),
+        sandbox: None,
+    }
 }
 
 fn key(batch: &str, index: u32) -> pb::AttemptKey {
@@ -109,17 +121,24 @@ fn fetch_req(k: &pb::AttemptKey) -> pb::FetchRequest {
     }
 }
 
+/// A submit as a contract v2 worker sends it.
+fn submit_request(k: &pb::AttemptKey, job: &pb::JobSpec) -> pb::SubmitRequest {
+    pb::SubmitRequest {
+        key: Some(k.clone()),
+        planned_case_json: Vec::new(),
+        contract_version: pb::CONTRACT_VERSION,
+        job: Some(job.clone()),
+    }
+}
+
 async fn submit(
     c: &mut RuntimeClient<Channel>,
     k: &pb::AttemptKey,
-    case: &[u8],
+    job: &pb::JobSpec,
 ) -> Result<pb::Job, tonic::Status> {
-    c.submit(pb::SubmitRequest {
-        key: Some(k.clone()),
-        planned_case_json: case.to_vec(),
-    })
-    .await
-    .map(|r| r.into_inner())
+    c.submit(submit_request(k, job))
+        .await
+        .map(|r| r.into_inner())
 }
 
 /// Every message of a Watch; the last must be ENDED and no other one.
@@ -435,6 +454,7 @@ async fn a_token_agent_refuses_calls_without_the_right_token() {
         .unwrap()
         .into_inner();
     assert_eq!(health.version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(health.contract_version, pb::CONTRACT_VERSION);
     assert_eq!(health.reattached, 0);
     // Nothing was started by the refused submit.
     let gone = right.get(job_req(&k)).await.unwrap_err();
@@ -552,29 +572,41 @@ async fn unknown_keys_other_bundles_and_bad_requests_are_refused() {
         "{refused:?}"
     );
 
-    let mut traversal: serde_json::Value =
-        serde_json::from_slice(&planned(1, "true", &[], None)).unwrap();
-    traversal["case_dir"] = "../../escape".into();
-    let bad = submit(
-        &mut c,
-        &key("bundles", 1),
-        &serde_json::to_vec(&traversal).unwrap(),
-    )
-    .await
-    .unwrap_err();
+    let mut traversal = planned(1, "true", &[], None);
+    traversal.case_dir = "../../escape".into();
+    let bad = submit(&mut c, &key("bundles", 1), &traversal)
+        .await
+        .unwrap_err();
     assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
-    let garbage = submit(&mut c, &key("bundles", 2), b"{not json")
+    assert!(bad.message().contains("job.case_dir"), "{bad:?}");
+    let mut garbage = planned(2, "true", &[], None);
+    garbage.input_json = "{not json".into();
+    let garbage = submit(&mut c, &key("bundles", 2), &garbage)
         .await
         .unwrap_err();
     assert_eq!(garbage.code(), Code::InvalidArgument);
-    assert!(
-        garbage.message().contains("planned_case_json"),
-        "{garbage:?}"
-    );
+    assert!(garbage.message().contains("job.input_json"), "{garbage:?}");
     let wrong_index = submit(&mut c, &key("bundles", 3), &planned(4, "true", &[], None))
         .await
         .unwrap_err();
     assert_eq!(wrong_index.code(), Code::InvalidArgument);
+    let mut empty = planned(3, "true", &[], None);
+    empty.harness = Some(pb::Command { argv: Vec::new() });
+    let empty = submit(&mut c, &key("bundles", 3), &empty)
+        .await
+        .unwrap_err();
+    assert!(
+        empty.message().contains("job.harness.argv is empty"),
+        "{empty:?}"
+    );
+    // A sandbox this agent cannot provide is refused, never run on the host instead.
+    let mut sandboxed = planned(3, "true", &[], None);
+    sandboxed.sandbox = Some(pb::Sandbox {});
+    let sandboxed = submit(&mut c, &key("bundles", 3), &sandboxed)
+        .await
+        .unwrap_err();
+    assert_eq!(sandboxed.code(), Code::InvalidArgument);
+    assert!(sandboxed.message().contains("job.sandbox"), "{sandboxed:?}");
     watch_to_end(&mut c, &k).await;
     agent.stop().await;
 }
@@ -595,15 +627,11 @@ async fn the_token_variable_never_reaches_a_harness_even_by_pass_env() {
         .await
         .unwrap();
     let mut c = with_token(channel, token);
-    let mut case: serde_json::Value =
-        serde_json::from_slice(&planned(0, "true", &[], None)).unwrap();
-    case["pass_env"] = serde_json::json!([name]);
+    let mut case = planned(0, "true", &[], None);
+    case.pass_env = vec![name];
     let k = key("token-env", 0);
     let job = c
-        .submit(pb::SubmitRequest {
-            key: Some(k),
-            planned_case_json: serde_json::to_vec(&case).unwrap(),
-        })
+        .submit(submit_request(&k, &case))
         .await
         .unwrap()
         .into_inner();
@@ -884,10 +912,9 @@ async fn ended_jobs_go_after_keep_ended_cleaned_up_first_and_running_ones_stay()
 }
 
 /// [`planned`] with an evaluator command.
-fn with_evaluator(case: Vec<u8>, evaluator: &str) -> Vec<u8> {
-    let mut case: serde_json::Value = serde_json::from_slice(&case).unwrap();
-    case["evaluator"] = evaluator.into();
-    serde_json::to_vec(&case).unwrap()
+fn with_evaluator(mut job: pb::JobSpec, evaluator: &str) -> pb::JobSpec {
+    job.evaluator = Some(pb::Command::shell(evaluator));
+    job
 }
 
 async fn evaluate(
@@ -1035,5 +1062,183 @@ async fn cleanup_stops_a_running_evaluator_and_no_evaluator_starts_after_it() {
     let refused = evaluate(&mut c, &other).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
     assert!(refused.message().contains("cleaned up"), "{refused:?}");
+    agent.stop().await;
+}
+
+/// A contract v1 worker's request, built by hand as it built it: the planned case as JSON in
+/// field 2, no version, no job. Refused with both versions named and the side to upgrade,
+/// and nothing is admitted or run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1_workers_request_is_refused_naming_both_versions() {
+    let agent = TestAgent::start(|_| {}).await;
+    let mut c = agent.client().await;
+    let ran = agent.path("ran");
+    let planned_case = serde_json::json!({
+        "index": 0,
+        "case_id": "case-0",
+        "case_dir": "case-0",
+        "runtime": "agent",
+        "runtime_name": "box",
+        "harness": format!("touch {}", ran.display()),
+        "resources": {},
+        "timeout_seconds": 60,
+        "input": {"query": "q"},
+        "source": {"line": null, "runspec": null},
+    });
+    let k = key("v1-worker", 0);
+    let old = pb::SubmitRequest {
+        key: Some(k.clone()),
+        planned_case_json: serde_json::to_vec(&planned_case).unwrap(),
+        ..Default::default()
+    };
+    let refused = c.submit(old).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    let m = refused.message();
+    assert!(
+        m.contains("this worker speaks contract v1, this agent speaks contract v2")
+            && m.contains("upgrade the worker"),
+        "{m}"
+    );
+    let missing = c.get(job_req(&k)).await.unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "nothing was admitted");
+    assert!(!ran.exists(), "nothing ran");
+
+    // A worker newer than the agent is told to upgrade the agent.
+    let newer = pb::SubmitRequest {
+        key: Some(k.clone()),
+        contract_version: pb::CONTRACT_VERSION + 1,
+        job: Some(planned(0, "true", &[], None)),
+        ..Default::default()
+    };
+    let refused = c.submit(newer).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused
+            .message()
+            .contains(&format!("speaks contract v{}", pb::CONTRACT_VERSION + 1))
+            && refused.message().contains("upgrade the agent"),
+        "{refused:?}"
+    );
+    agent.stop().await;
+}
+
+/// A data dir as an agent of contract v1 left it (job table at schema version 1, each row's
+/// planned case as JSON): after the upgrade, its job that had not started yet is re-attached
+/// and runs, and its ended job is harvested (files fetched), evaluated with the evaluator its
+/// planned case named, and cleaned up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contract_v1_data_dir_re_attaches_and_harvests_its_jobs_after_the_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let local = data.join("batches").join("v1-batch");
+    let counter = dir.path().join("counter");
+    let (waiting, ended) = (key("upgrade", 0), key("upgrade", 1));
+    let planned_case = |index: u32, harness: String, evaluator: Option<&str>| {
+        serde_json::json!({
+            "index": index,
+            "case_id": format!("case-{index}"),
+            "case_dir": format!("case-{index}"),
+            "runtime": "agent",
+            "runtime_name": "box",
+            "harness": harness,
+            "evaluator": evaluator,
+            "sandbox": null,
+            "resources": {"cpu": null, "memory_mb": null},
+            "timeout_seconds": 60,
+            "fake": null,
+            "env": {"COUNTER": counter.display().to_string()},
+            "input": {"query": "q"},
+            "source": {"line": null, "runspec": null},
+        })
+        .to_string()
+    };
+    let attempt_dir = |index: u32| local.join(format!("cases/case-{index}/attempts/1"));
+    // The ended job's files, as its run left them.
+    let done = attempt_dir(1);
+    std::fs::create_dir_all(done.join("work")).unwrap();
+    std::fs::create_dir_all(done.join("output")).unwrap();
+    std::fs::write(done.join("result.json"), r#"{"outputs": {"answer": 42}}"#).unwrap();
+    std::fs::write(done.join("stdout.log"), "acted\n").unwrap();
+    {
+        std::fs::create_dir_all(&data).unwrap();
+        let conn = rusqlite::Connection::open(data.join("jobs.sqlite")).unwrap();
+        conn.execute_batch(crate::table::V1).unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+        let insert = "INSERT INTO jobs (job_key, batch_id, bundle_dir, case_index, attempt,
+                planned_case_json, local_bundle, attempt_dir, state, starts, report,
+                submitted_at_ms, ended_at_ms)
+             VALUES (?1, ?2, '/workers/out/batch', ?3, 1, ?4, ?5, ?6, ?7, ?8, ?9, 1000, ?10)";
+        conn.execute(
+            insert,
+            rusqlite::params![
+                marker(&waiting),
+                waiting.batch_id,
+                0,
+                planned_case(
+                    0,
+                    r#"echo ran >> "$COUNTER"; echo '{}' > "$CASEBATCH_RESULT""#.into(),
+                    None
+                ),
+                local.display().to_string(),
+                attempt_dir(0).display().to_string(),
+                "starting",
+                0,
+                None::<String>,
+                None::<i64>,
+            ],
+        )
+        .unwrap();
+        conn.execute(
+            insert,
+            rusqlite::params![
+                marker(&ended),
+                ended.batch_id,
+                1,
+                planned_case(
+                    1,
+                    "exit 9".into(),
+                    Some(r#"test -s "$CASEBATCH_ACTOR_RESULT" && printf '{"verdict": "pass", "scores": {"n": 1}}' > "$CASEBATCH_RESULT""#)
+                ),
+                local.display().to_string(),
+                done.display().to_string(),
+                "ended",
+                1,
+                r#"{"status":"finished","exit_code":0,"failure":null,"adopted":false,"memory_limit_mb":null}"#,
+                // Just now: retention keeps it (`--keep-ended`).
+                crate::jobs::now_ms() as i64,
+            ],
+        )
+        .unwrap();
+    }
+
+    let agent = TestAgent::start_in(dir, |_| {}).await;
+    let mut c = agent.client().await;
+    let health = c.health(pb::HealthRequest {}).await.unwrap().into_inner();
+    assert_eq!(health.reattached, 1, "the job not ended is awaited again");
+    let seen = watch_to_end(&mut c, &waiting).await;
+    let report = seen.last().unwrap().report.clone().unwrap();
+    assert_eq!(
+        (report.status(), report.exit_code),
+        (pb::ActorStatus::Finished, Some(0)),
+        "{report:?}"
+    );
+    assert_eq!(lines(&counter), 1, "it ran once, from its upgraded job");
+
+    let mut stream = c
+        .fetch_artifacts(fetch_req(&ended))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    while let Some(chunk) = stream.message().await.unwrap() {
+        files.entry(chunk.path).or_default().extend(chunk.data);
+    }
+    assert_eq!(files["result.json"], br#"{"outputs": {"answer": 42}}"#);
+    assert_eq!(files["stdout.log"], b"acted\n");
+    let evaluation = evaluate(&mut c, &ended).await.unwrap();
+    assert!(evaluation.configured, "{evaluation:?}");
+    assert_eq!(evaluation.verdict(), pb::Verdict::Pass, "{evaluation:?}");
+    let receipt = c.cleanup(job_req(&ended)).await.unwrap().into_inner();
+    assert!(receipt.cleanup_confirmed, "{receipt:?}");
     agent.stop().await;
 }

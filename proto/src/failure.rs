@@ -150,6 +150,9 @@ failure_codes! {
     RuntimeUnreachable => "RUNTIME_UNREACHABLE",
     /// The runtime agent refused the call's credentials (missing or wrong token).
     RuntimeAuth => "RUNTIME_AUTH",
+    /// The runtime agent and the worker speak different versions of the runtime contract
+    /// (`runtime.proto`); class config: the message names both and which side to upgrade.
+    RuntimeContract => "RUNTIME_CONTRACT",
 }
 
 impl fmt::Display for FailureCode {

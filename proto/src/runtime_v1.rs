@@ -11,6 +11,41 @@ pub use generated::*;
 
 use crate::{ActorStatus as WireStatus, Failure as WireFailure, FailureClass, FailureCode, Stage};
 
+/// The contract version this build speaks (the top of `runtime.proto` says what each means):
+/// sent in every `SubmitRequest` and `HealthReply`.
+pub const CONTRACT_VERSION: u32 = 2;
+
+/// The version a peer speaks, from the field it sent: 0 (unset) is a peer from before the
+/// field, contract v1.
+pub fn contract_of(wire: u32) -> u32 {
+    wire.max(1)
+}
+
+impl Command {
+    /// A manifest's command string, run by `sh -c` as it always was.
+    pub fn shell(script: &str) -> Self {
+        Self {
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+        }
+    }
+}
+
+impl JobSpec {
+    /// The task fields (`input_json`), which must be one JSON object.
+    pub fn input(&self) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+        match serde_json::from_str(&self.input_json) {
+            Ok(serde_json::Value::Object(map)) => Ok(map),
+            Ok(_) => Err("job.input_json is not a JSON object".into()),
+            Err(e) => Err(format!("job.input_json is not JSON: {e}")),
+        }
+    }
+
+    /// The declared memory limit (`resources.memory_mb`).
+    pub fn memory_mb(&self) -> Option<u64> {
+        self.resources.as_ref().and_then(|r| r.memory_mb)
+    }
+}
+
 impl From<&crate::AttemptKey> for AttemptKey {
     fn from(k: &crate::AttemptKey) -> Self {
         Self {

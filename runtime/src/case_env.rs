@@ -6,9 +6,9 @@
 //! What a process sees, later entries winning:
 //! 1. [`INHERITED`]: `PATH`, `HOME`, `LANG`, `LC_ALL`, `LC_CTYPE`, `TZ`, `TMPDIR`, `USER`,
 //!    copied from the worker when set there;
-//! 2. the case's `pass_env` names, copied from the worker when the attempt starts (an unset
+//! 2. the job's `pass_env` names, copied from the worker when the attempt starts (an unset
 //!    name fails the attempt as `config`; values are never written anywhere by casebatch);
-//! 3. the case's `env` literals;
+//! 3. the job's `env` literals;
 //! 4. the harness contract's `CASEBATCH_*` variables ([`AttemptEnv::contract_env`], including
 //!    the allocation marker that cleanup finds processes by), which the manifest cannot set.
 //!
@@ -17,9 +17,9 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 
-use casebatch_manifest::model::PlannedCase;
+use casebatch_proto::runtime_v1::JobSpec;
 
-use crate::AttemptEnv;
+use crate::Attempt;
 
 /// Variables copied from the worker's environment into every case process, when set.
 pub const INHERITED: &[&str] = &[
@@ -29,7 +29,7 @@ pub const INHERITED: &[&str] = &[
 /// A case process's complete environment, reading the worker's variables through `lookup`.
 /// `Err` names the `pass_env` variables that `lookup` does not have.
 pub fn build(
-    case: &PlannedCase,
+    job: &JobSpec,
     contract: BTreeMap<String, String>,
     lookup: impl Fn(&str) -> Option<OsString>,
 ) -> Result<BTreeMap<OsString, OsString>, String> {
@@ -40,7 +40,7 @@ pub fn build(
         }
     }
     let mut unset = Vec::new();
-    for name in &case.pass_env {
+    for name in &job.pass_env {
         match lookup(name) {
             Some(value) => {
                 env.insert(name.into(), value);
@@ -55,7 +55,7 @@ pub fn build(
             unset.join(", ")
         ));
     }
-    for (name, value) in &case.env {
+    for (name, value) in &job.env {
         env.insert(name.into(), value.into());
     }
     for (name, value) in contract {
@@ -65,8 +65,8 @@ pub fn build(
 }
 
 /// [`build`] for an attempt, from this worker's environment as it is now.
-pub fn for_attempt(attempt: &AttemptEnv) -> Result<BTreeMap<OsString, OsString>, String> {
-    build(&attempt.case, attempt.contract_env(), |name| {
+pub fn for_attempt(attempt: &Attempt) -> Result<BTreeMap<OsString, OsString>, String> {
+    build(&attempt.job, attempt.contract_env(), |name| {
         std::env::var_os(name)
     })
 }
@@ -75,21 +75,15 @@ pub fn for_attempt(attempt: &AttemptEnv) -> Result<BTreeMap<OsString, OsString>,
 mod tests {
     use super::*;
 
-    fn case(env: &[(&str, &str)], pass_env: &[&str]) -> PlannedCase {
-        serde_json::from_value(serde_json::json!({
-            "index": 0,
-            "case_id": "c",
-            "case_dir": "c",
-            "runtime": "local-process",
-            "harness": "true",
-            "resources": {},
-            "timeout_seconds": 60,
-            "env": env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
-            "pass_env": pass_env,
-            "input": {},
-            "source": {"line": null, "runspec": null},
-        }))
-        .unwrap()
+    fn case(env: &[(&str, &str)], pass_env: &[&str]) -> JobSpec {
+        JobSpec {
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            pass_env: pass_env.iter().map(|n| n.to_string()).collect(),
+            ..JobSpec::default()
+        }
     }
 
     fn worker(name: &str) -> Option<OsString> {

@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use casebatch_bundle::{EvaluationRecord, RECORD_SCHEMA_VERSION, layout::attempt_files};
-use casebatch_manifest::model::{CommandSpec, FakeOutcome};
+use casebatch_manifest::model::FakeOutcome;
 use casebatch_proto::runtime_v1 as wire;
 use casebatch_proto::{Evaluation, Failure, FailureCode, JobRef, Stage, Verdict};
 use serde::Deserialize;
@@ -24,7 +24,7 @@ use tokio::process::{Child, Command};
 
 use crate::local_process::{JobRecord, LocalProcess};
 use crate::memlimit::MemoryLimit;
-use crate::{AttemptEnv, Liveness, OnCancel, attempt_io, cgroup::Tracking, procfs};
+use crate::{Attempt, Liveness, OnCancel, attempt_io, cgroup::Tracking, procfs};
 
 /// Joins the attempt's cgroups (`:`-separated `cgroup.procs` files), then becomes the
 /// evaluator (`exec`): it is a member before any of its code runs, and so is all it starts.
@@ -153,7 +153,7 @@ pub fn from_wire(e: wire::Evaluation) -> Result<EvaluationRecord, String> {
 
 /// The attempt's cgroups and memory limit, as its job record names them; without a record
 /// (a start known only by its traces), its cgroup found by name and no memory limit.
-fn controls(env: &AttemptEnv) -> (Tracking, MemoryLimit) {
+fn controls(env: &Attempt) -> (Tracking, MemoryLimit) {
     match LocalProcess::read_job(env) {
         Some(JobRecord {
             tracking, memory, ..
@@ -175,11 +175,11 @@ enum Stopped {
 
 /// Runs the case's evaluator on this host, under the attempt's control (see the module doc).
 pub(crate) async fn run_local<L: Liveness>(
-    env: &AttemptEnv,
+    env: &Attempt,
     job: &JobRef,
     live: &L,
 ) -> EvaluationRecord {
-    let Some(command) = &env.case.evaluator else {
+    let Some(command) = env.job.evaluator.as_ref().filter(|c| !c.argv.is_empty()) else {
         return not_configured();
     };
     let stopping = || live.on_cancel() == OnCancel::Kill && live.is_cancelled();
@@ -199,7 +199,7 @@ pub(crate) async fn run_local<L: Liveness>(
         MemoryLimit::RssPoll { limit_mb } => Some(limit_mb * 1024 * 1024),
         _ => None,
     };
-    let timeout = Duration::from_secs(env.case.timeout_seconds.max(1));
+    let timeout = Duration::from_secs(env.job.timeout_seconds.max(1));
     let deadline = Instant::now() + timeout;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -284,8 +284,8 @@ fn stopped_by_cleanup() -> Failure {
 
 /// Spawns the evaluator through [`JOIN`], its logs appended to the attempt's evaluator logs.
 fn spawn(
-    env: &AttemptEnv,
-    command: &CommandSpec,
+    env: &Attempt,
+    command: &casebatch_proto::runtime_v1::Command,
     tracking: &Tracking,
     memory: &MemoryLimit,
 ) -> Result<Child, Failure> {
@@ -322,10 +322,7 @@ fn spawn(
     // A path, not `sh`: std then spawns without searching PATH (posix_spawn, no fork).
     let mut cmd = Command::new("/bin/sh");
     cmd.arg("-c").arg(JOIN).arg("casebatch-evaluator");
-    match command {
-        CommandSpec::Shell(s) => cmd.args(["sh", "-c", s]),
-        CommandSpec::Argv(argv) => cmd.args(argv),
-    };
+    cmd.args(&command.argv);
     cmd.current_dir(workdir)
         .env_clear()
         .envs(case_env)

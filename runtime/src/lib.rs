@@ -13,40 +13,106 @@ pub mod cgroup;
 pub mod evaluator;
 pub mod fake;
 pub mod harness;
+pub mod job_spec;
 pub mod local_process;
 pub mod memlimit;
 pub mod procfs;
+pub mod token;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::ops::Deref;
 use std::path::PathBuf;
 
-use casebatch_bundle::{Bundle, CleanupReceipt, EvaluationRecord, layout::attempt_files};
+use casebatch_bundle::Bundle;
 use casebatch_manifest::model::{PlannedCase, RuntimeSpec};
+use casebatch_proto::runtime_v1::JobSpec;
 use casebatch_proto::{ActorReport, AttemptKey, Failure, JobRef};
 
-/// Everything a runtime needs to know about one attempt.
+// What the local machinery hands back and the names of the files it lays out in an attempt
+// directory: re-exported so that the agent, which serves attempt directories this machinery
+// made, sees them here and needs nothing of the bundle crate.
+pub use casebatch_bundle::layout::attempt_files;
+pub use casebatch_bundle::{CleanupReceipt, EvaluationRecord};
+
+/// One attempt as the local machinery runs it (on a worker's host or on an agent's): its
+/// key, its job, and where its files go. Nothing of the manifest.
 #[derive(Debug, Clone)]
-pub struct AttemptEnv {
+pub struct Attempt {
     pub key: AttemptKey,
-    pub case: PlannedCase,
+    pub job: JobSpec,
     pub bundle: Bundle,
     /// `cases/<case_dir>/attempts/<n>/`.
     pub dir: PathBuf,
+}
+
+impl Attempt {
+    /// The attempt of `job` under the bundle (or agent directory) `key.bundle_dir`.
+    pub fn new(key: AttemptKey, job: JobSpec) -> Self {
+        let bundle = Bundle::at(&key.bundle_dir);
+        let dir = bundle.attempt(&job.case_dir, key.attempt);
+        Self {
+            key,
+            job,
+            bundle,
+            dir,
+        }
+    }
+
+    pub fn marker(&self) -> String {
+        self.key.marker()
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Memory limit for this attempt: the job's declared one, or the boosted one.
+    pub fn memory_mb(&self) -> Option<u64> {
+        self.key.memory_boost_mb.or(self.job.memory_mb())
+    }
+
+    /// The harness contract's environment variables (see the README).
+    pub fn contract_env(&self) -> BTreeMap<String, String> {
+        let path = |name: &str| self.file(name).display().to_string();
+        let mut env = BTreeMap::new();
+        env.insert("CASEBATCH_BATCH_ID".into(), self.key.batch_id.clone());
+        env.insert("CASEBATCH_CASE_ID".into(), self.job.case_id.clone());
+        env.insert("CASEBATCH_ATTEMPT".into(), self.key.attempt.to_string());
+        env.insert("CASEBATCH_INPUT".into(), path(attempt_files::INPUT));
+        env.insert("CASEBATCH_OUTPUT_DIR".into(), path(attempt_files::OUTPUT));
+        env.insert("CASEBATCH_RESULT".into(), path(attempt_files::RESULT));
+        env.insert(crate::procfs::MARKER_ENV.into(), self.marker());
+        env
+    }
+}
+
+/// An attempt on the worker: the [`Attempt`] the machinery runs (its job built from the
+/// planned case at this one edge, [`job_spec::from_planned`]), plus what only the worker
+/// uses: the planned case itself (routing, the fake runtime's script, the bundle's records)
+/// and the runtimes-table entry it names. Derefs to the [`Attempt`].
+#[derive(Debug, Clone)]
+pub struct AttemptEnv {
+    pub attempt: Attempt,
+    pub case: PlannedCase,
     /// The runtimes-table entry the case names (`PlannedCase::runtime_name`), for runtimes
     /// reached through one (an agent); `None` for the built-in ones.
     pub runtime_spec: Option<RuntimeSpec>,
 }
 
+impl Deref for AttemptEnv {
+    type Target = Attempt;
+
+    fn deref(&self) -> &Attempt {
+        &self.attempt
+    }
+}
+
 impl AttemptEnv {
     pub fn new(key: AttemptKey, case: PlannedCase) -> Self {
-        let bundle = Bundle::at(&key.bundle_dir);
-        let dir = bundle.attempt(&case.case_dir, key.attempt);
         Self {
-            key,
+            attempt: Attempt::new(key, job_spec::from_planned(&case)),
             case,
-            bundle,
-            dir,
             runtime_spec: None,
         }
     }
@@ -64,33 +130,6 @@ impl AttemptEnv {
             spec.unreachable_grace_s = Some(secs);
         }
         self
-    }
-
-    pub fn marker(&self) -> String {
-        self.key.marker()
-    }
-
-    pub fn file(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    /// Memory limit for this attempt: the manifest's, or the boosted one.
-    pub fn memory_mb(&self) -> Option<u64> {
-        self.key.memory_boost_mb.or(self.case.resources.memory_mb)
-    }
-
-    /// The harness contract's environment variables (see the README).
-    pub fn contract_env(&self) -> BTreeMap<String, String> {
-        let path = |name: &str| self.file(name).display().to_string();
-        let mut env = BTreeMap::new();
-        env.insert("CASEBATCH_BATCH_ID".into(), self.key.batch_id.clone());
-        env.insert("CASEBATCH_CASE_ID".into(), self.case.case_id.clone());
-        env.insert("CASEBATCH_ATTEMPT".into(), self.key.attempt.to_string());
-        env.insert("CASEBATCH_INPUT".into(), path(attempt_files::INPUT));
-        env.insert("CASEBATCH_OUTPUT_DIR".into(), path(attempt_files::OUTPUT));
-        env.insert("CASEBATCH_RESULT".into(), path(attempt_files::RESULT));
-        env.insert(crate::procfs::MARKER_ENV.into(), self.marker());
-        env
     }
 }
 
@@ -150,7 +189,7 @@ pub trait Runtime: Send + Sync {
         job: &JobRef,
         live: &L,
     ) -> impl Future<Output = ActorReport> + Send;
-    /// Run the case's evaluator (`env.case.evaluator`) for an attempt whose actor ended, where
+    /// Run the job's evaluator (`env.job.evaluator`) for an attempt whose actor ended, where
     /// the actor ran and under the attempt's control: its cgroup (so cleanup's kill and
     /// receipt cover it), its memory limit, its working directory, the harness's environment
     /// allowlist; heartbeating `job` while it waits. Returns the record for `evaluation.json`.

@@ -41,7 +41,6 @@ use casebatch_bundle::{
     CleanupReceipt, EvaluationRecord, Event, RECORD_SCHEMA_VERSION, append_jsonl,
     layout::attempt_files, write_json_atomic,
 };
-use casebatch_manifest::model::CommandSpec;
 use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
@@ -52,7 +51,7 @@ use crate::cgroup::{self, Tracking};
 use crate::harness;
 use crate::memlimit::MemoryLimit;
 use crate::procfs;
-use crate::{AttemptEnv, Liveness, NotStarted, OnCancel, Runtime};
+use crate::{Attempt, AttemptEnv, Liveness, NotStarted, OnCancel, Runtime};
 
 /// Records its own pid and start time (`$1`: the `wrapper.pid` path; before anything else, so
 /// the harness never runs unrecorded), joins the cgroups (`:`-separated `cgroup.procs` files),
@@ -160,18 +159,18 @@ fn submit_failure(msg: String) -> Failure {
 }
 
 impl LocalProcess {
-    pub(crate) fn read_job(env: &AttemptEnv) -> Option<JobRecord> {
+    pub(crate) fn read_job(env: &Attempt) -> Option<JobRecord> {
         Self::read_job_checked(env).ok().flatten()
     }
 
     /// `Err`: a `job.json` is there but unusable (replaced by the attempt's processes, or an
     /// I/O error): not the same as no record at all.
-    fn read_job_checked(env: &AttemptEnv) -> Result<Option<JobRecord>, attempt_io::FileError> {
+    fn read_job_checked(env: &Attempt) -> Result<Option<JobRecord>, attempt_io::FileError> {
         attempt_io::read_json_now(&env.file(attempt_files::JOB), attempt_io::RECORD_LIMIT)
     }
 
     /// The harness's exit status, once the wrapper has written all of it (the newline).
-    fn exit_status(env: &AttemptEnv) -> Option<i32> {
+    fn exit_status(env: &Attempt) -> Option<i32> {
         attempt_io::read_text_now(&env.file(attempt_files::EXIT), 64)
             .ok()??
             .strip_suffix('\n')?
@@ -181,12 +180,12 @@ impl LocalProcess {
     }
 
     /// How many processes were started for the attempt (`job.json`'s `starts`).
-    pub fn recorded_starts(env: &AttemptEnv) -> Option<u32> {
+    pub fn recorded_starts(env: &Attempt) -> Option<u32> {
         Self::read_job(env).map(|r| r.starts)
     }
 
     /// Writes the intent record of start number `starts`, before anything is spawned.
-    fn write_intent(env: &AttemptEnv, starts: u32) -> Result<JobRecord, Failure> {
+    fn write_intent(env: &Attempt, starts: u32) -> Result<JobRecord, Failure> {
         let cgroup_name = cgroup_name(env);
         let memory = MemoryLimit::create(&cgroup_name, env.memory_mb());
         let tracking = Tracking::create(&cgroup_name);
@@ -197,7 +196,7 @@ impl LocalProcess {
             pid: None,
             start_ticks: None,
             started_at_ms: now_ms(),
-            timeout_seconds: env.case.timeout_seconds,
+            timeout_seconds: env.job.timeout_seconds,
             memory,
             tracking,
             starts,
@@ -210,17 +209,22 @@ impl LocalProcess {
     }
 
     /// Spawns the wrapper for an intent already on disk.
-    fn spawn(&self, env: &AttemptEnv, intent: &JobRecord) -> Result<Child, Failure> {
-        let harness = env.case.harness.as_ref().ok_or_else(|| {
-            Failure::config(
-                Stage::Submit,
-                FailureCode::NoHarness,
-                format!(
-                    "case {} has no harness command: set defaults.harness",
-                    env.case.case_id
-                ),
-            )
-        })?;
+    fn spawn(&self, env: &Attempt, intent: &JobRecord) -> Result<Child, Failure> {
+        let harness = env
+            .job
+            .harness
+            .as_ref()
+            .filter(|c| !c.argv.is_empty())
+            .ok_or_else(|| {
+                Failure::config(
+                    Stage::Submit,
+                    FailureCode::NoHarness,
+                    format!(
+                        "case {} has no harness command: set defaults.harness",
+                        env.job.case_id
+                    ),
+                )
+            })?;
         let case_env = crate::case_env::for_attempt(env)
             .map_err(|m| Failure::config(Stage::Submit, FailureCode::PassEnvUnset, m))?;
         // Appended: a start never truncates what an earlier one of the attempt wrote.
@@ -240,10 +244,7 @@ impl LocalProcess {
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c").arg(WRAPPER).arg("casebatch-wrapper");
         cmd.arg(env.file(attempt_files::WRAPPER_PID));
-        match harness {
-            CommandSpec::Shell(s) => cmd.args(["sh", "-c", s]),
-            CommandSpec::Argv(argv) => cmd.args(argv),
-        };
+        cmd.args(&harness.argv);
         cmd.current_dir(env.file(attempt_files::WORKDIR))
             .env_clear()
             .envs(case_env)
@@ -256,10 +257,10 @@ impl LocalProcess {
             // group can be stopped at once.
             .process_group(0);
         if let Some(url) = env
-            .case
-            .input
-            .get("controller_url")
-            .and_then(|v| v.as_str())
+            .job
+            .input()
+            .ok()
+            .and_then(|input| input.get("controller_url")?.as_str().map(str::to_owned))
         {
             cmd.env("CASEBATCH_CONTROLLER_URL", url);
         }
@@ -269,7 +270,7 @@ impl LocalProcess {
 
     /// Completes an intent from what is known of its process, and writes it.
     fn complete(
-        env: &AttemptEnv,
+        env: &Attempt,
         intent: &JobRecord,
         pid: Option<u32>,
         ticks: Option<u64>,
@@ -288,7 +289,7 @@ impl LocalProcess {
     }
 
     /// Starts the attempt's process (start number `starts`): intent, spawn, completed record.
-    async fn start(&self, env: &AttemptEnv, starts: u32) -> Result<JobRef, Failure> {
+    async fn start(&self, env: &Attempt, starts: u32) -> Result<JobRef, Failure> {
         let intent = Self::write_intent(env, starts)?;
         fault_point("before-spawn").await;
         let child = self.spawn(env, &intent)?;
@@ -306,7 +307,7 @@ impl LocalProcess {
     }
     /// Kills the job's group (if it is still the same process) and every process of the
     /// attempt: its whole cgroup at once, or each marked process.
-    fn kill_all(&self, env: &AttemptEnv, job: Option<&JobRecord>) -> Vec<u32> {
+    fn kill_all(&self, env: &Attempt, job: Option<&JobRecord>) -> Vec<u32> {
         if let Some((pid, ticks)) = job.and_then(|j| j.pid.zip(j.start_ticks)) {
             procfs::kill_group_if_same(pid, ticks);
         }
@@ -322,7 +323,7 @@ impl LocalProcess {
 
     async fn finish(
         &self,
-        env: &AttemptEnv,
+        env: &Attempt,
         job: &JobRecord,
         exit: i32,
         adopted: bool,
@@ -339,13 +340,13 @@ impl LocalProcess {
 }
 
 /// The attempt's cgroup name: the same for every start and every worker, so it is found again.
-fn cgroup_name(env: &AttemptEnv) -> String {
+fn cgroup_name(env: &Attempt) -> String {
     cgroup::name_for(&env.marker(), &env.dir)
 }
 
 /// How the attempt's processes are tracked: as its record says, or (no record) its cgroup
 /// found by name; the marker scan only for attempts that have no cgroup.
-pub(crate) fn tracking_of(env: &AttemptEnv, job: Option<&JobRecord>) -> Tracking {
+pub(crate) fn tracking_of(env: &Attempt, job: Option<&JobRecord>) -> Tracking {
     match job {
         Some(j) => j.tracking.clone(),
         None => Tracking::find(&cgroup_name(env)).unwrap_or_default(),
@@ -353,7 +354,7 @@ pub(crate) fn tracking_of(env: &AttemptEnv, job: Option<&JobRecord>) -> Tracking
 }
 
 /// The attempt's live processes.
-fn members(env: &AttemptEnv, tracking: &Tracking) -> Vec<u32> {
+fn members(env: &Attempt, tracking: &Tracking) -> Vec<u32> {
     tracking
         .members()
         .unwrap_or_else(|| procfs::scan_marker(&env.marker()).marked)
@@ -388,8 +389,10 @@ enum Waited {
     Lost,
 }
 
-impl Runtime for LocalProcess {
-    async fn provision(&self, env: &AttemptEnv) -> Result<(), Failure> {
+/// The machinery itself, on an [`Attempt`]: what the worker's runtime (below) and an agent
+/// both run.
+impl LocalProcess {
+    pub async fn provision(&self, env: &Attempt) -> Result<(), Failure> {
         let fail = |e: std::io::Error| {
             Failure::infra(
                 Stage::Provision,
@@ -400,19 +403,23 @@ impl Runtime for LocalProcess {
         for sub in [attempt_files::WORKDIR, attempt_files::OUTPUT] {
             fs::create_dir_all(env.file(sub)).map_err(fail)?;
         }
-        write_json_atomic(&env.file(attempt_files::INPUT), &env.case.input).map_err(|e| {
+        let input = env
+            .job
+            .input()
+            .map_err(|m| Failure::infra(Stage::Provision, FailureCode::ProvisionIo, m))?;
+        write_json_atomic(&env.file(attempt_files::INPUT), &input).map_err(|e| {
             Failure::infra(Stage::Provision, FailureCode::ProvisionIo, e.to_string())
         })?;
         Ok(())
     }
 
-    async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, NotStarted> {
+    pub async fn submit(&self, env: &Attempt) -> Result<JobRef, NotStarted> {
         Ok(self.submit_job(env).await?)
     }
 
-    async fn await_job<L: Liveness>(
+    pub async fn await_job<L: Liveness>(
         &self,
-        env: &AttemptEnv,
+        env: &Attempt,
         job: &JobRef,
         live: &L,
     ) -> ActorReport {
@@ -506,16 +513,16 @@ impl Runtime for LocalProcess {
         }
     }
 
-    async fn evaluate<L: Liveness>(
+    pub async fn evaluate<L: Liveness>(
         &self,
-        env: &AttemptEnv,
+        env: &Attempt,
         job: &JobRef,
         live: &L,
     ) -> EvaluationRecord {
         crate::evaluator::run_local(env, job, live).await
     }
 
-    fn adopt(&self, env: &AttemptEnv) -> Option<JobRef> {
+    pub fn adopt(&self, env: &Attempt) -> Option<JobRef> {
         // Read-only: finds the job by its record or its traces; await resolves the rest.
         match Self::read_job(env) {
             Some(r) if r.state == JobState::Running => Some(job_ref(&r)),
@@ -536,11 +543,11 @@ impl Runtime for LocalProcess {
         }
     }
 
-    fn kill(&self, env: &AttemptEnv) {
+    pub fn kill(&self, env: &Attempt) {
         self.kill_all(env, Self::read_job(env).as_ref());
     }
 
-    async fn cleanup(&self, env: &AttemptEnv) -> CleanupReceipt {
+    pub async fn cleanup(&self, env: &Attempt) -> CleanupReceipt {
         let job = Self::read_job(env);
         let tracking = tracking_of(env, job.as_ref());
         let in_cgroup = tracking.procs_file().is_some();
@@ -607,9 +614,50 @@ impl Runtime for LocalProcess {
     }
 }
 
+/// The worker's local-process runtime: the machinery above, on the attempt's job.
+impl Runtime for LocalProcess {
+    async fn provision(&self, env: &AttemptEnv) -> Result<(), Failure> {
+        LocalProcess::provision(self, &env.attempt).await
+    }
+
+    async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, NotStarted> {
+        LocalProcess::submit(self, &env.attempt).await
+    }
+
+    async fn await_job<L: Liveness>(
+        &self,
+        env: &AttemptEnv,
+        job: &JobRef,
+        live: &L,
+    ) -> ActorReport {
+        LocalProcess::await_job(self, &env.attempt, job, live).await
+    }
+
+    async fn evaluate<L: Liveness>(
+        &self,
+        env: &AttemptEnv,
+        job: &JobRef,
+        live: &L,
+    ) -> EvaluationRecord {
+        LocalProcess::evaluate(self, &env.attempt, job, live).await
+    }
+
+    fn adopt(&self, env: &AttemptEnv) -> Option<JobRef> {
+        LocalProcess::adopt(self, &env.attempt)
+    }
+
+    fn kill(&self, env: &AttemptEnv) {
+        LocalProcess::kill(self, &env.attempt)
+    }
+
+    async fn cleanup(&self, env: &AttemptEnv) -> CleanupReceipt {
+        LocalProcess::cleanup(self, &env.attempt).await
+    }
+}
+
 impl LocalProcess {
     /// Starts the attempt's job exactly once across crashes (see the module doc).
-    async fn submit_job(&self, env: &AttemptEnv) -> Result<JobRef, Failure> {
+    async fn submit_job(&self, env: &Attempt) -> Result<JobRef, Failure> {
         // One decider per attempt at a time; released when this future ends or its process
         // dies.
         let _lock = lock_attempt(env).await?;
@@ -666,7 +714,7 @@ impl LocalProcess {
             &Event {
                 ts_ms: now_ms(),
                 kind: "job_restarted".into(),
-                case_id: Some(env.case.case_id.clone()),
+                case_id: Some(env.job.case_id.clone()),
                 attempt: Some(env.key.attempt),
                 message: format!(
                     "start {starts} of attempt {}: start {} left no wrapper.pid, no exit status and no live process {}s after its intent, so the harness never ran",
@@ -683,7 +731,7 @@ impl LocalProcess {
     /// in the kernel). Returns (killed, remaining, rounds).
     async fn empty_cgroup(
         &self,
-        env: &AttemptEnv,
+        env: &Attempt,
         job: Option<&JobRecord>,
         tracking: &Tracking,
     ) -> (Vec<u32>, Vec<u32>, u32) {
@@ -701,7 +749,7 @@ impl LocalProcess {
 
     /// After the cgroup is empty: the processes started since the job that still carry its
     /// marker left the cgroup. Each is named and killed (by the marker this very scan read).
-    async fn kill_escaped(&self, env: &AttemptEnv, job: Option<&JobRecord>) -> Vec<(u32, String)> {
+    async fn kill_escaped(&self, env: &Attempt, job: Option<&JobRecord>) -> Vec<(u32, String)> {
         let since = job.and_then(|j| j.start_ticks);
         let marked = procfs::scan_marker_since(&env.marker(), since).marked;
         let escaped: Vec<(u32, String)> =
@@ -723,7 +771,7 @@ impl LocalProcess {
     /// each kill (a dying parent can leave children that re-parent).
     async fn kill_marked(
         &self,
-        env: &AttemptEnv,
+        env: &Attempt,
         job: Option<&JobRecord>,
     ) -> (Vec<u32>, Vec<u32>, u32) {
         let mut killed = Vec::new();
@@ -756,7 +804,7 @@ impl LocalProcess {
 /// Waits for the job: directly on the child when this process spawned it, else by polling
 /// its exit-status file and identity (an adopted job).
 async fn wait<L: Liveness>(
-    env: &AttemptEnv,
+    env: &Attempt,
     record: &JobRecord,
     mut child: Option<Child>,
     live: &L,
@@ -833,7 +881,7 @@ struct Trace {
 /// the wrapper's `wrapper.pid` (written before the harness runs), the exit status, or a live
 /// process carrying the marker. `None` means the harness of that start never ran (once
 /// [`SPAWN_GRACE`] has passed since the intent; before, a wrapper may still be on its way).
-fn start_traces(env: &AttemptEnv) -> Option<Trace> {
+fn start_traces(env: &Attempt) -> Option<Trace> {
     if let Some(pid) = CHILDREN
         .lock()
         .expect("lock")
@@ -869,7 +917,7 @@ fn start_traces(env: &AttemptEnv) -> Option<Trace> {
 
 /// A record rebuilt from a start's traces alone (no usable intent): the memory mechanism and
 /// the original start time are unknown, so the deadline counts from now.
-fn recovered_record(env: &AttemptEnv, t: Trace) -> JobRecord {
+fn recovered_record(env: &Attempt, t: Trace) -> JobRecord {
     JobRecord {
         schema_version: RECORD_SCHEMA_VERSION.into(),
         marker: env.marker(),
@@ -877,7 +925,7 @@ fn recovered_record(env: &AttemptEnv, t: Trace) -> JobRecord {
         pid: t.pid,
         start_ticks: t.ticks,
         started_at_ms: now_ms(),
-        timeout_seconds: env.case.timeout_seconds,
+        timeout_seconds: env.job.timeout_seconds,
         memory: MemoryLimit::None,
         tracking: tracking_of(env, None),
         starts: 1,
@@ -888,7 +936,7 @@ fn recovered_record(env: &AttemptEnv, t: Trace) -> JobRecord {
 
 /// The attempt's group leader (or, failing that, any of its processes), found in its cgroup by
 /// name, or by its marker where this host has no cgroup to look in.
-fn find_marked(env: &AttemptEnv) -> Option<Trace> {
+fn find_marked(env: &Attempt) -> Option<Trace> {
     let found = match Tracking::find(&cgroup_name(env)) {
         Some(t) => t.members().unwrap_or_default(),
         None if Tracking::cgroups_available() => return None,
@@ -906,7 +954,7 @@ fn find_marked(env: &AttemptEnv) -> Option<Trace> {
 }
 
 /// Takes the attempt's `job.lock` (flock), waiting for a holder that is still alive.
-async fn lock_attempt(env: &AttemptEnv) -> Result<Flock<std::fs::File>, Failure> {
+async fn lock_attempt(env: &Attempt) -> Result<Flock<std::fs::File>, Failure> {
     let path = env.file(attempt_files::JOB_LOCK);
     let mut file = attempt_io::open_log(&path)
         .map_err(|e| submit_failure(format!("failed to open {}: {e}", path.display())))?;
@@ -953,7 +1001,7 @@ async fn fault_point(point: &str) {
     std::future::pending::<()>().await;
 }
 
-fn lost(env: &AttemptEnv, why: &str) -> ActorReport {
+fn lost(env: &Attempt, why: &str) -> ActorReport {
     ActorReport {
         status: ActorStatus::Failed,
         exit_code: None,
@@ -962,7 +1010,7 @@ fn lost(env: &AttemptEnv, why: &str) -> ActorReport {
             FailureCode::JobLost,
             format!(
                 "attempt {} of case {}: {why}",
-                env.key.attempt, env.case.case_id
+                env.key.attempt, env.job.case_id
             ),
         )),
         adopted: false,

@@ -58,24 +58,33 @@ fn a_sigkilled_agent_restarted_on_its_data_dir_harvests_its_job_without_running_
     let sb = Sandbox::new();
     let data = sb.path("agent-data");
     let (counter, gate) = (sb.path("counter"), sb.path("gate"));
-    let case = serde_json::json!({
-        "index": 0,
-        "case_id": "gated",
-        "case_dir": "gated",
-        "runtime": "agent",
-        "harness": r#"echo run >> "$COUNTER"; while [ ! -e "$GATE" ]; do sleep 0.05; done"#,
-        "resources": {},
-        "timeout_seconds": 120,
-        "env": {"COUNTER": counter, "GATE": gate},
-        "input": {},
-        "source": {"line": null, "runspec": null},
-    });
+    let spec = pb::JobSpec {
+        case_index: 0,
+        case_id: "gated".into(),
+        case_dir: "gated".into(),
+        harness: Some(pb::Command::shell(
+            r#"echo run >> "$COUNTER"; while [ ! -e "$GATE" ]; do sleep 0.05; done"#,
+        )),
+        env: [("COUNTER", &counter), ("GATE", &gate)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.display().to_string()))
+            .collect(),
+        input_json: "{}".into(),
+        timeout_seconds: 120,
+        ..Default::default()
+    };
     let key = pb::AttemptKey {
         batch_id: "agent-restart".into(),
         case_index: 0,
         attempt: 1,
         bundle_dir: sb.out().join("agent-restart").display().to_string(),
         memory_boost_mb: None,
+    };
+    let submit = || pb::SubmitRequest {
+        key: Some(key.clone()),
+        contract_version: pb::CONTRACT_VERSION,
+        job: Some(spec.clone()),
+        ..Default::default()
     };
     let job_key = "agent-restart/0/1".to_string();
     let rt = rt();
@@ -84,10 +93,7 @@ fn a_sigkilled_agent_restarted_on_its_data_dir_harvests_its_job_without_running_
     let job = rt.block_on(async {
         client(&addr)
             .await
-            .submit(pb::SubmitRequest {
-                key: Some(key.clone()),
-                planned_case_json: serde_json::to_vec(&case).unwrap(),
-            })
+            .submit(submit())
             .await
             .unwrap()
             .into_inner()
@@ -185,14 +191,7 @@ fn a_sigkilled_agent_restarted_on_its_data_dir_harvests_its_job_without_running_
             last = Some(j);
         }
         // A resubmit after the restart is the same job, not a new one.
-        let resubmitted = c
-            .submit(pb::SubmitRequest {
-                key: Some(key.clone()),
-                planned_case_json: serde_json::to_vec(&case).unwrap(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let resubmitted = c.submit(submit()).await.unwrap().into_inner();
         assert_eq!(resubmitted.state(), pb::JobState::Ended);
         (health, last.unwrap())
     });

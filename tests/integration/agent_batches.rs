@@ -159,7 +159,7 @@ fn a_batch_spreads_over_two_agents_and_two_worker_replicas() {
         "spread.yaml",
         &manifest("spread", &[&a, &b], 64, GATED, extra),
     );
-    let mut runner = spawn_no_worker_run(&sb, &cluster, &m);
+    let mut runner = sb.spawn_batch_on_cluster(&m, &cluster, "run.log");
     assert_eq!(
         wait_child(&mut runner, Duration::from_secs(180)),
         0,
@@ -211,7 +211,7 @@ fn a_worker_replica_killed_mid_batch_leaves_its_jobs_to_the_other() {
     let (cluster, mut w1, mut w2) = replicas_on_a_cluster(&sb);
     let a = Agent::start(&sb, "box-a", &[]);
     let m = sb.write("adopt.yaml", &manifest("adopt", &[&a], 8, GATED, ""));
-    let mut runner = spawn_no_worker_run(&sb, &cluster, &m);
+    let mut runner = sb.spawn_batch_on_cluster(&m, &cluster, "run.log");
     wait_until(Duration::from_secs(90), "all 8 jobs are running", || {
         lines(&sb, "started.log").len() == 8
     });
@@ -275,26 +275,6 @@ fn replicas_on_a_cluster(sb: &Sandbox) -> (Cluster, Child, Child) {
     };
     let (w1, w2) = (replica("w1.log"), replica("w2.log"));
     (cluster, w1, w2)
-}
-
-/// `batch run --no-worker` of a manifest on the cluster, in the background: the replicas do
-/// the work.
-fn spawn_no_worker_run(sb: &Sandbox, cluster: &Cluster, manifest: &Path) -> Child {
-    let out = sb.out().display().to_string();
-    sb.spawn(
-        &[
-            "batch",
-            "run",
-            "--no-worker",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--output-dir",
-            &out,
-            "--address",
-            &cluster.address,
-        ],
-        "run.log",
-    )
 }
 
 /// The pids of the workers running the batch's `settle` activities, once `n` of them run

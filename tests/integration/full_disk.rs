@@ -202,18 +202,7 @@ defaults:
 tasks: [{task_id: n1}, {task_id: n2}, {task_id: n3}]
 "#,
     );
-    let args = [
-        "batch",
-        "run",
-        "--no-worker",
-        "--manifest",
-        manifest.to_str().unwrap(),
-        "--output-dir",
-        out.to_str().unwrap(),
-        "--address",
-        &cluster.address,
-    ];
-    let mut runner = Reaped(sb.spawn(&args, "run.log"));
+    let mut runner = Reaped(sb.spawn_batch_on_cluster(&manifest, &cluster, "run.log"));
     let describe = ["workflow", "describe", "--workflow-id", "casebatch-nospace"];
     wait_until(Duration::from_secs(60), "the workflow starts", || {
         cluster.temporal(&describe).status.success()

@@ -85,9 +85,7 @@ defaults:
 tasks: [{task_id: a}, {task_id: b}]
 "#,
     );
-    let mut args = batch_run_args(&manifest, &out).to_vec();
-    args.extend(["--no-worker", "--address", &cluster.address]);
-    let mut runner = sb.spawn(&args, "run.log");
+    let mut runner = sb.spawn_batch_on_cluster(&manifest, &cluster, "run.log");
     wait_until(
         Duration::from_secs(60),
         "the runner says no worker polls",

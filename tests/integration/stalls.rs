@@ -144,20 +144,7 @@ fn a_ninety_second_stall_of_a_cluster_costs_no_job_on_a_worker_replica() {
         sb.read("worker.log").contains("worker polling")
     });
     let m = manifest(&sb, "stall90", 8, &sleeper(30));
-    let mut runner: Child = sb.spawn(
-        &[
-            "batch",
-            "run",
-            "--no-worker",
-            "--manifest",
-            m.to_str().unwrap(),
-            "--output-dir",
-            &out,
-            "--address",
-            &cluster.address,
-        ],
-        "run.log",
-    );
+    let mut runner: Child = sb.spawn_batch_on_cluster(&m, &cluster, "run.log");
     wait_until(Duration::from_secs(90), "8 jobs run", || {
         sb.lines("started.log") == 8
     });

@@ -34,20 +34,7 @@ tasks:
   - task_id: two
 "#,
     );
-    let mut runner = sb.spawn(
-        &[
-            "batch",
-            "run",
-            "--no-worker",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--output-dir",
-            out.to_str().unwrap(),
-            "--address",
-            &cluster.address,
-        ],
-        "run.log",
-    );
+    let mut runner = sb.spawn_batch_on_cluster(&manifest, &cluster, "run.log");
     let log = std::fs::File::create(sb.path("worker.log")).unwrap();
     let mut worker = Command::new("setpriv")
         .args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups", "--"])

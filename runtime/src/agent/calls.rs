@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use casebatch_proto::JobRef;
 use casebatch_proto::runtime_v1::{
-    self as wire, ArtifactSet, FetchRequest, JobRequest, JobState, KillRequest, SubmitRequest,
-    kill_request, runtime_client::RuntimeClient,
+    self as wire, ArtifactSet, CONTRACT_VERSION, FetchRequest, HealthRequest, JobRequest, JobState,
+    KillRequest, SubmitRequest, contract_of, kill_request, runtime_client::RuntimeClient,
 };
 use tonic::transport::Channel;
 
@@ -133,27 +133,48 @@ pub(crate) async fn kill(
 }
 
 impl AgentRuntime {
-    /// Submits the attempt (idempotent by its key); returns the agent's job.
+    /// Submits the attempt's job (idempotent by its key); returns the agent's job. An agent
+    /// of another contract version is [`AgentError::Contract`]: a v2 one says so itself; a v1
+    /// one refuses the request for its empty `planned_case_json`, which its Health confirms.
     pub(crate) async fn submit_once(
         &self,
         t: &AgentTarget,
         env: &AttemptEnv,
     ) -> Result<wire::Job, AgentError> {
         let what = format!("submit of job {}", env.marker());
-        let case = serde_json::to_vec(&env.case).map_err(|e| {
-            AgentError::Refused(format!("{what}: the case does not serialize: {e}"))
-        })?;
         let request = SubmitRequest {
             key: Some((&env.key).into()),
-            planned_case_json: case,
+            planned_case_json: Vec::new(),
+            contract_version: CONTRACT_VERSION,
+            job: Some(env.job.clone()),
         };
         let request = t.request(request, Some(CALL_TIMEOUT))?;
-        let job = self
-            .client(t)?
-            .submit(request)
-            .await
-            .map_err(status(t, &what))?;
-        Ok(job.into_inner())
+        let refusal = match self.client(t)?.submit(request).await {
+            Ok(job) => return Ok(job.into_inner()),
+            Err(s) => s,
+        };
+        let err = AgentError::from_status(t, &what, &refusal);
+        if !matches!(err, AgentError::Refused(_))
+            || !refusal.message().contains("planned_case_json")
+        {
+            return Err(err);
+        }
+        match self.contract_version(t).await {
+            Some(theirs) if theirs < CONTRACT_VERSION => Err(AgentError::Contract(format!(
+                "{}: agent speaks contract v{theirs}, this worker needs v{CONTRACT_VERSION}: \
+                 upgrade the agent (`casebatch agent` there) to this worker's casebatch ({})",
+                t.named(),
+                env!("CARGO_PKG_VERSION")
+            ))),
+            _ => Err(err),
+        }
+    }
+
+    /// The contract version the agent's Health reports (`None` when it does not answer).
+    async fn contract_version(&self, t: &AgentTarget) -> Option<u32> {
+        let request = t.request(HealthRequest {}, Some(CALL_TIMEOUT)).ok()?;
+        let reply = self.client(t).ok()?.health(request).await.ok()?;
+        Some(contract_of(reply.into_inner().contract_version))
     }
 
     /// Watches the job until it ends (`Ok`, the last state) or the stream fails. Every state
@@ -239,7 +260,7 @@ impl AgentRuntime {
     ) -> Result<wire::Evaluation, AgentError> {
         let key = env.marker();
         let what = format!("evaluation of job {key}");
-        let deadline = Duration::from_secs(env.case.timeout_seconds.max(1)) + CALL_TIMEOUT;
+        let deadline = Duration::from_secs(env.job.timeout_seconds.max(1)) + CALL_TIMEOUT;
         let request = t.request(job_request(&key), Some(deadline))?;
         let evaluation = self
             .client(t)?
@@ -312,7 +333,7 @@ mod tests {
         let t = AgentTarget {
             name: "gpu".into(),
             endpoint: "https://agent.example:7070".into(),
-            token: super::super::TokenSource::None,
+            token: None,
             tls_ca: None,
             unreachable_grace: None,
         };

@@ -35,6 +35,10 @@ pub enum AgentError {
     /// Any other error the agent answered with (INTERNAL, ...): possibly transient.
     #[error("{0}")]
     Failed(String),
+    /// The agent speaks another version of the runtime contract: nothing sent to it can work
+    /// until one side is upgraded (the message says which).
+    #[error("{0}")]
+    Contract(String),
 }
 
 impl AgentError {
@@ -49,6 +53,11 @@ impl AgentError {
                  that `casebatch agent` runs there and that this worker can reach it"
             ));
         }
+        // A v2 agent refusing this worker's contract version says so itself (the agent's
+        // `jobs::contract_refusal`): it names both versions and the side to upgrade.
+        if status.code() == Code::FailedPrecondition && said.contains("speaks contract v") {
+            return AgentError::Contract(format!("{named} refused the {what}: {said}"));
+        }
         match status.code() {
             Code::Unavailable
             | Code::DeadlineExceeded
@@ -60,12 +69,12 @@ impl AgentError {
             )),
             Code::Unauthenticated | Code::PermissionDenied => {
                 AgentError::Auth(match &target.token {
-                    super::TokenSource::None => format!(
+                    None => format!(
                         "{named} refused the call ({said}): it requires a bearer token and none is \
                      configured; set token_env or token_file in runtimes.{}",
                         target.name
                     ),
-                    source => format!(
+                    Some(source) => format!(
                         "{named} refused the token read from {} ({said}): set the agent's token \
                      there",
                         source.describe()
@@ -117,7 +126,8 @@ impl AgentError {
             | AgentError::Full(m)
             | AgentError::NotFound(m)
             | AgentError::Refused(m)
-            | AgentError::Failed(m) => m,
+            | AgentError::Failed(m)
+            | AgentError::Contract(m) => m,
         }
     }
 
@@ -135,6 +145,7 @@ impl AgentError {
             // The job cannot start as sent: the same submit fails the same way.
             AgentError::Refused(_) => Failure::config(stage, FailureCode::SpawnFailed, m),
             AgentError::Failed(_) => Failure::infra(stage, FailureCode::ActivityError, m),
+            AgentError::Contract(_) => Failure::config(stage, FailureCode::RuntimeContract, m),
         }
     }
 }
@@ -163,10 +174,10 @@ fn never_connected(status: &Status) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::TokenSource;
+    use crate::token::TokenSource;
     use casebatch_proto::FailureClass;
 
-    fn target(token: TokenSource) -> AgentTarget {
+    fn target(token: Option<TokenSource>) -> AgentTarget {
         AgentTarget {
             name: "gpu".into(),
             endpoint: "https://agent.example:7070".into(),
@@ -176,14 +187,14 @@ mod tests {
         }
     }
 
-    fn failure(token: TokenSource, status: Status) -> Failure {
+    fn failure(token: Option<TokenSource>, status: Status) -> Failure {
         AgentError::from_status(&target(token), "submit of job b/0/1", &status)
             .failure(Stage::Submit)
     }
 
     #[test]
     fn statuses_map_to_the_taxonomy() {
-        let none = || TokenSource::None;
+        let none = || None;
         let f = failure(none(), Status::unavailable("tcp connect error"));
         assert_eq!(
             (f.class, f.code.clone(), f.retryable),
@@ -229,7 +240,7 @@ mod tests {
     #[test]
     fn an_auth_refusal_names_the_runtime_endpoint_and_token_source() {
         let f = failure(
-            TokenSource::Env("CASEBATCH_AGENT_TOKEN".into()),
+            Some(TokenSource::Env("CASEBATCH_AGENT_TOKEN".into())),
             Status::unauthenticated("wrong bearer token"),
         );
         assert_eq!(
@@ -248,7 +259,7 @@ mod tests {
             );
         }
         let f = failure(
-            TokenSource::File("/run/secrets/agent".into()),
+            Some(TokenSource::File("/run/secrets/agent".into())),
             Status::unauthenticated("wrong bearer token"),
         );
         assert!(
@@ -256,10 +267,7 @@ mod tests {
             "{}",
             f.message
         );
-        let f = failure(
-            TokenSource::None,
-            Status::unauthenticated("missing bearer token"),
-        );
+        let f = failure(None, Status::unauthenticated("missing bearer token"));
         assert!(f.message.contains("none is configured"), "{}", f.message);
         assert!(f.message.contains("runtimes.gpu"), "{}", f.message);
     }

@@ -21,7 +21,7 @@ impl AgentRuntime {
         job: &JobRef,
         live: &L,
     ) -> EvaluationRecord {
-        if env.case.evaluator.is_none() {
+        if env.job.evaluator.is_none() {
             return not_configured();
         }
         let t = match AgentTarget::of(env) {

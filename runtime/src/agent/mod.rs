@@ -5,14 +5,17 @@
 //!
 //! - `provision` writes only the worker's side (the attempt directory, `input.json` for the
 //!   bundle); the agent prepares its own.
-//! - `submit` sends the planned case; a repeated submit returns the existing job. A full
-//!   agent is `RUNTIME_FULL` (retryable infra); the caller decides whether to wait.
+//! - `submit` sends the attempt's job (`JobSpec`, built from the planned case by
+//!   `job_spec::from_planned`) with this worker's contract version; a repeated submit returns
+//!   the existing job. A full agent is `RUNTIME_FULL` (retryable infra); the caller decides
+//!   whether to wait. An agent of another contract version is the config failure
+//!   `RUNTIME_CONTRACT`, naming both versions and the side to upgrade.
 //! - `await_job` watches the job, heartbeating its reference every second; a broken stream
 //!   (the agent restarting) is watched again with backoff, until the agent has been
 //!   unreachable for [`Timing::unreachable_grace`] (then `RUNTIME_UNREACHABLE`). When the job
 //!   ends, its files are fetched into the bundle ([`artifacts`]) and the agent's classified
 //!   report is returned. A cancelled wait leaves the job running (see [`OnCancel`]).
-//! - `evaluate` asks the agent to run the case's evaluator where the actor ran, inside the
+//! - `evaluate` asks the agent to run the job's evaluator where the actor ran, inside the
 //!   job's cgroup (so the agent's cleanup receipt covers it); idempotent by key, retried while
 //!   the agent is unreachable; then the evaluator's result and logs are fetched
 //!   (`evaluate.rs`). An agent without the call is a config failure saying to upgrade it.
@@ -41,7 +44,7 @@ use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, St
 use tonic::transport::Channel;
 
 pub use error::AgentError;
-pub use target::{AgentTarget, TokenSource, is_loopback};
+pub use target::{AgentTarget, TABLE_KEYS, is_loopback};
 
 use crate::{AttemptEnv, Liveness, NotStarted, OnCancel, Runtime, attempt_io};
 use calls::{Outage, beating};

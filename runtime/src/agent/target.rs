@@ -20,6 +20,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Uri};
 
 use super::AgentError;
 use crate::AttemptEnv;
+use crate::token::TokenSource;
 
 /// How long opening a connection may take before the agent counts as unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -27,53 +28,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// within about this long instead of a Watch hanging forever.
 const KEEPALIVE: Duration = Duration::from_secs(10);
 
-/// Where the bearer token is read from, on the worker.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TokenSource {
-    None,
-    /// An environment variable of the worker (`token_env`).
-    Env(String),
-    /// A file on the worker (`token_file`), trimmed.
-    File(PathBuf),
-}
-
-impl TokenSource {
-    /// Where the token comes from, for messages: `$NAME`, `file /path`, or that there is none.
-    pub fn describe(&self) -> String {
-        match self {
-            TokenSource::None => "no token (neither token_env nor token_file is set)".into(),
-            TokenSource::Env(name) => format!("${name}"),
-            TokenSource::File(path) => format!("file {}", path.display()),
-        }
-    }
-
-    /// Reads the token now. `Err` says what is wrong with the source, never the token.
-    pub fn read(&self, runtime: &str) -> Result<Option<String>, AgentError> {
-        let token = match self {
-            TokenSource::None => return Ok(None),
-            TokenSource::Env(name) => std::env::var(name).map_err(|_| {
-                AgentError::Auth(format!(
-                    "runtime `{runtime}`: token_env names ${name}, which is not set (or not \
-                     UTF-8) in this worker's environment: set it where every worker runs"
-                ))
-            })?,
-            TokenSource::File(path) => std::fs::read_to_string(path).map_err(|e| {
-                AgentError::Auth(format!(
-                    "runtime `{runtime}`: cannot read its token_file {}: {e}",
-                    path.display()
-                ))
-            })?,
-        };
-        let token = token.trim();
-        if token.is_empty() {
-            return Err(AgentError::Auth(format!(
-                "runtime `{runtime}`: the token in {} is empty",
-                self.describe()
-            )));
-        }
-        Ok(Some(token.to_string()))
-    }
-}
+/// How a runtimes-table entry spells its token settings, for [`TokenSource`]'s messages.
+pub const TABLE_KEYS: (&str, &str) = ("token_env", "token_file");
 
 /// A runtimes-table entry of kind `agent`, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,7 +37,8 @@ pub struct AgentTarget {
     /// The entry's name in the runtimes table.
     pub name: String,
     pub endpoint: String,
-    pub token: TokenSource,
+    /// Where the worker reads the bearer token; `None`: calls carry none.
+    pub token: Option<TokenSource>,
     pub tls_ca: Option<PathBuf>,
     /// The entry's `unreachable_grace_s`: replaces every outage grace of the client.
     pub unreachable_grace: Option<std::time::Duration>,
@@ -164,9 +121,9 @@ impl AgentTarget {
                     "runtime `{name}` sets both token_env and token_file: keep one"
                 )));
             }
-            (Some(var), None) => TokenSource::Env(var.clone()),
-            (None, Some(file)) => TokenSource::File(file.into()),
-            (None, None) => TokenSource::None,
+            (Some(var), None) => Some(TokenSource::Env(var.clone())),
+            (None, Some(file)) => Some(TokenSource::File(file.into())),
+            (None, None) => None,
         };
         Ok(Self {
             name: name.to_string(),
@@ -202,13 +159,16 @@ impl AgentTarget {
         if let Some(t) = timeout {
             request.set_timeout(t);
         }
-        if let Some(token) = self.token.read(&self.name)? {
+        if let Some(source) = &self.token {
+            let token = source
+                .read(TABLE_KEYS)
+                .map_err(|e| AgentError::Auth(format!("runtime `{}`: {e}", self.name)))?;
+            // Printable ASCII (checked by `read`) is always a valid header value.
             let value = MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| {
                 AgentError::Auth(format!(
-                    "runtime `{}`: the token in {} is not a valid header value (it holds \
-                     control or non-ASCII characters)",
+                    "runtime `{}`: the token in {} is not a valid header value",
                     self.name,
-                    self.token.describe()
+                    source.describe()
                 ))
             })?;
             request.metadata_mut().insert("authorization", value);
@@ -361,37 +321,31 @@ mod tests {
         let mut s = spec("http://127.0.0.1:1");
         s.token_file = Some(file.display().to_string());
         let t = AgentTarget::from_spec("a", &s).unwrap();
-        assert_eq!(t.token.describe(), format!("file {}", file.display()));
+        assert_eq!(t.token, Some(TokenSource::File(file)));
         let req = t.request((), None).unwrap();
         assert_eq!(
             req.metadata().get("authorization").unwrap(),
             "Bearer s3cret-value"
         );
+        let none = AgentTarget::from_spec("a", &spec("http://127.0.0.1:1")).unwrap();
+        assert!(none.request((), None).unwrap().metadata().is_empty());
     }
 
+    /// The shared checks (`crate::token`), worded for the runtimes table and the runtime.
     #[test]
-    fn token_source_errors_say_where_and_never_what() {
+    fn token_errors_name_the_runtime_and_the_entry_key_never_the_token() {
         let dir = tempfile::tempdir().unwrap();
-        let auth = |r: Result<Option<String>, AgentError>| match r {
-            Err(AgentError::Auth(m)) => m,
-            other => panic!("expected an auth refusal, got {other:?}"),
-        };
-        // A name no test sets: the variable is read from the real environment.
-        let unset = TokenSource::Env("CASEBATCH_TEST_TOKEN_NEVER_SET_4711".into());
-        let m = auth(unset.read("gpu"));
+        let refused =
+            |s: &RuntimeSpec| match AgentTarget::from_spec("gpu", s).unwrap().request((), None) {
+                Err(AgentError::Auth(m)) => m,
+                other => panic!("expected an auth refusal, got {other:?}"),
+            };
+        let mut s = spec("http://127.0.0.1:1");
+        s.token_env = Some("CASEBATCH_TEST_TOKEN_NEVER_SET_4711".into());
+        let m = refused(&s);
         assert!(m.contains("runtime `gpu`"), "{m}");
-        assert!(m.contains("$CASEBATCH_TEST_TOKEN_NEVER_SET_4711"), "{m}");
-        assert!(m.contains("not set"), "{m}");
-
-        let missing = TokenSource::File(dir.path().join("absent"));
-        let m = auth(missing.read("gpu"));
-        assert!(m.contains("token_file") && m.contains("absent"), "{m}");
-
-        let blank = dir.path().join("blank");
-        std::fs::write(&blank, " \n").unwrap();
-        let m = auth(TokenSource::File(blank.clone()).read("gpu"));
         assert!(
-            m.contains("is empty") && m.contains(&blank.display().to_string()),
+            m.contains("token_env CASEBATCH_TEST_TOKEN_NEVER_SET_4711") && m.contains("not set"),
             "{m}"
         );
 
@@ -399,15 +353,12 @@ mod tests {
         std::fs::write(&bad, "line1\nline2-secret").unwrap();
         let mut s = spec("http://127.0.0.1:1");
         s.token_file = Some(bad.display().to_string());
-        let t = AgentTarget::from_spec("gpu", &s).unwrap();
-        let m = match t.request((), None) {
-            Err(AgentError::Auth(m)) => m,
-            other => panic!("expected an auth refusal, got {other:?}"),
-        };
-        assert!(m.contains("not a valid header value"), "{m}");
+        let m = refused(&s);
+        assert!(
+            m.contains("token_file") && m.contains("printable ASCII"),
+            "{m}"
+        );
         assert!(!m.contains("secret"), "the token leaked into {m}");
-
-        assert_eq!(TokenSource::None.read("gpu").unwrap(), None);
     }
 
     #[tokio::test]

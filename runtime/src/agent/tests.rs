@@ -8,6 +8,8 @@ use std::time::Duration;
 use casebatch_manifest::model::{PlannedCase, RuntimeKind, RuntimeSpec};
 use casebatch_proto::{ActorStatus, AttemptKey, FailureClass, FailureCode, JobRef};
 
+use casebatch_proto::runtime_v1 as wire;
+
 use super::*;
 
 /// An endpoint where nothing listens.
@@ -129,7 +131,8 @@ async fn an_evaluation_on_an_agent_that_is_down_is_unreachable_infra_and_heartbe
     let root = tempfile::tempdir().unwrap();
     let endpoint = closed_endpoint();
     let mut env = env(root.path(), &endpoint, None);
-    env.case.evaluator = Some(casebatch_manifest::model::CommandSpec::Shell("true".into()));
+    // What runs is the job (built from the case at the worker's edge): give it an evaluator.
+    env.attempt.job.evaluator = Some(wire::Command::shell("true"));
     let rt = fast();
     let live = Live::default();
     let job = rt.adopt(&env).unwrap();
@@ -151,6 +154,144 @@ async fn an_evaluation_on_an_agent_that_is_down_is_unreachable_infra_and_heartbe
         "it heartbeat while it waited"
     );
     // No evaluator: nothing is asked of the agent.
-    env.case.evaluator = None;
+    env.attempt.job.evaluator = None;
     assert!(!rt.evaluate(&env, &job, &live).await.configured);
+}
+
+/// A contract v1 agent, as far as a v2 worker can tell: it reads `planned_case_json` (empty
+/// from a v2 worker, so it refuses the submit the way v1 agents did) and its Health carries
+/// no contract version. Everything else is never called.
+#[derive(Default)]
+struct OldAgent {
+    submitted: Mutex<Vec<wire::SubmitRequest>>,
+}
+
+type Stream<T> =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, tonic::Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl wire::runtime_server::Runtime for OldAgent {
+    async fn submit(
+        &self,
+        request: tonic::Request<wire::SubmitRequest>,
+    ) -> Result<tonic::Response<wire::Job>, tonic::Status> {
+        let req = request.into_inner();
+        let parsed = serde_json::from_slice::<serde_json::Value>(&req.planned_case_json);
+        self.submitted.lock().unwrap().push(req);
+        let e = parsed.expect_err("a v2 worker sends no planned case");
+        // A v1 agent's exact refusal (agent/src/jobs.rs before contract v2).
+        Err(tonic::Status::invalid_argument(format!(
+            "planned_case_json is not a planned case: {e}"
+        )))
+    }
+    type WatchStream = Stream<wire::Job>;
+    async fn watch(
+        &self,
+        _: tonic::Request<wire::JobRequest>,
+    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+    async fn get(
+        &self,
+        _: tonic::Request<wire::JobRequest>,
+    ) -> Result<tonic::Response<wire::Job>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+    async fn kill(
+        &self,
+        _: tonic::Request<wire::KillRequest>,
+    ) -> Result<tonic::Response<wire::KillReply>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+    async fn cleanup(
+        &self,
+        _: tonic::Request<wire::JobRequest>,
+    ) -> Result<tonic::Response<wire::CleanupReceipt>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+    type FetchArtifactsStream = Stream<wire::ArtifactChunk>;
+    async fn fetch_artifacts(
+        &self,
+        _: tonic::Request<wire::FetchRequest>,
+    ) -> Result<tonic::Response<Self::FetchArtifactsStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+    async fn evaluate(
+        &self,
+        _: tonic::Request<wire::JobRequest>,
+    ) -> Result<tonic::Response<wire::Evaluation>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+    async fn capacity(
+        &self,
+        _: tonic::Request<wire::CapacityRequest>,
+    ) -> Result<tonic::Response<wire::CapacityReply>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+    async fn health(
+        &self,
+        _: tonic::Request<wire::HealthRequest>,
+    ) -> Result<tonic::Response<wire::HealthReply>, tonic::Status> {
+        // Built as a v1 agent built it: the version field did not exist (0 on the wire).
+        Ok(tonic::Response::new(wire::HealthReply {
+            version: "0.1.0".into(),
+            hostname: "old-box".into(),
+            uptime_ms: 1,
+            reattached: 0,
+            ..Default::default()
+        }))
+    }
+}
+
+#[tokio::test]
+async fn a_v1_agent_is_a_config_failure_saying_to_upgrade_the_agent() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let old = std::sync::Arc::new(OldAgent::default());
+    let server = tonic::transport::Server::builder().serve_with_incoming(
+        wire::runtime_server::RuntimeServer::from_arc(old.clone()),
+        tonic::transport::server::TcpIncoming::from(listener),
+    );
+    let served = tokio::spawn(server);
+
+    let root = tempfile::tempdir().unwrap();
+    let env = env(root.path(), &endpoint, None);
+    let refused = fast().submit(&env).await.unwrap_err();
+    assert!(!refused.job_may_exist, "a refusal started nothing");
+    let f = refused.failure;
+    assert_eq!(
+        (f.class, f.code.clone(), f.retryable),
+        (FailureClass::Config, FailureCode::RuntimeContract, false),
+        "{f:?}"
+    );
+    assert!(
+        f.message
+            .contains("agent speaks contract v1, this worker needs v2: upgrade the agent"),
+        "{}",
+        f.message
+    );
+    assert!(f.message.contains(&endpoint), "{}", f.message);
+    // Asked once: a config failure is not retried within the submit's grace either.
+    let sent = old.submitted.lock().unwrap();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].contract_version, wire::CONTRACT_VERSION);
+    assert_eq!(sent[0].job.as_ref(), Some(&env.job));
+    served.abort();
+}
+
+/// A v2 agent names both versions itself when a worker of another version asks.
+#[test]
+fn an_agents_own_version_refusal_is_a_contract_failure() {
+    let spec = env(std::path::Path::new("/b"), "http://127.0.0.1:1", None);
+    let t = AgentTarget::of(&spec).unwrap();
+    let status = tonic::Status::failed_precondition(
+        "this worker speaks contract v3, this agent speaks contract v2: upgrade the agent",
+    );
+    let e = AgentError::from_status(&t, "submit of job b/0/1", &status);
+    assert!(matches!(e, AgentError::Contract(_)), "{e:?}");
+    let f = e.failure(casebatch_proto::Stage::Submit);
+    assert_eq!(
+        (f.class, f.code),
+        (FailureClass::Config, FailureCode::RuntimeContract)
+    );
 }
