@@ -11,7 +11,7 @@ use casebatch_proto::{FailureClass, Stage};
 use crate::{AttemptRecord, CaseRecordState, CaseResult};
 
 /// A share of cases, with what it is a share of.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Rate {
     pub passed: usize,
     pub of: usize,
@@ -33,7 +33,7 @@ impl Rate {
 }
 
 /// Mean of one numeric score over the cases that report it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ScoreStat {
     pub n: usize,
     pub mean: f64,
@@ -42,7 +42,7 @@ pub struct ScoreStat {
 }
 
 /// Percentiles of durations, in milliseconds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Durations {
     pub n: usize,
     pub p50_ms: u64,
@@ -66,7 +66,7 @@ impl Durations {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BatchStats {
     /// Succeeded among the cases that finished (succeeded or failed).
     pub pass_rate: Rate,

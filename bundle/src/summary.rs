@@ -14,7 +14,7 @@ use crate::records::{AttemptRecord, CaseRecordState, CaseResult, RECORD_SCHEMA_V
 use crate::{Bundle, BundleError, read_json_if_present, write_json_atomic};
 
 /// `batch_summary.json`: counts, failure breakdown, one row per case.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BatchSummary {
     pub schema_version: String,
     pub batch_id: String,
@@ -62,7 +62,7 @@ impl BatchSummary {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SummaryRow {
     pub case_id: String,
     pub case_dir: String,

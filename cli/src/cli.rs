@@ -201,18 +201,12 @@ pub enum HarnessCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Print the JSON Schema of a configuration file.
+    /// Print a JSON Schema: of the batch manifest (default), or of a command's `--json` output.
     Schema {
-        /// Which configuration file.
-        #[arg(long, value_enum)]
-        kind: SchemaKind,
+        /// The batch manifest (`batch`), or the `--json` view of a command.
+        #[arg(long, value_enum, default_value = "batch")]
+        kind: casebatch_views::ViewKind,
     },
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum SchemaKind {
-    /// The YAML/JSON batch manifest.
-    Batch,
 }
 
 #[derive(Debug, Subcommand)]

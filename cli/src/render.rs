@@ -12,6 +12,8 @@ use casebatch_control::{
 use casebatch_manifest::{Plan, RuntimeKind};
 use casebatch_proto::{BatchEnd, BatchOutcome, BatchStatus, Counters, Counts, OOM_BOOST_CAP_MB};
 
+use casebatch_views::{RunEnd, RunView};
+
 use crate::exit::Exit;
 
 /// `[simulation] ` when any case runs on the fake runtime.
@@ -200,30 +202,44 @@ pub fn json(value: &impl serde::Serialize) {
     );
 }
 
-/// Prints how a run ended; returns the exit code it deserves.
 /// The run's outcome as one JSON object on stdout (`--json`); same exit code as the text.
 pub fn run_report_json(report: &RunReport) -> Exit {
     let plan = &report.plan;
-    let mut v = serde_json::json!({
-        "batch_id": plan.batch_id,
-        "bundle": report.bundle.root(),
-        "simulated": !sim_tag(plan).is_empty(),
-    });
-    match &report.ending {
-        Ending::Ran(o) => {
-            v["end"] = serde_json::json!(o.end);
-            v["counts"] = serde_json::json!(o.status.counts);
-            v["counters"] = serde_json::json!(o.status.counters);
-        }
+    let (end, counts, counters) = match &report.ending {
+        Ending::Ran(o) => (
+            o.end.into(),
+            o.status.counts.clone(),
+            Some(o.status.counters.clone()),
+        ),
         Ending::AlreadyComplete(summary) => {
-            v["end"] = "already_complete".into();
-            v["counts"] = serde_json::json!(summary.counts);
+            (RunEnd::AlreadyComplete, summary_counts(summary), None)
         }
-    }
-    json(&v);
+    };
+    json(&RunView {
+        batch_id: plan.batch_id.clone(),
+        bundle: report.bundle.root().to_path_buf(),
+        simulated: !sim_tag(plan).is_empty(),
+        end,
+        counts,
+        counters,
+    });
     report.verdict().into()
 }
 
+/// A finished batch's summary counts (by state name) as a run's counts: retrying cases are
+/// waiting for their next attempt, so they count as queued.
+fn summary_counts(summary: &casebatch_bundle::BatchSummary) -> Counts {
+    let n = |state: &str| summary.count(state) as u32;
+    Counts {
+        queued: n("queued") + n("retrying"),
+        running: n("running"),
+        succeeded: n("succeeded"),
+        failed: n("failed"),
+        cancelled: n("cancelled"),
+    }
+}
+
+/// Prints how a run ended; returns the exit code it deserves.
 pub fn run_report(report: &RunReport) -> Exit {
     let plan = &report.plan;
     match &report.ending {

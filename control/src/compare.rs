@@ -6,51 +6,10 @@ use std::path::Path;
 
 use casebatch_bundle::stats::{BatchStats, Rate};
 use casebatch_bundle::{Bundle, CaseResult, read_json, summary};
-use serde::Serialize;
+pub use casebatch_views::compare::{BatchDiff, Flip, Listed, RateDelta, ScoreDelta};
 
 use crate::error::Result;
 use crate::location::{BatchLocation, absolute};
-
-/// Two batches lined up by case id.
-#[derive(Debug, Clone, Serialize)]
-pub struct BatchDiff {
-    pub a: String,
-    pub b: String,
-    /// The batches ran the same task list (equal plan fingerprints).
-    pub same_task_list: bool,
-    /// Cases in both whose state changed, in plan order of `a`.
-    pub flipped: Vec<Flip>,
-    pub only_in_a: Vec<String>,
-    pub only_in_b: Vec<String>,
-    pub pass_rate: RateDelta,
-    pub pass_rate_excluding_infra: RateDelta,
-    /// By score name, over the cases that report it as a number in both.
-    pub scores: BTreeMap<String, ScoreDelta>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Flip {
-    pub case_id: String,
-    pub from: String,
-    pub to: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct RateDelta {
-    pub a: Rate,
-    pub b: Rate,
-    /// `b − a`; `None` when either has no denominator.
-    pub delta: Option<f64>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ScoreDelta {
-    /// Cases with the score in both batches.
-    pub n: usize,
-    pub mean_a: f64,
-    pub mean_b: f64,
-    pub delta: f64,
-}
 
 /// One side: each case's latest result by id, in plan order, and the batch's stats.
 struct Side {
@@ -158,18 +117,6 @@ pub fn diff(a: &BatchLocation, b: &BatchLocation) -> Result<BatchDiff> {
         ),
         scores,
     })
-}
-
-/// One batch of an output root, as its bundle shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct Listed {
-    pub batch_id: String,
-    pub cases: usize,
-    /// Cases by state (from the last written summary; empty before the first one).
-    pub counts: BTreeMap<String, usize>,
-    /// `all succeeded`, `failures`, `unfinished`, or `not run` (no summary yet).
-    pub outcome: String,
-    pub pass_rate: Option<f64>,
 }
 
 /// The batches under `output_dir`, by id.

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use casebatch_bundle::Bundle;
-use casebatch_history::{HistoryIndex, MedianRow, Refreshed, harness_identity};
+use casebatch_history::{HistoryIndex, harness_identity};
 use casebatch_manifest::{Plan, SpreadWeights};
 
 use crate::error::{ControlError, Result};
@@ -22,13 +22,7 @@ pub fn index_path(output_root: &Path, flag: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| HistoryIndex::default_path(output_root))
 }
 
-/// What `casebatch history` shows.
-#[derive(Debug, serde::Serialize)]
-pub struct HistoryView {
-    pub index: PathBuf,
-    pub refreshed: Refreshed,
-    pub medians: Vec<MedianRow>,
-}
+pub use casebatch_views::HistoryView;
 
 /// Refreshes the index from the bundles under `output_root` (or, with `rebuild`, builds it
 /// again from nothing) and reads its per-harness, per-runtime medians.

@@ -70,7 +70,7 @@ pub enum HistoryError {
 }
 
 /// What a refresh did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Refreshed {
     /// Bundles (re)indexed: new, or their `batch_attempts.json` changed.
     pub indexed: u32,
@@ -85,7 +85,7 @@ pub struct Refreshed {
 }
 
 /// The durations of one harness on one runtime.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct MedianRow {
     /// [`harness_identity`] of the harness command.
     pub harness: String,
@@ -101,7 +101,7 @@ pub struct MedianRow {
 }
 
 /// How to split a batch's cases over a list of runtimes: relative speeds, 100 = average.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Weights {
     /// Each runtime once, in the order first given, with its weight (1..=10 000).
     pub by_runtime: Vec<(String, u32)>,

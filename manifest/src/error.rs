@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 /// One thing wrong with a manifest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct Problem {
     /// 1-based line in the manifest, where known.
     pub line: Option<usize>,

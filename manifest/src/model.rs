@@ -444,7 +444,7 @@ pub struct Plan {
 }
 
 /// Per-runtime weights for dealing the cases of `runtime:` lists, and where they came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SpreadWeights {
     /// By runtime name: cases are dealt in proportion to the weight.
     pub weights: BTreeMap<String, u32>,

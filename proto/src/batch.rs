@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Start (or continue-as-new) input of `BatchWorkflow`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BatchInput {
     pub batch_id: String,
     /// Absolute path of the batch's bundle directory.
@@ -67,7 +67,7 @@ fn is_zero(n: &u32) -> bool {
 /// When a straggler of a routed case gets a duplicate on another runtime of its list: once
 /// every case has been dispatched, after `2 ×` the median duration of the batch's finished
 /// attempts, never sooner than [`Speculation::FLOOR_MS`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Speculation {
     /// The run-history index's median for this harness: the median used until an attempt of
     /// this batch has run to its end. `None`: no duplicate before one has.
@@ -82,7 +82,7 @@ impl Speculation {
 
 /// The runtime lists of a batch, compact: runtimes are named once, lists and cases refer to
 /// them by index.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Routes {
     /// Every runtime some list names, with its breaker settings.
     pub runtimes: Vec<RouteRuntime>,
@@ -93,7 +93,7 @@ pub struct Routes {
     pub cases: Vec<Option<CaseRoute>>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RouteRuntime {
     pub name: String,
     #[serde(default)]
@@ -102,12 +102,12 @@ pub struct RouteRuntime {
 
 /// `[list, home]`: the index into `Routes::lists` and the position, in that list, of the
 /// runtime the plan dealt the case to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CaseRoute(pub u16, pub u16);
 
 /// What a runtime lets one batch run on it at once (a runtimes-table entry's
 /// `max_concurrent` and `memory_budget_mb`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Envelope {
     /// The runtimes-table name, for the timeline.
     pub runtime: String,
@@ -120,7 +120,9 @@ pub struct Envelope {
 /// One case's load, compact (`[envelope, memory_mb]` in history): the index into
 /// `BatchInput::envelopes` it counts against (`None`: its runtime has no envelope), and its
 /// declared memory in MiB (0: none declared, admitted outside the budget).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct CaseLoad(pub Option<u16>, pub u64);
 
 /// Active case limit: what a manifest may ask for and what `set_concurrency` accepts.
@@ -130,7 +132,7 @@ pub const CONCURRENCY_RANGE: std::ops::RangeInclusive<u32> = 1..=512;
 pub const OOM_BOOST_CAP_MB: u64 = 16 * 1024;
 
 /// Compact state that survives continue-as-new and resume.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Carried {
     pub slots: Vec<CaseSlot>,
     pub counters: Counters,
@@ -148,7 +150,7 @@ pub struct Carried {
 
 /// A case's final failure that its worker could not write into the bundle (it may not write
 /// there): kept by the engine so the runner, which can, records it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct UnrecordedFailure {
     pub case: u32,
     pub attempts: u32,
@@ -156,7 +158,9 @@ pub struct UnrecordedFailure {
 }
 
 /// Per-case state in the workflow. `Running` never survives a run: a resumed run re-queues it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum CaseState {
     #[default]
@@ -176,7 +180,9 @@ impl CaseState {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct CaseSlot {
     #[serde(rename = "s")]
     pub state: CaseState,
@@ -186,7 +192,7 @@ pub struct CaseSlot {
 }
 
 /// Running totals the report shows.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Counters {
     /// Attempts whose in-flight job was re-attached after a crash (zero re-run).
     pub adopted: u32,
@@ -272,7 +278,7 @@ impl Counters {
 }
 
 /// One step of the progress timeline.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct TimelineStep {
     /// Workflow time (ms since the epoch), deterministic under replay.
     pub at_ms: u64,
@@ -282,7 +288,7 @@ pub struct TimelineStep {
     pub message: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Counts {
     pub queued: u32,
     pub running: u32,
@@ -316,7 +322,9 @@ impl Counts {
 }
 
 /// What admission is doing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     #[default]
@@ -329,7 +337,7 @@ pub enum Phase {
 }
 
 /// How a workflow run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BatchEnd {
     /// Every case reached a terminal state.
@@ -345,7 +353,7 @@ pub enum BatchEnd {
 }
 
 /// Answer of the `status` query, and (with `end`) the workflow's result.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BatchStatus {
     pub batch_id: String,
     pub phase: Phase,
@@ -379,7 +387,7 @@ pub struct BatchStatus {
 }
 
 /// One runtime envelope's use by the batch, in `status`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct EnvelopeUse {
     pub runtime: String,
     /// The batch's cases in flight on the runtime.
@@ -396,7 +404,7 @@ pub struct EnvelopeUse {
 }
 
 /// The workflow's result: final status plus the per-case slots a resume starts from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BatchOutcome {
     pub end: BatchEnd,
     pub status: BatchStatus,

@@ -20,7 +20,7 @@ pub const DEFAULT_BREAKER_FAILURES: u32 = 3;
 pub const DEFAULT_BREAKER_COOLDOWN_S: u64 = 30;
 
 /// A runtime's breaker settings (runtimes-table `breaker_failures`, `breaker_cooldown_s`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BreakerSettings {
     pub failures: u32,
     pub cooldown_s: u64,
@@ -47,14 +47,14 @@ pub fn breaker_workflow_id(runtime: &str, location: &str) -> String {
 }
 
 /// What a `start` activity asks its runtime's breaker.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BreakerAsk {
     pub runtime: String,
     pub settings: BreakerSettings,
     pub ask: Ask,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Ask {
     /// May a case be dispatched now?
@@ -65,7 +65,7 @@ pub enum Ask {
 }
 
 /// The breaker's answer to [`Ask::Dispatch`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Grant {
     /// Closed: go.
@@ -77,7 +77,9 @@ pub enum Grant {
 }
 
 /// The breaker's state, as its query and every answer to `ask` tell it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct BreakerState {
     /// Consecutive retryable infra dispatch failures since the last success.
     pub failures: u32,
@@ -90,14 +92,14 @@ pub struct BreakerState {
 }
 
 /// The answer to one [`BreakerAsk`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BreakerAnswer {
     pub grant: Grant,
     pub state: BreakerState,
 }
 
 /// What a batch learns about a runtime's circuit from a `start` result.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Circuit {
     pub runtime: String,
     /// Open (or half-open with a probe out): dispatches there are refused until `retry_at_ms`.

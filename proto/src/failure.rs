@@ -4,7 +4,19 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// The stage of the per-case pipeline a failure was born in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
     Provision,
@@ -16,7 +28,19 @@ pub enum Stage {
 }
 
 /// Whose fault a failure is. Decides retry: only `Infra` is ever retried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureClass {
     /// The platform's fault: placement, network, runtime down, platform timeout, OOM.
@@ -161,6 +185,20 @@ impl fmt::Display for FailureCode {
     }
 }
 
+/// A wire name: one of ours (`"OOM_KILLED"`) or one a harness declared.
+impl schemars::JsonSchema for FailureCode {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "FailureCode".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "description": "A stable failure code's wire name (`OOM_KILLED`), or one a harness declared."
+        })
+    }
+}
+
 impl Serialize for FailureCode {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(self.as_str())
@@ -175,7 +213,7 @@ impl<'de> Deserialize<'de> for FailureCode {
 }
 
 /// `{stage, class, code, message, retryable}`, classified where the error is born.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Failure {
     pub stage: Stage,
     pub class: FailureClass,

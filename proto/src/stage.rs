@@ -9,7 +9,7 @@ use crate::breaker::Circuit;
 use crate::failure::Failure;
 
 /// Identity of one attempt of one case, plus where its bundle lives.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AttemptKey {
     pub batch_id: String,
     /// Absolute path of `<output-dir>/<batch_id>`; shared storage in cluster mode.
@@ -36,14 +36,14 @@ impl AttemptKey {
 }
 
 /// What `provision` and `submit` report. `Err` means the stage failed with a classified failure.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum StageResult {
     Ok,
     Failed(Failure),
 }
 
 /// A reference to a started job, heartbeated by `await` so a retry can re-attach to it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct JobRef {
     pub marker: String,
     pub pid: Option<u32>,
@@ -60,7 +60,7 @@ pub struct JobRef {
 }
 
 /// Status of the actor, kept apart from the evaluator's verdict and cleanup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ActorStatus {
     /// Exited 0 (or said it finished in its result JSON).
@@ -72,7 +72,7 @@ pub enum ActorStatus {
 }
 
 /// What `await` returns once the job is over.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ActorReport {
     pub status: ActorStatus,
     pub exit_code: Option<i32>,
@@ -99,7 +99,7 @@ impl ActorReport {
 }
 
 /// The evaluator's verdict on the actor's work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     Pass,
@@ -107,7 +107,7 @@ pub enum Verdict {
 }
 
 /// What `evaluate` returns. `verdict: None` with no failure means no evaluator is configured.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Evaluation {
     pub configured: bool,
     pub verdict: Option<Verdict>,
@@ -115,7 +115,7 @@ pub struct Evaluation {
 }
 
 /// The compact record of one finished attempt: what the workflow decided from the stages.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AttemptSummary {
     pub attempt: u32,
     pub actor: Option<ActorStatus>,
@@ -218,7 +218,7 @@ pub const UNANSWERED_WAIT_S: u64 = 300;
 
 /// Input of `cleanup`: it also records the attempt (cleanup runs for every provisioned attempt,
 /// so it is the one stage that sees every outcome).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CleanupInput {
     pub key: AttemptKey,
     pub summary: AttemptSummary,
@@ -235,7 +235,7 @@ pub struct CleanupInput {
 }
 
 /// The cleanup receipt's essentials.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CleanupReport {
     pub cleanup_confirmed: bool,
     pub failure: Option<Failure>,
@@ -246,7 +246,7 @@ pub struct CleanupReport {
 }
 
 /// Input of `finalize`: writes the batch-level files of the bundle.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FinalizeInput {
     pub batch_id: String,
     pub bundle_dir: String,
@@ -254,21 +254,21 @@ pub struct FinalizeInput {
 }
 
 /// What `submit` returns: the started (or already running) job, or a classified failure.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum SubmitResult {
     Started(JobRef),
     Failed(Failure),
 }
 
 /// Input of `await`: the attempt and the job `submit` started.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AwaitInput {
     pub key: AttemptKey,
     pub job: JobRef,
 }
 
 /// What `start` (provision + submit in one activity) reports.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum StartResult {
     /// The job runs (or already ran) for this attempt.
     Started(JobRef),
@@ -294,7 +294,7 @@ pub enum StartResult {
 /// What `prepare` (provision ahead of need) reports: where the environment was made, so the
 /// release of an unused one runs there; or why it could not be made (its `start` then
 /// provisions again, and fails as provision failures always do).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Prepared {
     pub host_queue: Option<String>,
     pub failure: Option<Failure>,
@@ -302,7 +302,7 @@ pub struct Prepared {
 
 /// Input of `release`: an environment provisioned ahead for an attempt that will not start in
 /// this run (the batch drains, is cancelled or superseded first).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ReleaseInput {
     pub key: AttemptKey,
     /// Why it is released, for its record: `drain`, `cancel` or `supersede`.
@@ -310,7 +310,7 @@ pub struct ReleaseInput {
 }
 
 /// Input of `settle`: the attempt and the job `start` started.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SettleInput {
     pub key: AttemptKey,
     pub job: JobRef,
@@ -325,7 +325,7 @@ pub struct SettleInput {
 /// What `settle` returns: the actor's report and, for a finished actor, the evaluation and
 /// the trace pull. Echoes its attempt key, so the workflow can check that a result belongs to
 /// the case it resolves (a guard against any replay mix-up).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Settled {
     pub key: AttemptKey,
     pub actor: ActorReport,
@@ -340,14 +340,14 @@ pub struct Settled {
 }
 
 /// Input of `sweep`: kill every job of a batch on every runtime of its plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SweepInput {
     pub batch_id: String,
     pub bundle_dir: String,
 }
 
 /// What `sweep` did, per runtime.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SweepReport {
     /// Jobs killed, as `<runtime>: <job key>`.
     pub killed: Vec<String>,

@@ -623,20 +623,7 @@ fn stop_engine(record: &EngineRecord, child: Option<&mut Child>) {
     }
 }
 
-/// What `casebatch engine status` shows about an output root's embedded engine.
-#[derive(Debug, Clone, Serialize)]
-pub struct EngineStatus {
-    pub state_dir: String,
-    pub running: bool,
-    pub address: Option<String>,
-    pub server_pid: Option<u32>,
-    pub keeper_pid: Option<u32>,
-    /// casebatch processes using it right now.
-    pub users: Vec<u32>,
-    pub idle_timeout_secs: Option<u64>,
-    pub db: String,
-    pub log: String,
-}
+pub use casebatch_views::EngineStatus;
 
 impl DevServer {
     /// The embedded engine of `output_root`, as `casebatch engine status` shows it.

@@ -3,13 +3,13 @@
 
 use clap::CommandFactory;
 
-use crate::cli::{Cli, SchemaKind};
+use casebatch_views::ViewKind;
+
+use crate::cli::Cli;
 use crate::exit::{CliError, CliResult, Exit};
 
-pub fn schema(kind: SchemaKind) -> CliResult {
-    let schema = match kind {
-        SchemaKind::Batch => casebatch_manifest::batch_schema(),
-    };
+pub fn schema(kind: ViewKind) -> CliResult {
+    let schema = kind.schema();
     say!(
         "{}",
         serde_json::to_string_pretty(&schema).expect("schema serializes")

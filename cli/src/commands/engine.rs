@@ -10,10 +10,7 @@ use crate::exit::{CliError, CliResult, Exit};
 pub fn status(output_dir: &Path, json: bool) -> CliResult {
     let s = DevServer::status(output_dir);
     if json {
-        say!(
-            "{}",
-            serde_json::to_string_pretty(&s).expect("status serializes")
-        );
+        crate::render::json(&s);
         return Ok(Exit::Success);
     }
     let root = output_dir.display();

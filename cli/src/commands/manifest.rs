@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use casebatch_control::ControlError;
-use serde_json::json;
+use casebatch_views::{PlanView, ValidateView};
 
 use crate::cli::ManifestArgs;
 use crate::exit::{CliResult, Exit};
@@ -14,25 +14,28 @@ pub fn validate(m: &ManifestArgs, as_json: bool) -> CliResult {
     if as_json {
         return match loaded {
             Ok(plan) => {
-                say!(
-                    "{}",
-                    json!({
-                        "valid": true,
-                        "file": m.manifest,
-                        "batch_id": plan.batch_id,
-                        "cases": plan.cases.len(),
-                        "fingerprint": plan.fingerprint,
-                        "warnings": plan.warnings,
-                    })
-                );
+                render::json(&ValidateView {
+                    valid: true,
+                    file: m.manifest.clone(),
+                    batch_id: Some(plan.batch_id),
+                    cases: Some(plan.cases.len()),
+                    fingerprint: Some(plan.fingerprint),
+                    warnings: Some(plan.warnings),
+                    problems: None,
+                });
                 Ok(Exit::Success)
             }
             // Refused: the problems are the answer, on stdout like a success's.
             Err(ControlError::Manifest(e)) => {
-                say!(
-                    "{}",
-                    json!({"valid": false, "file": e.file, "problems": e.problems})
-                );
+                render::json(&ValidateView {
+                    valid: false,
+                    file: e.file,
+                    batch_id: None,
+                    cases: None,
+                    fingerprint: None,
+                    warnings: None,
+                    problems: Some(e.problems),
+                });
                 Ok(Exit::Usage)
             }
             Err(e) => Err(e.into()),
@@ -52,18 +55,7 @@ pub fn validate(m: &ManifestArgs, as_json: bool) -> CliResult {
 pub fn plan(m: &ManifestArgs, output_dir: &Path, as_json: bool) -> CliResult {
     let planned = casebatch_control::plan(&m.input()?, output_dir, None)?;
     if as_json {
-        let plan = &planned.plan;
-        say!(
-            "{}",
-            json!({
-                "batch_id": plan.batch_id,
-                "cases": plan.cases.len(),
-                "fingerprint": plan.fingerprint,
-                "plan": planned.bundle.plan(),
-                "warnings": plan.warnings,
-                "spread": plan.spread,
-            })
-        );
+        render::json(&plan_view(&planned));
         return Ok(Exit::Success);
     }
     render::warnings(&planned.plan);
@@ -75,4 +67,17 @@ pub fn plan(m: &ManifestArgs, output_dir: &Path, as_json: bool) -> CliResult {
         planned.bundle.plan().display()
     );
     Ok(Exit::Success)
+}
+
+/// The `--json` answer of `batch plan` and `batch run --dry-run`.
+pub fn plan_view(planned: &casebatch_control::Planned) -> PlanView {
+    let plan = &planned.plan;
+    PlanView {
+        batch_id: plan.batch_id.clone(),
+        cases: plan.cases.len(),
+        fingerprint: plan.fingerprint.clone(),
+        plan: planned.bundle.plan(),
+        warnings: plan.warnings.clone(),
+        spread: plan.spread.clone(),
+    }
 }

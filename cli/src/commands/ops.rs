@@ -3,6 +3,7 @@
 
 use casebatch_control::Applied;
 pub use casebatch_control::Control;
+use casebatch_views::{ControlView, Effect};
 
 use crate::cli::BatchRef;
 use crate::exit::{CliResult, Exit};
@@ -33,6 +34,41 @@ pub async fn control(r: &BatchRef, control: Control) -> CliResult {
             .to_string(),
         (Control::SetConcurrency(after), _) => format!("concurrency set to {after}"),
     };
-    say!("batch {}: {what}", location.batch_id);
+    if r.json {
+        crate::render::json(&ControlView {
+            batch_id: location.batch_id.clone(),
+            operation: operation(control).into(),
+            effect: effect(control, applied),
+            message: what,
+        });
+    } else {
+        say!("batch {}: {what}", location.batch_id);
+    }
     Ok(Exit::Success)
+}
+
+/// The operation's subcommand name.
+fn operation(control: Control) -> &'static str {
+    match control {
+        Control::Drain => "drain",
+        Control::Pause => "pause",
+        Control::Unpause => "unpause",
+        Control::Cancel => "cancel",
+        Control::SetConcurrency(_) => "set-concurrency",
+        Control::Supersede => "supersede",
+    }
+}
+
+fn effect(control: Control, applied: Applied) -> Effect {
+    match (control, applied) {
+        (_, Applied::Signalled) => Effect::Signalled,
+        (Control::SetConcurrency(after), Applied::Concurrency { before }) => {
+            Effect::Concurrency { before, after }
+        }
+        (_, Applied::Concurrency { before }) => Effect::Concurrency {
+            before,
+            after: before,
+        },
+        (_, Applied::Phase(phase)) => Effect::Phase { phase },
+    }
 }

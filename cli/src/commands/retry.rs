@@ -28,9 +28,17 @@ pub async fn retry_failed(args: RetryArgs) -> CliResult {
         without_worker: args.no_worker,
     };
     let prepared = casebatch_control::retry::prepare(request).await?;
-    render::retry_plan(prepared.batch_id(), &prepared.lineage);
+    // With --json, stdout is the run's view alone.
+    if !args.batch.json {
+        render::retry_plan(prepared.batch_id(), &prepared.lineage);
+    }
     let mut progress = Progress::default();
     let report = prepared.run(&mut progress).await;
     progress.finish();
-    Ok(render::run_report(&report?))
+    let report = report?;
+    Ok(if args.batch.json {
+        render::run_report_json(&report)
+    } else {
+        render::run_report(&report)
+    })
 }

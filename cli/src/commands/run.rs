@@ -13,6 +13,10 @@ pub async fn run(args: RunArgs) -> CliResult {
         let planned =
             casebatch_control::plan(&manifest, &args.output_dir, args.history_db.as_deref())?;
         render::warnings(&planned.plan);
+        if args.json {
+            render::json(&super::manifest::plan_view(&planned));
+            return Ok(Exit::Success);
+        }
         render::spread(&planned.plan);
         say!(
             "dry run: planned {} case(s) into {}; nothing executed",

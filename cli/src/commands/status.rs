@@ -12,9 +12,11 @@ use crate::render;
 pub async fn status(r: &BatchRef) -> CliResult {
     let view = casebatch_control::status(&r.location()?, &r.engine.choice()).await?;
     if r.json {
-        render::json(
-            &serde_json::json!({ "live": view.live, "end": view.end, "status": view.status }),
-        );
+        render::json(&casebatch_views::StatusView {
+            live: view.live,
+            end: view.end,
+            status: view.status,
+        });
     } else {
         render::status(&view);
     }
@@ -31,9 +33,10 @@ pub fn report(r: &BatchRef, html: Option<&Path>) -> CliResult {
         eprintln!("wrote the HTML report to {}", out.display());
     }
     if r.json {
-        render::json(
-            &serde_json::json!({ "summary": view.summary, "redispatched": view.redispatched }),
-        );
+        render::json(&casebatch_views::ReportView {
+            summary: view.summary,
+            redispatched: view.redispatched,
+        });
     } else {
         render::report(&view);
     }
@@ -72,7 +75,10 @@ pub async fn history(
     let wid = casebatch_control::history(&r.location()?, &r.engine.choice(), run_id, breaker, out)
         .await?;
     if r.json {
-        render::json(&serde_json::json!({ "workflow_id": wid, "out": out }));
+        render::json(&casebatch_views::BatchHistoryView {
+            workflow_id: wid,
+            out: out.to_path_buf(),
+        });
     } else {
         say!("wrote the history of {wid} to {}", out.display());
     }
@@ -86,10 +92,7 @@ pub fn run_history(args: &HistoryArgs) -> CliResult {
     let view =
         casebatch_control::history_view(&args.output_dir, args.history_db.as_deref(), rebuild)?;
     if args.json {
-        say!(
-            "{}",
-            serde_json::to_string_pretty(&view).unwrap_or_default()
-        );
+        render::json(&view);
     } else {
         render::history_view(&view);
     }

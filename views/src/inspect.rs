@@ -1,0 +1,38 @@
+//! `batch status --json`, `batch report --json` and `batch history --json`: a batch looked at.
+
+use std::path::PathBuf;
+
+use casebatch_bundle::BatchSummary;
+use casebatch_proto::{BatchEnd, BatchStatus};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The answer of `batch status --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct StatusView {
+    /// The workflow is running (the status may still come from the bundle when no worker
+    /// answers the query).
+    pub live: bool,
+    /// How the last run ended, when it ended with a result.
+    pub end: Option<BatchEnd>,
+    /// The batch's status, as its workflow (or its bundle) reports it.
+    pub status: BatchStatus,
+}
+
+/// The answer of `batch report --json` (read from the bundle alone).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ReportView {
+    /// `batch_summary.json` as rebuilt from the per-case records.
+    pub summary: BatchSummary,
+    /// Attempts whose job was lost with nothing to adopt, so the case was run again.
+    pub redispatched: usize,
+}
+
+/// The answer of `batch history --json`: where a run's workflow history was exported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct BatchHistoryView {
+    /// The batch's workflow id.
+    pub workflow_id: String,
+    /// The file the history was written to.
+    pub out: PathBuf,
+}
