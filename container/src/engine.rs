@@ -33,6 +33,16 @@ pub async fn connect() -> Result<Docker, Error> {
     Docker::connect_with_defaults()?.negotiate_version().await
 }
 
+/// The `/proc/<pid>/limits` of the engine's process, when it serves a unix socket on this
+/// host (its pid from the socket's peer credentials); `None` otherwise.
+pub fn process_limits() -> Option<String> {
+    let path = address().strip_prefix("unix://")?.to_string();
+    let stream = std::os::unix::net::UnixStream::connect(path).ok()?;
+    let peer =
+        nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    std::fs::read_to_string(format!("/proc/{}/limits", peer.pid())).ok()
+}
+
 pub fn unreachable(stage: Stage, e: &Error) -> Failure {
     Failure::infra(
         stage,

@@ -4,11 +4,12 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, ResourcesUlimits};
 use casebatch_proto::runtime_v1::{Command, Sandbox};
 use casebatch_proto::{Failure, FailureCode, Stage};
 use casebatch_runtime::{Attempt, attempt_files, case_env};
 
+use crate::engine;
 use crate::names::{Role, labels};
 
 /// Where the attempt directory is mounted in its containers. The harness contract's paths:
@@ -65,6 +66,41 @@ fn environment(attempt: &Attempt, role: Role, stage: Stage) -> Result<Vec<String
         .collect())
 }
 
+/// One limit (`soft hard`) from a `/proc/<pid>/limits` text; unlimited is `u64::MAX`.
+fn limit_of(text: &str, row: &str) -> Option<(u64, u64)> {
+    let line = text.lines().find(|l| l.starts_with(row))?;
+    let mut fields = line[row.len()..].split_whitespace();
+    let value = |v: &str| match v {
+        "unlimited" => Some(u64::MAX),
+        v => v.parse().ok(),
+    };
+    Some((value(fields.next()?)?, value(fields.next()?)?))
+}
+
+/// Limits on open files and processes, set on each container explicitly: no more than the
+/// worker has, nor than the engine itself has when it serves a socket on this host (runc runs
+/// under it and may not raise them: podman's defaults exceed them on these machines, and the
+/// container then fails to start).
+fn ulimits() -> Vec<ResourcesUlimits> {
+    let own = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let engine = engine::process_limits().unwrap_or_default();
+    let as_api = |v: u64| i64::try_from(v).unwrap_or(-1);
+    [("Max open files", "nofile"), ("Max processes", "nproc")]
+        .into_iter()
+        .filter_map(|(row, name)| {
+            let (mut soft, mut hard) = limit_of(&own, row)?;
+            if let Some((s, h)) = limit_of(&engine, row) {
+                (soft, hard) = (soft.min(s), hard.min(h));
+            }
+            Some(ResourcesUlimits {
+                name: Some(name.into()),
+                soft: Some(as_api(soft.min(hard))),
+                hard: Some(as_api(hard)),
+            })
+        })
+        .collect()
+}
+
 fn limits(attempt: &Attempt, sandbox: &Sandbox) -> HostConfig {
     // Memory and swap alike: a limit the container could page past would not be one.
     let memory = attempt
@@ -76,6 +112,7 @@ fn limits(attempt: &Attempt, sandbox: &Sandbox) -> HostConfig {
         memory_swap: memory,
         nano_cpus: cpu.map(|c| (c * 1e9) as i64),
         network_mode: (sandbox.network == "none").then(|| "none".into()),
+        ulimits: Some(ulimits()),
         mounts: Some(vec![Mount {
             target: Some(MOUNT.into()),
             source: Some(attempt.dir.display().to_string()),
@@ -176,6 +213,14 @@ mod tests {
         assert_eq!(host.memory_swap, host.memory);
         assert_eq!(host.nano_cpus, Some(1_500_000_000));
         assert_eq!(host.network_mode.as_deref(), Some("none"));
+        let ulimits = host.ulimits.unwrap();
+        let text = "Limit  Soft  Hard  Units\nMax processes  32768  unlimited  processes\n";
+        assert_eq!(limit_of(text, "Max processes"), Some((32768, u64::MAX)));
+        let nofile = ulimits.iter().find(|u| u.name.as_deref() == Some("nofile"));
+        assert!(
+            nofile.is_some_and(|u| u.soft.is_some() && u.hard.is_some()),
+            "{ulimits:?}"
+        );
         let mount = &host.mounts.unwrap()[0];
         assert_eq!(
             mount.source.as_deref(),
