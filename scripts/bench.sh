@@ -11,6 +11,8 @@
 #   ONLY=local scripts/bench.sh # only the local-process cost per case (sleep 1, true, 256 wide)
 #   ONLY=prepare scripts/bench.sh # only provision-ahead against provisioning at dispatch
 #   ONLY=aged scripts/bench.sh  # only an agent with 300,000 ended jobs against a fresh one
+#   ONLY=containers scripts/bench.sh # only 200 x true in containers against podman run (needs
+#                               # DOCKER_HOST=$(bash scripts/container-engine.sh))
 #
 # Per scenario: wall time, cases/s, the ratio to xargs, and the CPU time (user + system) of
 # casebatch's own runner process (worker in-process) and of the embedded Temporal server.
@@ -40,6 +42,7 @@ manifest() { # name runtime harness count concurrency
     echo "  concurrency: $5"
     echo "  runtime: $2"
     [ -n "$3" ] && echo "  harness: '$3'"
+    [ -n "${SANDBOX_IMAGE:-}" ] && echo "  sandbox: {provider: container, template: '$SANDBOX_IMAGE'}"
     echo "tasks:"
     for i in $(seq 1 "$4"); do echo "  - task_id: case-$i"; done
   } > "$f"
@@ -263,6 +266,18 @@ prepare_vs_dispatch() {
 }
 
 echo "casebatch benchmark: N=$N, concurrency $C, $(nproc) cores, embedded dev server, median of $RUNS"
+# 200 x `true`, each in a fresh container, 16 in flight, against `xargs -P 16` running `podman
+# run --rm IMAGE true` through the same engine: what casebatch's durability (records, labels,
+# log harvest, evaluator check, confirmed removal) costs on top of the engine's own create,
+# start, wait and remove. The engine's CPU is podman's, not casebatch's, and is not counted.
+containers_vs_podman_run() {
+  : "${DOCKER_HOST:?export DOCKER_HOST=\$(bash scripts/container-engine.sh)}"
+  local image=localhost/casebatch-test-busybox:1
+  SANDBOX_IMAGE=$image C=16 scenario "container sandbox, trivial command (true)" local-process \
+    'true' "${N_CONTAINERS:-200}" "podman --url $DOCKER_HOST run --rm $image true"
+}
+
+if [ "${ONLY:-}" = containers ]; then containers_vs_podman_run; exit 0; fi
 if [ "${ONLY:-}" = agent ]; then agent_vs_local; exit 0; fi
 if [ "${ONLY:-}" = tail ]; then tail_vs_uniform; exit 0; fi
 if [ "${ONLY:-}" = local ]; then local_cost; exit 0; fi

@@ -27,6 +27,7 @@ use tracing::Instrument;
 
 use crate::breakers::{BreakerOf, Breakers};
 use crate::timings::StageTimings;
+use casebatch_container::ContainerRuntime;
 use casebatch_runtime::agent::AgentRuntime;
 use casebatch_runtime::attempt_io;
 use casebatch_runtime::evaluator;
@@ -42,6 +43,7 @@ use casebatch_telemetry::{AttemptEnd, Metrics};
 #[derive(Default)]
 pub struct CaseActivities {
     local: LocalProcess,
+    container: ContainerRuntime,
     fake: Fake,
     agent: AgentRuntime,
     plans: Mutex<HashMap<String, Arc<Plan>>>,
@@ -96,6 +98,11 @@ fn now_ms() -> u64 {
 macro_rules! with_runtime {
     ($self:ident, $env:expr, |$rt:ident| $body:expr) => {
         match $env.case.runtime {
+            // A container sandbox is a local runtime too: the engine is this host's.
+            RuntimeKind::LocalProcess if $env.job.sandbox.is_some() => {
+                let $rt = &$self.container;
+                $body
+            }
             RuntimeKind::LocalProcess => {
                 let $rt = &$self.local;
                 $body
@@ -1015,6 +1022,7 @@ impl CaseActivities {
                 checks: vec!["not_submitted".into()],
                 escaped: Vec::new(),
                 held_job: Some(false),
+                containers: Vec::new(),
             };
         }
         if closing.patient {

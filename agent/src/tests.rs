@@ -601,7 +601,10 @@ async fn unknown_keys_other_bundles_and_bad_requests_are_refused() {
     );
     // A sandbox this agent cannot provide is refused, never run on the host instead.
     let mut sandboxed = planned(3, "true", &[], None);
-    sandboxed.sandbox = Some(pb::Sandbox {});
+    sandboxed.sandbox = Some(pb::Sandbox {
+        image: "busybox".into(),
+        ..pb::Sandbox::default()
+    });
     let sandboxed = submit(&mut c, &key("bundles", 3), &sandboxed)
         .await
         .unwrap_err();

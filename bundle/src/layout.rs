@@ -103,6 +103,10 @@ pub mod attempt_files {
     pub const STAGES: &str = "stages.jsonl";
     /// The runtime's job identity (pid, start time, marker).
     pub const JOB: &str = "job.json";
+    /// The container runtime's record of the attempt's container (name, image, creation),
+    /// written before the container is created: a container of the attempt exists only if
+    /// this file does.
+    pub const CONTAINER: &str = "container.json";
     /// The harness's exit status, written by the wrapper that outlives a worker crash.
     pub const EXIT: &str = "exit_status";
     /// `<pid> <start ticks>` of the wrapper, written as its first act, before the harness runs:

@@ -220,6 +220,27 @@ pub struct CleanupReceipt {
     /// Whether the runtime held a job of this attempt (absent in older receipts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_job: Option<bool>,
+    /// The attempt's containers as the engine knew them before their removal (an attempt in
+    /// a `sandbox.provider: container` sandbox; absent otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<ContainerFacts>,
+}
+
+/// One container of an attempt, as its cleanup found it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerFacts {
+    /// `actor` (the harness) or `evaluator`.
+    pub role: String,
+    pub name: String,
+    pub id: String,
+    /// The image as the manifest names it, and the engine's id (digest) of what ran.
+    pub image: String,
+    pub image_id: String,
+    pub exit_code: Option<i64>,
+    /// The engine's `State.OOMKilled`.
+    pub oom_killed: bool,
+    /// True once the engine answered that it no longer knows the container.
+    pub removed: bool,
 }
 
 /// `attempts/<n>/evaluation.json`.

@@ -67,6 +67,9 @@ pub enum Command {
     /// commands start when no cluster is named): whether it runs, who uses it, stopping it.
     #[command(subcommand)]
     Engine(EngineCommand),
+    /// The containers of `sandbox.provider: container` on this host's engine.
+    #[command(subcommand)]
+    Sandbox(SandboxCommand),
     /// Print a shell completion script (e.g. `casebatch completions bash >
     /// /etc/bash_completion.d/casebatch`).
     Completions {
@@ -75,6 +78,22 @@ pub enum Command {
     },
     /// Print the man page (roff), e.g. `casebatch man > casebatch.1`.
     Man,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum SandboxCommand {
+    /// List the containers casebatch labelled on the engine at `DOCKER_HOST` (or the default
+    /// socket) and which are garbage: their bundle is gone, or their attempt is closed (its
+    /// cleanup ran). A dry run unless `--apply`, which removes the garbage; another user's
+    /// containers are listed and never removed.
+    Gc {
+        /// Remove the garbage (without it, only list).
+        #[arg(long)]
+        apply: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Clone, Subcommand)]

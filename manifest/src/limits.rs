@@ -18,10 +18,15 @@ pub const MAX_RETRIES_RANGE: RangeInclusive<u32> = 0..=5;
 pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 60 * 60;
 /// Accepted `timeout_seconds`.
 pub const TIMEOUT_SECONDS_RANGE: RangeInclusive<u64> = 1..=MAX_TIMEOUT_SECONDS;
-/// The `sandbox.provider`s a runtime provides today. `local` is the host's processes in the
-/// attempt's cgroup; any other name would be copied into the plan and then ignored, the
-/// harness running on the host, so it is refused until a runtime implements it.
-pub const SANDBOX_PROVIDERS: &[&str] = &["local"];
+/// The `sandbox.provider`s a runtime provides. `local` is the host's processes in the
+/// attempt's cgroup; `container` is one OCI container per attempt (Docker Engine API). Any
+/// other name would be copied into the plan and then ignored, the harness running on the
+/// host, so it is refused.
+pub const SANDBOX_PROVIDERS: &[&str] = &["local", "container"];
+/// A container's `sandbox.network`: `none` (loopback only) or `default` (the engine's).
+pub const SANDBOX_NETWORKS: &[&str] = &["none", "default"];
+/// A container's `sandbox.pull`: when the image is fetched from its registry.
+pub const SANDBOX_PULLS: &[&str] = &["if-missing", "always", "never"];
 /// Longest sandbox `lifetime`, in seconds (the same 7 days).
 pub const MAX_SANDBOX_LIFETIME_SECONDS: u64 = MAX_TIMEOUT_SECONDS;
 /// Longest scripted duration of a `fake` attempt, in milliseconds (the same 7 days).

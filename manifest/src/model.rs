@@ -96,15 +96,53 @@ pub struct Defaults {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Sandbox {
-    /// Where the attempt's processes live: only `local` today (the host's processes, in the
-    /// attempt's own cgroup). Another name is refused until a runtime provides it.
+    /// Where the attempt's processes live: `local` (the host's processes, in the attempt's
+    /// own cgroup) or `container` (one OCI container per attempt, through the Docker Engine
+    /// API of `DOCKER_HOST` or the default socket).
     #[schemars(extend("enum" = crate::limits::SANDBOX_PROVIDERS))]
     pub provider: String,
+    /// The container's image (`container`: required; `local`: not used).
     pub template: Option<String>,
+    /// The image's platform, passed to the engine as is (`linux/amd64`).
     pub platform: Option<String>,
-    /// Attempt lifetime in seconds: 1 to 604800 (7 days).
+    /// Attempt lifetime in seconds: 1 to 604800 (7 days). A container is killed this long
+    /// after it started, whatever its timeout says.
     #[schemars(range(min = 1, max = crate::limits::MAX_SANDBOX_LIFETIME_SECONDS))]
     pub lifetime: Option<u64>,
+    /// `container` only: `none` gives the container no network but its own loopback;
+    /// `default` (the default) is the engine's default network.
+    #[schemars(extend("enum" = crate::limits::SANDBOX_NETWORKS))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+    /// `container` only: `if-missing` (the default) pulls an image the engine lacks,
+    /// `always` pulls before every attempt, `never` fails an attempt whose image is missing.
+    #[schemars(extend("enum" = crate::limits::SANDBOX_PULLS))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull: Option<String>,
+    /// `container` only: the user the harness runs as (`1000`, `1000:1000`, a name the
+    /// image knows); the image's own user when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+impl Sandbox {
+    /// `provider: local` and nothing else: the host's processes.
+    pub fn local() -> Self {
+        Self {
+            provider: "local".into(),
+            template: None,
+            platform: None,
+            lifetime: None,
+            network: None,
+            pull: None,
+            user: None,
+        }
+    }
+
+    /// One container per attempt.
+    pub fn is_container(&self) -> bool {
+        self.provider == "container"
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -470,6 +470,8 @@ struct Earlier {
     dealer: Dealer,
     /// A missing default harness is reported once, not per case.
     default_harness_reported: bool,
+    /// So is a default container sandbox on a runtime that cannot provide it.
+    default_sandbox_reported: bool,
 }
 
 fn resolve_case(
@@ -486,8 +488,10 @@ fn resolve_case(
     // is unknown, so nothing more is said about this case.
     let named = case_runtimes(&decl, defaults, runtimes, r).ok()?;
     let mut runtime_spread = Vec::new();
+    let mut kinds = Vec::new();
     let (runtime, runtime_name) = match named {
         Some((choice, mut found)) => {
+            kinds = found.iter().map(|(kind, _)| *kind).collect();
             let share = match choice {
                 RuntimeChoice::One(_) => 0,
                 RuntimeChoice::Spread(names) => {
@@ -535,6 +539,10 @@ fn resolve_case(
             );
         }
     }
+    if kinds.is_empty() {
+        kinds.extend(runtime);
+    }
+    check_sandbox_runtime(&decl, defaults, &kinds, earlier, r);
     let input = case_input(&decl, r);
     let case_dir = case_dir_name(&decl.id, &mut earlier.case_dirs);
     let resources = spec
@@ -572,6 +580,46 @@ fn resolve_case(
             runspec: decl.runspec,
         },
     })
+}
+
+/// Containers run on a worker's own host: a case whose runtime (or any runtime of its list)
+/// is an agent or the simulation would get no container, so it is refused at plan time.
+fn check_sandbox_runtime(
+    decl: &CaseDecl,
+    defaults: &Defaults,
+    kinds: &[RuntimeKind],
+    earlier: &mut Earlier,
+    r: &mut Report,
+) {
+    let spec = &decl.spec;
+    let Some(sandbox) = spec.sandbox.as_ref().or(defaults.sandbox.as_ref()) else {
+        return;
+    };
+    let Some(other) = kinds.iter().find(|k| **k != RuntimeKind::LocalProcess) else {
+        return;
+    };
+    if !sandbox.is_container() {
+        return;
+    }
+    let message = format!(
+        "sandbox provider `container` runs containers on a worker's own host, but this case \
+         runs on runtime {}, which provides no container",
+        other.as_str()
+    );
+    let fix = "use runtime local-process for containerised cases (agents do not run containers \
+               yet), or set sandbox.provider to `local`";
+    if spec.sandbox.is_some() || spec.runtime.is_some() {
+        let p = decl.spec_path.key("sandbox").key("provider");
+        let line = r.line_of(&p).or(decl.line);
+        r.at_line(line, p.to_string(), message, fix);
+    } else if !earlier.default_sandbox_reported {
+        earlier.default_sandbox_reported = true;
+        let p = FieldPath::root()
+            .key("defaults")
+            .key("sandbox")
+            .key("provider");
+        r.at(&p, message, fix);
+    }
 }
 
 /// A case declaring more memory than its runtime's whole budget could never be admitted there.
@@ -738,6 +786,7 @@ mod tests {
                 template: Some("t".into()),
                 platform: None,
                 lifetime: Some(60),
+                ..Sandbox::local()
             }),
             ..Defaults::default()
         };
@@ -747,6 +796,7 @@ mod tests {
                 template: None,
                 platform: None,
                 lifetime: None,
+                ..Sandbox::local()
             }),
             ..Defaults::default()
         };

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use crate::limits::{
     CONCURRENCY_RANGE, MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS, MAX_FAKE_INFRA_FAILURES,
     MAX_MEMORY_MB, MAX_PREPARE_AHEAD, MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS,
-    RESERVED_ENV_PREFIX, SANDBOX_PROVIDERS, TIMEOUT_SECONDS_RANGE,
+    RESERVED_ENV_PREFIX, SANDBOX_NETWORKS, SANDBOX_PROVIDERS, SANDBOX_PULLS, TIMEOUT_SECONDS_RANGE,
 };
 use crate::model::{CommandSpec, Defaults, FakeScript, Resources, RunSpec, Sandbox, SummarySpec};
 use crate::report::{FieldPath, Report};
@@ -155,27 +155,26 @@ fn fake(f: &FakeScript, path: &FieldPath, r: &mut Report) {
 fn sandbox(s: &Sandbox, path: &FieldPath, r: &mut Report) {
     // A missing provider was reported by the walk; this catches `provider: ""` and names
     // nothing provides: such a sandbox would be ignored and the harness run on the host.
-    if !SANDBOX_PROVIDERS.contains(&s.provider.as_str()) {
-        let p = path.key("provider");
-        let accepted = SANDBOX_PROVIDERS
-            .iter()
-            .map(|n| format!("`{n}`"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let found = if s.provider.trim().is_empty() {
-            "sandbox provider is empty".to_string()
-        } else {
-            format!(
-                "sandbox provider `{}` is not supported (accepted: {accepted}): no runtime \
-                 provides it yet, so the harness would run on the host, outside any sandbox",
-                s.provider
-            )
-        };
-        r.at(
-            &p,
-            found,
-            format!("set {p} to {accepted}, or remove the sandbox"),
-        );
+    match s.provider.as_str() {
+        "local" => local_sandbox(s, path, r),
+        "container" => container_sandbox(s, path, r),
+        other => {
+            let p = path.key("provider");
+            let accepted = accepted(SANDBOX_PROVIDERS);
+            let found = if other.trim().is_empty() {
+                "sandbox provider is empty".to_string()
+            } else {
+                format!(
+                    "sandbox provider `{other}` is not supported (accepted: {accepted}): no \
+                     runtime provides it, so the harness would run on the host, outside any sandbox"
+                )
+            };
+            r.at(
+                &p,
+                found,
+                format!("set {p} to {accepted}, or remove the sandbox"),
+            );
+        }
     }
     if s.lifetime == Some(0) {
         let p = path.key("lifetime");
@@ -195,6 +194,75 @@ fn sandbox(s: &Sandbox, path: &FieldPath, r: &mut Report) {
                 "sandbox lifetime {l} is more than the maximum of {MAX_SANDBOX_LIFETIME_SECONDS} seconds (7 days)"
             ),
             format!("set {p} between 1 and {MAX_SANDBOX_LIFETIME_SECONDS}"),
+        );
+    }
+}
+
+/// `a`, `b`: accepted values as a message lists them.
+fn accepted(values: &[&str]) -> String {
+    values
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The host's processes have no image, network or user to choose: a field that only a
+/// container reads would be accepted and ignored, so it is refused.
+fn local_sandbox(s: &Sandbox, path: &FieldPath, r: &mut Report) {
+    let container_only = [
+        ("template", s.template.is_some()),
+        ("platform", s.platform.is_some()),
+        ("network", s.network.is_some()),
+        ("pull", s.pull.is_some()),
+        ("user", s.user.is_some()),
+    ];
+    for (field, set) in container_only {
+        if set {
+            let p = path.key(field);
+            r.at(
+                &p,
+                format!(
+                    "{field} is read by sandbox provider `container` only: with provider \
+                     `local` the harness runs on the host and it would be ignored"
+                ),
+                format!("set {} to `container`, or remove {p}", path.key("provider")),
+            );
+        }
+    }
+}
+
+fn container_sandbox(s: &Sandbox, path: &FieldPath, r: &mut Report) {
+    if s.template.as_deref().is_none_or(|t| t.trim().is_empty()) {
+        let p = path.key("template");
+        r.at(
+            &p,
+            "sandbox provider `container` needs an image, and template names none",
+            format!("set {p} to the image each attempt runs in, such as `python:3.12-slim`"),
+        );
+    }
+    let choices = [
+        ("network", s.network.as_deref(), SANDBOX_NETWORKS),
+        ("pull", s.pull.as_deref(), SANDBOX_PULLS),
+    ];
+    for (field, value, values) in choices {
+        let Some(value) = value else { continue };
+        if !values.contains(&value) {
+            let p = path.key(field);
+            let accepted = accepted(values);
+            r.at(
+                &p,
+                format!("sandbox {field} `{value}` is not one of {accepted}"),
+                format!("set {p} to one of {accepted}, or remove it for the default"),
+            );
+        }
+    }
+    if s.user.as_deref().is_some_and(|u| u.trim().is_empty()) {
+        let p = path.key("user");
+        r.at(
+            &p,
+            "sandbox user is empty",
+            format!("set {p} to a user the image knows (`1000`, `1000:1000`), or remove it"),
         );
     }
 }

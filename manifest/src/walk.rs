@@ -33,7 +33,9 @@ pub(crate) const DEFAULTS_FIELDS: &[&str] = &[
     "env",
     "pass_env",
 ];
-pub(crate) const SANDBOX_FIELDS: &[&str] = &["provider", "template", "platform", "lifetime"];
+pub(crate) const SANDBOX_FIELDS: &[&str] = &[
+    "provider", "template", "platform", "lifetime", "network", "pull", "user",
+];
 pub(crate) const RESOURCES_FIELDS: &[&str] = &["cpu", "memory_mb"];
 pub(crate) const FAKE_FIELDS: &[&str] = &[
     "duration_ms",
@@ -303,11 +305,17 @@ pub(crate) fn sandbox(value: &Value, path: &FieldPath, r: &mut Report) -> Option
     let template = o.opt("template", r);
     let platform = o.opt("platform", r);
     let lifetime = o.opt("lifetime", r);
+    let network = o.opt("network", r);
+    let pull = o.opt("pull", r);
+    let user = o.opt("user", r);
     Some(Sandbox {
         provider: provider?,
         template,
         platform,
         lifetime,
+        network,
+        pull,
+        user,
     })
 }
 

@@ -12,9 +12,10 @@ batch_id: sb
 defaults:
   harness: ./run.sh
   sandbox:
-    provider: local
+    provider: container
     template: web-default
-    platform: linux
+    platform: linux/amd64
+    network: none
     lifetime: 900
 tasks:
   - task_id: inherits
@@ -27,13 +28,15 @@ tasks:
 fn a_task_sandbox_replaces_the_default_whole() {
     let plan = accept("m.yaml", SANDBOXED);
     let inherits = plan.cases[0].sandbox.as_ref().unwrap();
-    assert_eq!(inherits.provider, "local");
+    assert_eq!(inherits.provider, "container");
     assert_eq!(inherits.template.as_deref(), Some("web-default"));
+    assert_eq!(inherits.network.as_deref(), Some("none"));
     let replaces = plan.cases[1].sandbox.as_ref().unwrap();
     assert_eq!(replaces.provider, "local");
     // Not merged: nothing of the default survives in the task's sandbox.
     assert_eq!(replaces.template, None);
     assert_eq!(replaces.platform, None);
+    assert_eq!(replaces.network, None);
     assert_eq!(replaces.lifetime, None);
 }
 

@@ -255,7 +255,7 @@ fn sandbox_without_provider_is_incomplete() {
     assert!(p.fix.contains("replaces the default whole"), "{err}");
 }
 
-/// Nothing provides a sandbox but `local` yet: another provider would be copied into the plan
+/// Only `local` and `container` are provided: another provider would be copied into the plan
 /// and ignored, the harness running on the host. Every manifest shape is refused alike.
 #[test]
 fn a_sandbox_provider_no_runtime_provides_is_refused_in_every_shape() {
@@ -265,9 +265,15 @@ fn a_sandbox_provider_no_runtime_provides_is_refused_in_every_shape() {
             field,
             &format!("sandbox provider `{name}` is not supported"),
         );
-        assert!(p.message.contains("accepted: `local`"), "{err}");
+        assert!(
+            p.message.contains("accepted: `local`, `container`"),
+            "{err}"
+        );
         // A defaults file's or a runspec's fix names the field as written in that file.
-        assert!(p.fix.contains("sandbox.provider to `local`"), "{err}");
+        assert!(
+            p.fix.contains("sandbox.provider to `local`, `container`"),
+            "{err}"
+        );
         p
     };
 
@@ -443,4 +449,63 @@ fn a_broken_defaults_file_names_the_file() {
     let p = says(&err, "defaults.concurrency", "outside 1..=512");
     assert!(p.message.contains("defaults.yaml line 2"), "{err}");
     says(&err, "defaults.bogus", "unknown field");
+}
+
+/// A field only a container reads is refused with provider `local` (it would be ignored), a
+/// container needs an image, and its choices are checked against the accepted values.
+#[test]
+fn container_fields_are_checked_for_what_reads_them() {
+    let err = refuse(
+        "m.yaml",
+        "\
+batch_id: t
+defaults:
+  harness: ./run.sh
+tasks:
+  - task_id: local-with-image
+    sandbox: {provider: local, template: python:3.12-slim}
+  - task_id: container-without-image
+    sandbox: {provider: container, network: none}
+  - task_id: bad-choices
+    sandbox: {provider: container, template: busybox, network: host, pull: sometimes, user: ''}
+",
+    );
+    let p = says(
+        &err,
+        "tasks[0].sandbox.template",
+        "read by sandbox provider `container` only",
+    );
+    assert_eq!(p.line, Some(6));
+    says(&err, "tasks[1].sandbox.template", "needs an image");
+    let p = says(&err, "tasks[2].sandbox.network", "`host` is not one of");
+    assert!(p.fix.contains("`none`, `default`"), "{err}");
+    let p = says(&err, "tasks[2].sandbox.pull", "`sometimes` is not one of");
+    assert!(p.fix.contains("`if-missing`, `always`, `never`"), "{err}");
+    says(&err, "tasks[2].sandbox.user", "sandbox user is empty");
+    assert_eq!(err.problems.len(), 5, "{err}");
+}
+
+/// Containers run on a worker's own host: a containerised case on the simulation (or on an
+/// agent) would run without one, so it is refused, once for a default every case inherits.
+#[test]
+fn a_container_on_a_runtime_without_containers_is_refused() {
+    let err = refuse(
+        "m.yaml",
+        "\
+batch_id: t
+defaults:
+  runtime: fake
+  sandbox: {provider: container, template: busybox}
+tasks:
+  - task_id: a
+  - task_id: b
+",
+    );
+    let p = says(
+        &err,
+        "defaults.sandbox.provider",
+        "runs on runtime fake, which provides no container",
+    );
+    assert!(p.fix.contains("local-process"), "{err}");
+    assert_eq!(err.problems.len(), 1, "reported once, not per case: {err}");
 }

@@ -177,6 +177,12 @@ failure_codes! {
     /// The runtime agent and the worker speak different versions of the runtime contract
     /// (`runtime.proto`); class config: the message names both and which side to upgrade.
     RuntimeContract => "RUNTIME_CONTRACT",
+    /// The container engine (Docker, or podman's service) at `DOCKER_HOST` or the default
+    /// socket did not answer; retryable, the message names the address.
+    ContainerEngineUnreachable => "CONTAINER_ENGINE_UNREACHABLE",
+    /// A sandbox's image is not on the engine's host and may not be pulled (`pull: never`),
+    /// or the registry refused it: class config, never retried; the message names the image.
+    ImageUnavailable => "IMAGE_UNAVAILABLE",
 }
 
 impl fmt::Display for FailureCode {

@@ -177,6 +177,7 @@ impl Runtime for Fake {
             checks: Vec::new(),
             escaped: Vec::new(),
             held_job: Some(true),
+            containers: Vec::new(),
         }
     }
 }

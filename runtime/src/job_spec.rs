@@ -3,7 +3,7 @@
 //! that an agent is sent. Everything past this point reads the job, never the manifest.
 
 use casebatch_manifest::model::{CommandSpec, PlannedCase};
-use casebatch_proto::runtime_v1::{Command, JobSpec, Resources};
+use casebatch_proto::runtime_v1::{Command, JobSpec, Resources, Sandbox};
 
 fn command(c: &CommandSpec) -> Command {
     match c {
@@ -13,9 +13,10 @@ fn command(c: &CommandSpec) -> Command {
 }
 
 /// The job of a planned case: its harness and evaluator as argv, its environment (literals
-/// and `pass_env` names), its task fields as JSON text, timeout and resources. The case's
-/// `sandbox` can only be `provider: local` today (validated at plan time), which is what a
-/// job without a sandbox means: the host's processes in the attempt's own cgroup.
+/// and `pass_env` names), its task fields as JSON text, timeout and resources, and its
+/// container when its `sandbox.provider` is `container` (`local` is what a job without a
+/// sandbox means: the host's processes in the attempt's own cgroup). A sandbox `lifetime`
+/// is a hard deadline, so it caps the timeout.
 pub fn from_planned(case: &PlannedCase) -> JobSpec {
     JobSpec {
         case_index: case.index,
@@ -26,12 +27,31 @@ pub fn from_planned(case: &PlannedCase) -> JobSpec {
         env: case.env.clone().into_iter().collect(),
         pass_env: case.pass_env.clone(),
         input_json: serde_json::to_string(&case.input).expect("JSON values always serialize"),
-        timeout_seconds: case.timeout_seconds,
+        timeout_seconds: case
+            .sandbox
+            .as_ref()
+            .and_then(|s| s.lifetime)
+            .map_or(case.timeout_seconds, |l| l.min(case.timeout_seconds)),
         resources: Some(Resources {
             memory_mb: case.resources.memory_mb,
             cpu: case.resources.cpu,
         }),
-        sandbox: None,
+        sandbox: case
+            .sandbox
+            .as_ref()
+            .filter(|s| s.is_container())
+            .map(container),
+    }
+}
+
+fn container(s: &casebatch_manifest::model::Sandbox) -> Sandbox {
+    let text = |v: &Option<String>| v.clone().unwrap_or_default();
+    Sandbox {
+        image: text(&s.template),
+        network: text(&s.network),
+        pull: text(&s.pull),
+        user: text(&s.user),
+        platform: text(&s.platform),
     }
 }
 
@@ -89,6 +109,31 @@ mod tests {
             serde_json::json!({"query": "find it", "max_steps": 12, "nested": {"a": [1, 2]}})
         );
         assert!(job.sandbox.is_none(), "provider local is no sandbox");
+    }
+
+    #[test]
+    fn a_container_sandbox_becomes_the_jobs_container_and_its_lifetime_caps_the_timeout() {
+        let mut planned = case(serde_json::json!("true"), serde_json::Value::Null);
+        planned.sandbox = Some(casebatch_manifest::model::Sandbox {
+            provider: "container".into(),
+            template: Some("busybox:stable".into()),
+            lifetime: Some(30),
+            network: Some("none".into()),
+            user: Some("1000".into()),
+            ..casebatch_manifest::model::Sandbox::local()
+        });
+        let job = from_planned(&planned);
+        let sandbox = job.sandbox.as_ref().expect("a container job");
+        assert_eq!(sandbox.image, "busybox:stable");
+        assert_eq!(sandbox.network, "none");
+        assert_eq!((sandbox.pull.as_str(), sandbox.user.as_str()), ("", "1000"));
+        assert_eq!(
+            job.timeout_seconds, 30,
+            "a lifetime of 30 s caps the 45 s timeout"
+        );
+
+        planned.sandbox.as_mut().unwrap().lifetime = Some(600);
+        assert_eq!(from_planned(&planned).timeout_seconds, 45);
     }
 
     #[test]

@@ -610,6 +610,7 @@ impl LocalProcess {
             checks,
             escaped,
             held_job: Some(job.is_some()),
+            containers: Vec::new(),
         }
     }
 }
@@ -953,8 +954,9 @@ fn find_marked(env: &Attempt) -> Option<Trace> {
     })
 }
 
-/// Takes the attempt's `job.lock` (flock), waiting for a holder that is still alive.
-async fn lock_attempt(env: &Attempt) -> Result<Flock<std::fs::File>, Failure> {
+/// Takes the attempt's `job.lock` (flock), waiting for a holder that is still alive. The
+/// container runtime decides its starts under the same lock.
+pub async fn lock_attempt(env: &Attempt) -> Result<Flock<std::fs::File>, Failure> {
     let path = env.file(attempt_files::JOB_LOCK);
     let mut file = attempt_io::open_log(&path)
         .map_err(|e| submit_failure(format!("failed to open {}: {e}", path.display())))?;
@@ -981,7 +983,7 @@ async fn lock_attempt(env: &Attempt) -> Result<Flock<std::fs::File>, Failure> {
 /// submits that reach it before wait there, so `n` attempts are caught inside the same window.
 /// Points: `before-spawn` (intent written, nothing spawned) and `after-spawn` (process
 /// spawned, job record not yet completed).
-async fn fault_point(point: &str) {
+pub async fn fault_point(point: &str) {
     static REACHED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let Ok(spec) = std::env::var(FAULT_POINT_ENV) else {
         return;

@@ -9,6 +9,7 @@ mod agent_batches;
 mod browser_demo;
 mod chaos_kills;
 mod cleanup;
+mod containers;
 mod demo;
 mod engine;
 mod environment;

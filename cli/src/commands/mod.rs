@@ -10,10 +10,11 @@ mod manifest;
 mod ops;
 mod retry;
 mod run;
+mod sandbox;
 mod status;
 mod worker;
 
-use crate::cli::{BatchCommand, Command, ConfigCommand, EngineCommand};
+use crate::cli::{BatchCommand, Command, ConfigCommand, EngineCommand, SandboxCommand};
 use crate::exit::CliResult;
 
 pub async fn dispatch(command: Command) -> CliResult {
@@ -61,6 +62,7 @@ pub async fn dispatch(command: Command) -> CliResult {
         Command::Demo(args) => demo::run(args).await,
         Command::Harness(h) => demo::harness(h).await,
         Command::History(args) => status::run_history(&args),
+        Command::Sandbox(SandboxCommand::Gc { apply, json }) => sandbox::gc(apply, json).await,
         Command::Engine(EngineCommand::Status { output_dir, json }) => {
             engine::status(&output_dir, json)
         }

@@ -435,6 +435,7 @@ impl Runtime for AgentRuntime {
             checks: Vec::new(),
             escaped: Vec::new(),
             held_job,
+            containers: Vec::new(),
         };
         let t = match AgentTarget::of(env) {
             Ok(t) => t,
@@ -456,6 +457,7 @@ impl Runtime for AgentRuntime {
                         checks: r.checks,
                         escaped: r.escaped,
                         held_job: Some(true),
+                        containers: Vec::new(),
                     };
                 }
                 // The agent's table is durable: no entry means nothing was ever submitted, or

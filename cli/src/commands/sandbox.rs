@@ -1,0 +1,46 @@
+//! `casebatch sandbox gc`: the containers nothing will clean up any more.
+
+use crate::exit::{CliError, CliResult, Exit};
+
+pub async fn gc(apply: bool, json: bool) -> CliResult {
+    let found = casebatch_container::gc::gc(apply)
+        .await
+        .map_err(|message| CliError {
+            exit: Exit::Engine,
+            message: format!("failed to list the sandbox containers: {message}"),
+        })?;
+    if json {
+        say!(
+            "{}",
+            serde_json::to_string_pretty(&found).expect("containers serialize")
+        );
+        return Ok(Exit::Success);
+    }
+    for f in &found {
+        let action = match (f.removed, f.is_garbage()) {
+            (true, _) => "removed",
+            (false, true) => "garbage",
+            (false, false) => "kept",
+        };
+        say!(
+            "{action:<8} {} ({}, {}, attempt {})",
+            f.name,
+            f.verdict,
+            f.state,
+            f.marker
+        );
+    }
+    let garbage = found.iter().filter(|f| f.is_garbage()).count();
+    let removed = found.iter().filter(|f| f.removed).count();
+    let tail = if apply {
+        format!("{removed} removed")
+    } else {
+        "`casebatch sandbox gc --apply` removes them".into()
+    };
+    say!(
+        "{} container(s) labelled by casebatch: {garbage} garbage ({tail}), {} kept",
+        found.len(),
+        found.len() - garbage
+    );
+    Ok(Exit::Success)
+}

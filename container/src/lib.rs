@@ -1,0 +1,550 @@
+//! The container runtime: one OCI container per attempt (a manifest's `sandbox.provider:
+//! container`), created and driven through the Docker Engine API, so it works with Docker and
+//! with podman's compatible service (`DOCKER_HOST`, else the default socket).
+//!
+//! Durable the way the local-process runtime is, by names instead of pids:
+//! - an attempt's container is named from the attempt ([`names::container_name`]) and labelled
+//!   with its identity; `container.json` is written before the create, so a container of the
+//!   attempt exists only if that file does;
+//! - `submit` decides under the attempt's `job.lock`: a container it finds (or a create that
+//!   meets a name conflict) is adopted, never doubled; one that was created and never started
+//!   is started, since it never ran;
+//! - `await` re-attaches by name from any worker process on the host, and harvests the logs
+//!   from the engine, which keeps them until the container is removed;
+//! - the evaluator runs in a sibling container (`<name>-eval`) from the same image, with the
+//!   same mount and limits: it sees what the actor left in `/casebatch`, and cleanup removes
+//!   it with the actor's;
+//! - `cleanup` force-removes both with their anonymous volumes and confirms only when the
+//!   engine answers that it no longer knows them; the receipt names each container's id,
+//!   image id, exit code and `OOMKilled`.
+//!
+//! OOM: `State.OOMKilled`, and also an exit by SIGKILL (137) under a memory limit that this
+//! runtime did not send, because podman on cgroup v1 reports `OOMKilled: false` for the
+//! kernel's OOM kill. Either is `infra/OOM_KILLED`, so boosts raise the container's limit.
+
+mod engine;
+pub mod gc;
+pub mod names;
+mod spec;
+mod wait;
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bollard::Docker;
+use bollard::models::{ContainerInspectResponse, ContainerStateStatusEnum as Status};
+use bollard::query_parameters::{
+    CreateContainerOptions, CreateImageOptions, RemoveContainerOptions,
+};
+use casebatch_bundle::{ContainerFacts, RECORD_SCHEMA_VERSION, write_json_atomic};
+use casebatch_proto::runtime_v1::{Command, Sandbox};
+use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
+use casebatch_runtime::local_process::{LocalProcess, hostname, lock_attempt};
+use casebatch_runtime::{
+    Attempt, AttemptEnv, CleanupReceipt, EvaluationRecord, Liveness, NotStarted, OnCancel, Runtime,
+    attempt_files, attempt_io, evaluator, harness,
+};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::names::{Role, container_name};
+pub use crate::spec::MOUNT;
+use crate::wait::Waited;
+
+/// The worker's container runtime. Holds the engine connection and which containers this
+/// process started (a report of any other is `adopted`).
+#[derive(Default)]
+pub struct ContainerRuntime {
+    engine: engine::Engine,
+    started: Mutex<HashSet<String>>,
+}
+
+/// `container.json`: written before the attempt's container is created.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ContainerRecord {
+    name: String,
+    image: String,
+    /// The attempt's deadline counts from here (its timeout, capped by the sandbox lifetime).
+    created_at_ms: u64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn read_record(a: &Attempt) -> Option<ContainerRecord> {
+    attempt_io::read_json_now(&a.file(attempt_files::CONTAINER), 64 * 1024)
+        .ok()
+        .flatten()
+}
+
+fn sandbox(a: &Attempt, stage: Stage) -> Result<&Sandbox, Failure> {
+    a.job.sandbox.as_ref().ok_or_else(|| {
+        Failure::config(
+            stage,
+            FailureCode::SpawnFailed,
+            format!("case {} has no container sandbox", a.job.case_id),
+        )
+    })
+}
+
+fn job_ref(a: &Attempt) -> JobRef {
+    JobRef {
+        marker: a.marker(),
+        pid: None,
+        start_ticks: None,
+        // The engine is this host's: the wait and the cleanup run here.
+        host_queue: Some(casebatch_proto::host_task_queue(&hostname())),
+        runtime: None,
+    }
+}
+
+fn failed(failure: Failure, a: &Attempt) -> ActorReport {
+    ActorReport {
+        status: ActorStatus::Failed,
+        exit_code: None,
+        failure: Some(failure),
+        adopted: false,
+        memory_limit_mb: a.memory_mb(),
+    }
+}
+
+/// A kill by the memory limit: the engine says so, or SIGKILL under a limit from anyone but
+/// this runtime (see the module doc).
+fn oom_killed(code: i64, engine_says: bool, a: &Attempt) -> bool {
+    engine_says || (code == 137 && a.memory_mb().is_some())
+}
+
+/// Makes sure the sandbox's image is on the engine's host, as `pull` says.
+async fn ensure_image(docker: &Docker, s: &Sandbox) -> Result<(), Failure> {
+    let present = match docker.inspect_image(&s.image).await {
+        Ok(_) => true,
+        Err(e) if engine::status_of(&e) == Some(404) => false,
+        Err(e) => return Err(engine::unreachable(Stage::Provision, &e)),
+    };
+    let pull = match s.pull.as_str() {
+        "always" => true,
+        "never" if !present => {
+            return Err(Failure::config(
+                Stage::Provision,
+                FailureCode::ImageUnavailable,
+                format!(
+                    "image `{}` is not on the container engine's host and sandbox.pull is \
+                     `never`: pull or build it there, or set pull to `if-missing`",
+                    s.image
+                ),
+            ));
+        }
+        _ => !present,
+    };
+    if !pull {
+        return Ok(());
+    }
+    let options = CreateImageOptions {
+        from_image: Some(s.image.clone()),
+        platform: s.platform.clone(),
+        ..CreateImageOptions::default()
+    };
+    let mut progress = docker.create_image(Some(options), None, None);
+    while let Some(step) = progress.next().await {
+        if let Err(e) = step {
+            let message = format!("pulling image `{}` failed: {e}", s.image);
+            // The registry's "no such image" or "not yours" does not change on a retry.
+            return Err(match engine::status_of(&e) {
+                Some(400..500) => {
+                    Failure::config(Stage::Provision, FailureCode::ImageUnavailable, message)
+                }
+                _ => Failure::infra(Stage::Provision, FailureCode::ImageUnavailable, message),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A start the engine refused: a command the image does not have is the manifest's to fix.
+fn start_failure(stage: Stage, name: &str, e: &bollard::errors::Error) -> Failure {
+    let message = format!("the engine could not start container {name}: {e}");
+    let text = e.to_string().to_lowercase();
+    if text.contains("not found") || text.contains("no such file") {
+        Failure::config(stage, FailureCode::SpawnFailed, message)
+    } else {
+        Failure::infra(stage, FailureCode::SpawnFailed, message)
+    }
+}
+
+impl ContainerRuntime {
+    /// Creates `name` unless the engine has it (a conflict is a container already there),
+    /// then starts it if it never was. Returns whether this call started it.
+    async fn create_and_start(
+        &self,
+        docker: &Docker,
+        a: &Attempt,
+        role: Role,
+        command: &Command,
+        stage: Stage,
+    ) -> Result<bool, Failure> {
+        let name = container_name(a, role);
+        let s = sandbox(a, stage)?;
+        let found = engine::inspect(docker, &name)
+            .await
+            .map_err(|e| engine::unreachable(stage, &e))?;
+        let status = match found {
+            Some(c) => c.state.and_then(|s| s.status),
+            None => {
+                let body = spec::create_body(a, s, role, command, stage)?;
+                let options = CreateContainerOptions {
+                    name: Some(name.clone()),
+                    platform: s.platform.clone(),
+                };
+                match docker.create_container(Some(options), body).await {
+                    Ok(_) => Some(Status::CREATED),
+                    Err(e) if engine::status_of(&e) == Some(409) => engine::inspect(docker, &name)
+                        .await
+                        .ok()
+                        .flatten()
+                        .and_then(|c| c.state.and_then(|s| s.status)),
+                    Err(e) => {
+                        return Err(Failure::infra(
+                            stage,
+                            FailureCode::SpawnFailed,
+                            format!("the engine could not create container {name}: {e}"),
+                        ));
+                    }
+                }
+            }
+        };
+        if status != Some(Status::CREATED) {
+            return Ok(false);
+        }
+        docker
+            .start_container(&name, None)
+            .await
+            .map_err(|e| start_failure(stage, &name, &e))?;
+        self.started.lock().expect("lock").insert(name);
+        Ok(true)
+    }
+
+    async fn submit_job(&self, a: &Attempt) -> Result<JobRef, Failure> {
+        let harness = a
+            .job
+            .harness
+            .clone()
+            .filter(|c| !c.argv.is_empty())
+            .ok_or_else(|| {
+                Failure::config(
+                    Stage::Submit,
+                    FailureCode::NoHarness,
+                    format!(
+                        "case {} has no harness command: set defaults.harness",
+                        a.job.case_id
+                    ),
+                )
+            })?;
+        let image = sandbox(a, Stage::Submit)?.image.clone();
+        let docker = self.engine.get(Stage::Submit).await?;
+        let _lock = lock_attempt(a).await?;
+        if read_record(a).is_none() {
+            let record = ContainerRecord {
+                name: container_name(a, Role::Actor),
+                image,
+                created_at_ms: now_ms(),
+            };
+            write_json_atomic(&a.file(attempt_files::CONTAINER), &record).map_err(|e| {
+                Failure::infra(Stage::Submit, FailureCode::SpawnFailed, e.to_string())
+            })?;
+        }
+        casebatch_runtime::local_process::fault_point("before-spawn").await;
+        self.create_and_start(docker, a, Role::Actor, &harness, Stage::Submit)
+            .await?;
+        casebatch_runtime::local_process::fault_point("after-spawn").await;
+        Ok(job_ref(a))
+    }
+
+    pub async fn await_job<L: Liveness>(&self, a: &Attempt, job: &JobRef, live: &L) -> ActorReport {
+        let docker = match self.engine.get(Stage::Await).await {
+            Ok(d) => d,
+            Err(f) => return failed(f, a),
+        };
+        let Some(record) = read_record(a) else {
+            return failed(lost(a, "its container.json is missing"), a);
+        };
+        let name = container_name(a, Role::Actor);
+        let adopted = !self.started.lock().expect("lock").contains(&name);
+        let deadline_ms = record.created_at_ms + a.job.timeout_seconds.max(1) * 1000;
+        let deadline = Instant::now() + Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
+        let waited = wait::wait(docker, &name, deadline, job, live).await;
+        if matches!(waited, Waited::Exited { .. } | Waited::TimedOut) {
+            let logs = (a.file(attempt_files::STDOUT), a.file(attempt_files::STDERR));
+            if let Err(e) = wait::harvest_logs(docker, &name, &logs.0, &logs.1).await {
+                tracing::warn!(container = %name, "the container's logs could not be harvested: {e}");
+            }
+        }
+        let mut report = match waited {
+            Waited::Exited {
+                code,
+                oom_killed: oom,
+            } if oom_killed(code, oom, a) => ActorReport {
+                exit_code: Some(code as i32),
+                ..failed(Failure::oom(a.memory_mb()), a)
+            },
+            Waited::Exited { code, .. } => {
+                harness::classify(code as i32, &a.file(attempt_files::RESULT)).await
+            }
+            Waited::TimedOut => failed(
+                Failure::infra(
+                    Stage::Await,
+                    FailureCode::Timeout,
+                    format!(
+                        "the harness ran past its deadline ({} s after its container was created)",
+                        a.job.timeout_seconds
+                    ),
+                ),
+                a,
+            ),
+            Waited::Cancelled => ActorReport::cancelled(),
+            Waited::Gone => failed(lost(a, "its container is gone from the engine"), a),
+            Waited::NotStarted => failed(lost(a, "its container was created but never started"), a),
+            Waited::Unreachable(m) => failed(
+                Failure::infra(
+                    Stage::Await,
+                    FailureCode::ContainerEngineUnreachable,
+                    format!(
+                        "the container engine at {} stopped answering: {m}",
+                        engine::address()
+                    ),
+                ),
+                a,
+            ),
+        };
+        report.adopted = adopted;
+        report.memory_limit_mb = a.memory_mb();
+        report
+    }
+
+    pub async fn evaluate<L: Liveness>(
+        &self,
+        a: &Attempt,
+        job: &JobRef,
+        live: &L,
+    ) -> EvaluationRecord {
+        let Some(command) = a.job.evaluator.clone().filter(|c| !c.argv.is_empty()) else {
+            return evaluator::not_configured();
+        };
+        if live.on_cancel() == OnCancel::Kill && live.is_cancelled() {
+            return evaluator::failed(eval_failure(
+                "the attempt's cleanup stopped the evaluator before it gave a verdict".into(),
+            ));
+        }
+        let docker = match self.engine.get(Stage::Evaluate).await {
+            Ok(d) => d,
+            Err(f) => return evaluator::failed(f),
+        };
+        let name = container_name(a, Role::Evaluator);
+        let result_path = a.file(attempt_files::EVAL_RESULT);
+        // A result left from before is the harness's doing unless this evaluator ran.
+        if matches!(engine::inspect(docker, &name).await, Ok(None)) {
+            let _ = std::fs::remove_file(&result_path);
+        }
+        if let Err(f) = self
+            .create_and_start(docker, a, Role::Evaluator, &command, Stage::Evaluate)
+            .await
+        {
+            return evaluator::failed(f);
+        }
+        let timeout = Duration::from_secs(a.job.timeout_seconds.max(1));
+        let waited = wait::wait(docker, &name, Instant::now() + timeout, job, live).await;
+        if matches!(waited, Waited::Exited { .. } | Waited::TimedOut) {
+            let logs = (
+                a.file(attempt_files::EVAL_STDOUT),
+                a.file(attempt_files::EVAL_STDERR),
+            );
+            let _ = wait::harvest_logs(docker, &name, &logs.0, &logs.1).await;
+        }
+        match waited {
+            Waited::Exited {
+                code,
+                oom_killed: oom,
+            } if oom_killed(code, oom, a) => EvaluationRecord {
+                exit_code: Some(code as i32),
+                ..evaluator::failed(Failure {
+                    stage: Stage::Evaluate,
+                    ..Failure::oom(a.memory_mb())
+                })
+            },
+            Waited::Exited { code, .. } => {
+                evaluator::read_result(&result_path, Some(code as i32)).await
+            }
+            Waited::TimedOut => evaluator::failed(eval_failure(format!(
+                "the evaluator ran past {}s",
+                timeout.as_secs()
+            ))),
+            other => evaluator::failed(eval_failure(format!(
+                "the evaluator's container ended without a verdict: {other:?}"
+            ))),
+        }
+    }
+
+    pub fn adopt(&self, a: &Attempt) -> Option<JobRef> {
+        // Read-only: the record precedes any container; await resolves the rest.
+        read_record(a).map(|_| job_ref(a))
+    }
+
+    pub fn kill(&self, a: &Attempt) {
+        let names = [
+            container_name(a, Role::Actor),
+            container_name(a, Role::Evaluator),
+        ];
+        engine::blocking(|docker| async move {
+            for name in &names {
+                wait::kill(&docker, name).await;
+            }
+        });
+    }
+
+    pub async fn cleanup(&self, a: &Attempt) -> CleanupReceipt {
+        let held_job = Some(read_record(a).is_some());
+        let mut receipt = CleanupReceipt {
+            schema_version: RECORD_SCHEMA_VERSION.into(),
+            marker: a.marker(),
+            cleanup_confirmed: false,
+            killed: Vec::new(),
+            remaining: Vec::new(),
+            scans: 1,
+            message: String::new(),
+            method: Some("container".into()),
+            checks: Vec::new(),
+            escaped: Vec::new(),
+            held_job,
+            containers: Vec::new(),
+        };
+        let docker = match self.engine.get(Stage::Cleanup).await {
+            Ok(d) => d,
+            Err(f) => {
+                receipt.message = f.message;
+                return receipt;
+            }
+        };
+        let mut unanswered = Vec::new();
+        for role in [Role::Actor, Role::Evaluator] {
+            let name = container_name(a, role);
+            match remove(docker, &name).await {
+                Ok(Some(facts)) => receipt.containers.push(ContainerFacts {
+                    role: role.as_str().into(),
+                    ..facts
+                }),
+                Ok(None) => {}
+                Err(e) => unanswered.push(format!("{name}: {e}")),
+            }
+        }
+        let left: Vec<&str> = receipt
+            .containers
+            .iter()
+            .filter(|c| !c.removed)
+            .map(|c| c.name.as_str())
+            .collect();
+        receipt.cleanup_confirmed = unanswered.is_empty() && left.is_empty();
+        receipt.checks.push("container_removed".into());
+        receipt.message = if receipt.cleanup_confirmed {
+            "the engine no longer knows any container of the attempt".into()
+        } else {
+            format!("containers still known to the engine: {left:?}; unanswered: {unanswered:?}")
+        };
+        receipt
+    }
+}
+
+/// Force-removes `name` with its anonymous volumes: what the engine knew of it, `removed`
+/// once it answers that it no longer knows it; `None` when there was no such container.
+async fn remove(
+    docker: &Docker,
+    name: &str,
+) -> Result<Option<ContainerFacts>, bollard::errors::Error> {
+    let Some(c) = engine::inspect(docker, name).await? else {
+        return Ok(None);
+    };
+    let options = RemoveContainerOptions {
+        force: true,
+        v: true,
+        ..RemoveContainerOptions::default()
+    };
+    match docker.remove_container(name, Some(options)).await {
+        Err(e) if engine::status_of(&e) != Some(404) => return Err(e),
+        _ => {}
+    }
+    let removed = engine::inspect(docker, name).await?.is_none();
+    Ok(Some(facts(name, c, removed)))
+}
+
+fn facts(name: &str, c: ContainerInspectResponse, removed: bool) -> ContainerFacts {
+    let state = c.state.unwrap_or_default();
+    ContainerFacts {
+        role: String::new(),
+        name: name.into(),
+        id: c.id.unwrap_or_default(),
+        image: c.config.and_then(|c| c.image).unwrap_or_default(),
+        image_id: c.image.unwrap_or_default(),
+        exit_code: state.exit_code,
+        oom_killed: state.oom_killed.unwrap_or(false),
+        removed,
+    }
+}
+
+fn eval_failure(message: String) -> Failure {
+    Failure::harness(Stage::Evaluate, FailureCode::EvaluatorFailed, message)
+}
+
+fn lost(a: &Attempt, why: &str) -> Failure {
+    Failure::infra(
+        Stage::Await,
+        FailureCode::JobLost,
+        format!("attempt {} of case {}: {why}", a.key.attempt, a.job.case_id),
+    )
+}
+
+/// The worker's container runtime: the machinery above, on the attempt's job.
+impl Runtime for ContainerRuntime {
+    async fn provision(&self, env: &AttemptEnv) -> Result<(), Failure> {
+        // The attempt's directories and input, as for a local process; then the image.
+        LocalProcess.provision(&env.attempt).await?;
+        let s = sandbox(env, Stage::Provision)?;
+        let docker = self.engine.get(Stage::Provision).await?;
+        ensure_image(docker, s).await
+    }
+
+    async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, NotStarted> {
+        Ok(self.submit_job(env).await?)
+    }
+
+    async fn await_job<L: Liveness>(
+        &self,
+        env: &AttemptEnv,
+        job: &JobRef,
+        live: &L,
+    ) -> ActorReport {
+        ContainerRuntime::await_job(self, env, job, live).await
+    }
+
+    async fn evaluate<L: Liveness>(
+        &self,
+        env: &AttemptEnv,
+        job: &JobRef,
+        live: &L,
+    ) -> EvaluationRecord {
+        ContainerRuntime::evaluate(self, env, job, live).await
+    }
+
+    fn adopt(&self, env: &AttemptEnv) -> Option<JobRef> {
+        ContainerRuntime::adopt(self, env)
+    }
+
+    fn kill(&self, env: &AttemptEnv) {
+        ContainerRuntime::kill(self, env);
+    }
+
+    async fn cleanup(&self, env: &AttemptEnv) -> CleanupReceipt {
+        ContainerRuntime::cleanup(self, env).await
+    }
+}

@@ -1,0 +1,297 @@
+//! `sandbox.provider: container` end to end, against a real container engine (podman's
+//! Docker-compatible service here, `scripts/container-engine.sh`): one fresh container per
+//! attempt with the harness contract mounted at `/casebatch`, the evaluator beside it, limits
+//! and OOM read from the engine, and nothing of the attempt left on the engine after cleanup.
+
+use crate::support::*;
+use serde_json::Value;
+
+/// The tests' image (built by `scripts/container-engine.sh` from the host's static busybox).
+const IMAGE: &str = "localhost/casebatch-test-busybox:1";
+
+/// The engine at `DOCKER_HOST`, or `None` (the test is skipped with a notice) when it is not
+/// set, unless `CASEBATCH_REQUIRE_CONTAINERS` is (CI sets it: there a missing engine fails
+/// the test rather than passing it unseen).
+fn engine_or_skip(test: &str) -> Option<String> {
+    let host = std::env::var("DOCKER_HOST").ok();
+    if host.is_none() {
+        assert!(
+            std::env::var_os("CASEBATCH_REQUIRE_CONTAINERS").is_none(),
+            "{test}: DOCKER_HOST is not set and CASEBATCH_REQUIRE_CONTAINERS is"
+        );
+        eprintln!(
+            "SKIPPED {test}: no container engine (export DOCKER_HOST=$(bash scripts/container-engine.sh))"
+        );
+    }
+    host
+}
+
+/// The engine's containers labelled with `batch`, by name, as the engine lists them.
+fn containers_of(host: &str, batch: &str) -> Vec<String> {
+    let o = std::process::Command::new("podman")
+        .args(["--url", host, "ps", "--all", "--format", "{{.Names}}"])
+        .arg(format!("--filter=label=io.casebatch.batch-id={batch}"))
+        .output()
+        .expect("podman");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn receipt(sb: &Sandbox, batch: &str, case_dir: &str, attempt: u32) -> Value {
+    sb.json(&sb.attempt_file(batch, case_dir, attempt, "cleanup.json"))
+}
+
+#[test]
+fn each_attempt_runs_in_a_fresh_container_with_its_evaluator_beside_it_and_none_is_left() {
+    let sb = Sandbox::engine();
+    let Some(host) = engine_or_skip("containers::each_attempt_runs_in_a_fresh_container") else {
+        return;
+    };
+    // Attempt 1 leaves a file in its working directory and declares a retryable infra
+    // failure; attempt 2 must not see that file. Both record where they ran.
+    let manifest = sb.write(
+        "boxed.yaml",
+        &format!(
+            r#"batch_id: boxed
+defaults:
+  runtime: local-process
+  max_retries: 1
+  sandbox: {{provider: container, template: "{IMAGE}", network: none}}
+  env: {{GREETING: hello}}
+  harness: |
+    set -e
+    hostname > "$CASEBATCH_OUTPUT_DIR/host"
+    ls /sys/class/net > "$CASEBATCH_OUTPUT_DIR/networks"
+    ls -A . > "$CASEBATCH_OUTPUT_DIR/found_in_work"
+    cp "$CASEBATCH_INPUT" "$CASEBATCH_OUTPUT_DIR/input_seen"
+    echo "$GREETING from $(pwd)"
+    touch left-by-attempt-$CASEBATCH_ATTEMPT
+    if [ "$CASEBATCH_ATTEMPT" = 1 ]; then
+      echo '{{"failure": {{"class": "infra", "code": "FLAKY", "retryable": true}}}}' > "$CASEBATCH_RESULT"
+      exit 1
+    fi
+    echo '{{"outputs": {{"answer": 42}}}}' > "$CASEBATCH_RESULT"
+  evaluator: |
+    test -f /casebatch/work/left-by-attempt-2 || {{ echo "the actor's work is not here" >&2; exit 3; }}
+    grep -q 42 "$CASEBATCH_ACTOR_RESULT" && echo '{{"verdict": "pass", "scores": {{"seen": 1}}}}' > "$CASEBATCH_RESULT"
+tasks:
+  - task_id: t1
+    query: what is in the box
+"#
+        ),
+    );
+    let o = sb.run_batch(&manifest);
+    assert_exit(&o, 0);
+    let r = sb.case_result("boxed", "t1");
+    assert_eq!(r["state"], "succeeded", "{r:#}");
+    assert_eq!(r["attempts"], 2, "{r:#}");
+    assert_eq!(r["verdict"], "pass", "{r:#}");
+
+    let out = |n: u32, f: &str| {
+        std::fs::read_to_string(sb.attempt_file("boxed", "t1", n, &format!("output/{f}")))
+            .unwrap_or_else(|e| panic!("attempt {n}'s {f}: {e}"))
+    };
+    assert_ne!(out(1, "host"), out(2, "host"), "one container per attempt");
+    assert_eq!(
+        out(1, "networks").trim(),
+        "lo",
+        "network: none leaves only loopback"
+    );
+    assert_eq!(
+        out(2, "found_in_work").trim(),
+        "",
+        "attempt 2 starts in a fresh work dir"
+    );
+    assert!(out(2, "input_seen").contains("what is in the box"));
+    let stdout = std::fs::read_to_string(sb.attempt_file("boxed", "t1", 2, "stdout.log")).unwrap();
+    assert_eq!(
+        stdout.trim(),
+        "hello from /casebatch/work",
+        "logs harvested from the engine"
+    );
+
+    for attempt in [1, 2] {
+        let receipt = receipt(&sb, "boxed", "t1", attempt);
+        assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
+        assert_eq!(receipt["method"], "container", "{receipt:#}");
+        let containers = receipt["containers"].as_array().unwrap();
+        let actor = &containers[0];
+        assert_eq!(actor["role"], "actor", "{receipt:#}");
+        assert_eq!(actor["exit_code"], if attempt == 1 { 1 } else { 0 });
+        assert_eq!(actor["removed"], true);
+        assert_eq!(actor["image"], IMAGE);
+        assert!(
+            actor["image_id"].as_str().unwrap().len() >= 12,
+            "{receipt:#}"
+        );
+        assert_eq!(actor["id"].as_str().unwrap().len(), 64, "{receipt:#}");
+    }
+    // The evaluator ran once, after the attempt that succeeded, and was removed with it.
+    let receipt = receipt(&sb, "boxed", "t1", 2);
+    assert_eq!(receipt["containers"][1]["role"], "evaluator", "{receipt:#}");
+    assert_eq!(receipt["containers"][1]["exit_code"], 0, "{receipt:#}");
+    assert!(
+        containers_of(&host, "boxed").is_empty(),
+        "the engine keeps nothing of the batch"
+    );
+}
+
+#[test]
+fn a_container_past_its_memory_limit_is_oom_killed_and_the_retry_gets_more() {
+    let sb = Sandbox::engine();
+    let Some(host) = engine_or_skip("containers::a_container_past_its_memory_limit") else {
+        return;
+    };
+    // 100 MiB in one buffer under a 32 MiB limit (memory and swap alike); with auto-boost the
+    // next attempt's container gets twice the limit, then four times: enough at 128 MiB.
+    let manifest = sb.write(
+        "hog.yaml",
+        &format!(
+            r#"batch_id: hog
+defaults:
+  runtime: local-process
+  resources: {{memory_mb: 32}}
+  oom_auto_boost: true
+  max_retries: 0
+  sandbox: {{provider: container, template: "{IMAGE}"}}
+  harness: 'dd if=/dev/zero of=/dev/null bs=100M count=1 && echo "{{}}" > "$CASEBATCH_RESULT"'
+tasks:
+  - task_id: hog
+"#
+        ),
+    );
+    let o = sb.run_batch(&manifest);
+    let r = sb.case_result("hog", "hog");
+    assert_exit(&o, 0);
+    assert_eq!(r["state"], "succeeded", "{r:#}");
+    assert_eq!(
+        r["attempts"], 3,
+        "32 and 64 MiB are too small, 128 is enough: {r:#}"
+    );
+    assert_eq!(r["memory_boost_mb"], 128, "{r:#}");
+    let steps = sb.status("hog")["status"]["timeline"].to_string();
+    assert!(steps.contains("OOM auto-boost 32 → 64 MB"), "{steps}");
+    let receipt = receipt(&sb, "hog", "hog", 1);
+    assert_eq!(receipt["containers"][0]["exit_code"], 137, "{receipt:#}");
+    assert!(containers_of(&host, "hog").is_empty());
+}
+
+/// The runner SIGKILLs itself (the worker's test hook) once two containers are started and
+/// before their submits return: resume finds each container by its name and harvests it,
+/// and no harness runs twice (each start appends a line to its attempt's `output/runs`).
+#[test]
+fn a_runner_killed_after_starting_containers_adopts_them_on_resume_and_never_starts_twice() {
+    use std::os::unix::process::ExitStatusExt;
+    let sb = Sandbox::engine();
+    let Some(host) = engine_or_skip("containers::a_runner_killed_after_starting_containers") else {
+        return;
+    };
+    let manifest = sb.write(
+        "window.yaml",
+        &format!(
+            r#"batch_id: cwindow
+defaults:
+  runtime: local-process
+  concurrency: 2
+  sandbox: {{provider: container, template: "{IMAGE}"}}
+  harness: 'echo started >> "$CASEBATCH_OUTPUT_DIR/runs"; echo "out of $CASEBATCH_CASE_ID"; sleep 2; echo "{{}}" > "$CASEBATCH_RESULT"'
+tasks: [{{task_id: c1}}, {{task_id: c2}}]
+"#
+        ),
+    );
+    let mut runner = sb.spawn_batch_with_env(
+        &manifest,
+        "run.log",
+        &[("CASEBATCH_FAULT_POINT", "after-spawn:2")],
+    );
+    let status = wait_status(&mut runner, std::time::Duration::from_secs(120));
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "the runner must die at the fault point: {}",
+        sb.read("run.log")
+    );
+    assert_eq!(containers_of(&host, "cwindow").len(), 2, "both started");
+
+    assert_exit(&sb.op("resume", "cwindow"), 0);
+    for case in ["c1", "c2"] {
+        let r = sb.case_result("cwindow", case);
+        assert_eq!(r["state"], "succeeded", "{r:#}");
+        assert_eq!(r["attempts"], 1, "{r:#}");
+        assert_eq!(
+            r["adopted"], true,
+            "harvested from the dead runner's container: {r:#}"
+        );
+        let runs = sb.attempt_file("cwindow", case, 1, "output/runs");
+        assert_eq!(
+            std::fs::read_to_string(runs).unwrap(),
+            "started\n",
+            "case {case} started exactly once"
+        );
+        let log =
+            std::fs::read_to_string(sb.attempt_file("cwindow", case, 1, "stdout.log")).unwrap();
+        assert_eq!(log, format!("out of {case}\n"));
+    }
+    assert!(containers_of(&host, "cwindow").is_empty());
+}
+
+/// Containers whose bundle is gone are garbage: `sandbox gc` lists them and removes nothing,
+/// `--apply` removes them, and another batch's live containers are never touched.
+#[test]
+fn sandbox_gc_lists_containers_whose_bundle_is_gone_and_removes_them_only_when_applied() {
+    use std::os::unix::process::ExitStatusExt;
+    let sb = Sandbox::engine();
+    let Some(host) = engine_or_skip("containers::sandbox_gc_lists_containers") else {
+        return;
+    };
+    let manifest = sb.write(
+        "orphans.yaml",
+        &format!(
+            r#"batch_id: orphans
+defaults:
+  runtime: local-process
+  concurrency: 2
+  sandbox: {{provider: container, template: "{IMAGE}"}}
+  harness: 'echo "{{}}" > "$CASEBATCH_RESULT"'
+tasks: [{{task_id: o1}}, {{task_id: o2}}]
+"#
+        ),
+    );
+    // The runner dies with both containers started: nothing cleans them up.
+    let mut runner = sb.spawn_batch_with_env(
+        &manifest,
+        "run.log",
+        &[("CASEBATCH_FAULT_POINT", "after-spawn:2")],
+    );
+    let status = wait_status(&mut runner, std::time::Duration::from_secs(120));
+    assert_eq!(status.signal(), Some(9), "{}", sb.read("run.log"));
+    let left = containers_of(&host, "orphans");
+    assert_eq!(left.len(), 2, "{left:?}");
+    std::fs::remove_dir_all(sb.bundle("orphans")).unwrap();
+
+    let ours = |o: &std::process::Output| -> Vec<Value> {
+        assert_exit(o, 0);
+        let all: Vec<Value> = serde_json::from_str(&stdout(o)).unwrap();
+        all.into_iter()
+            .filter(|c| left.contains(&c["name"].as_str().unwrap().to_string()))
+            .collect()
+    };
+    let listed = ours(&sb.run(&["sandbox", "gc", "--json"]));
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    for c in &listed {
+        assert_eq!(c["verdict"], "bundle_gone", "{c:#}");
+        assert_eq!(c["removed"], false, "a dry run removes nothing: {c:#}");
+    }
+    assert_eq!(
+        containers_of(&host, "orphans").len(),
+        2,
+        "still there after the dry run"
+    );
+
+    let applied = ours(&sb.run(&["sandbox", "gc", "--apply", "--json"]));
+    assert!(applied.iter().all(|c| c["removed"] == true), "{applied:?}");
+    assert!(containers_of(&host, "orphans").is_empty());
+}
