@@ -15,6 +15,7 @@ mod engine;
 mod environment;
 mod evaluator;
 mod full_disk;
+mod json_views;
 mod lifecycle;
 mod logs;
 mod metrics;
