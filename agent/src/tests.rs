@@ -959,7 +959,8 @@ async fn evaluate_runs_the_evaluator_once_where_the_job_ran_and_cleanup_kills_wh
     let agent = TestAgent::start(|_| {}).await;
     let mut c = agent.client().await;
     let (counter, gate) = (agent.path("counter"), agent.path("gate"));
-    let needle = format!("sleep 3{}", std::process::id() % 1000 + 1000);
+    // Not `sleep 3…`: tests elsewhere wait for no `sleep 31…` to be left.
+    let needle = format!("sleep 7{}", std::process::id() % 1000 + 1000);
     // The actor leaves a file in its working directory; the evaluator judges it there, leaves
     // a detached, environment-less process, and scores.
     let actor = r#"while [ ! -e "$GATE" ]; do sleep 0.05; done; echo acted > work.txt; echo '{}' > "$CASEBATCH_RESULT""#;
