@@ -228,21 +228,7 @@ impl ContainerRuntime {
     }
 
     async fn submit_job(&self, a: &Attempt) -> Result<JobRef, Failure> {
-        let harness = a
-            .job
-            .harness
-            .clone()
-            .filter(|c| !c.argv.is_empty())
-            .ok_or_else(|| {
-                Failure::config(
-                    Stage::Submit,
-                    FailureCode::NoHarness,
-                    format!(
-                        "case {} has no harness command: set defaults.harness",
-                        a.job.case_id
-                    ),
-                )
-            })?;
+        let harness = a.harness()?.clone();
         let image = sandbox(a, Stage::Submit)?.image.clone();
         let docker = self.engine.get(Stage::Submit).await?;
         let _lock = lock_attempt(a).await?;

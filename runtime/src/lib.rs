@@ -72,6 +72,25 @@ impl Attempt {
         self.key.memory_boost_mb.or(self.job.memory_mb())
     }
 
+    /// The job's harness: `config/NO_HARNESS` when the case has none (every runtime that
+    /// starts one refuses alike).
+    pub fn harness(&self) -> Result<&casebatch_proto::runtime_v1::Command, Failure> {
+        self.job
+            .harness
+            .as_ref()
+            .filter(|c| !c.argv.is_empty())
+            .ok_or_else(|| {
+                Failure::config(
+                    casebatch_proto::Stage::Submit,
+                    casebatch_proto::FailureCode::NoHarness,
+                    format!(
+                        "case {} has no harness command: set defaults.harness",
+                        self.job.case_id
+                    ),
+                )
+            })
+    }
+
     /// The harness contract's environment variables (see the README).
     pub fn contract_env(&self) -> BTreeMap<String, String> {
         let path = |name: &str| self.file(name).display().to_string();

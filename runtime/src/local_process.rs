@@ -210,21 +210,7 @@ impl LocalProcess {
 
     /// Spawns the wrapper for an intent already on disk.
     fn spawn(&self, env: &Attempt, intent: &JobRecord) -> Result<Child, Failure> {
-        let harness = env
-            .job
-            .harness
-            .as_ref()
-            .filter(|c| !c.argv.is_empty())
-            .ok_or_else(|| {
-                Failure::config(
-                    Stage::Submit,
-                    FailureCode::NoHarness,
-                    format!(
-                        "case {} has no harness command: set defaults.harness",
-                        env.job.case_id
-                    ),
-                )
-            })?;
+        let harness = env.harness()?;
         let case_env = crate::case_env::for_attempt(env)
             .map_err(|m| Failure::config(Stage::Submit, FailureCode::PassEnvUnset, m))?;
         // Appended: a start never truncates what an earlier one of the attempt wrote.
