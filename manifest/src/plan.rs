@@ -82,14 +82,21 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
     let mut earlier = Earlier::default();
     let mut cases = Vec::with_capacity(loaded.cases.len());
     for (index, decl) in loaded.cases.into_iter().enumerate() {
-        let Ok(index) = u32::try_from(index) else {
-            r.at_line(
-                decl.line,
-                decl.path.to_string(),
-                "too many cases",
-                "split the batch",
-            );
-            break;
+        let index = match u32::try_from(index) {
+            Ok(index) if index < casebatch_proto::MAX_BATCH_CASES => index,
+            _ => {
+                r.at_line(
+                    decl.line,
+                    decl.path.to_string(),
+                    format!(
+                        "too many cases: a batch holds at most {} (what its workflow's state is \
+                         proven to carry)",
+                        casebatch_proto::MAX_BATCH_CASES
+                    ),
+                    "split the task list into several batches",
+                );
+                break;
+            }
         };
         if let Some(case) = resolve_case(index, decl, &defaults, &runtimes, &mut earlier, r) {
             cases.push(case);

@@ -42,7 +42,12 @@ pub struct BatchInput {
     pub envelopes: Vec<Envelope>,
     /// Per case, by index, when `envelopes` is set: the envelope it counts against and the
     /// memory it declares.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "crate::packed::json"
+    )]
+    #[schemars(with = "crate::packed::Packed")]
     pub case_loads: Vec<CaseLoad>,
     /// Where cases dealt from a `runtime:` list may go. `None` when no case names a list of
     /// two or more runtimes: no breaker is consulted and nothing spills over, as in every
@@ -89,7 +94,9 @@ pub struct Routes {
     /// The distinct lists, each as indices into `runtimes` in the order written.
     pub lists: Vec<Vec<u16>>,
     /// Per case, by index: its list and the position of its share in it; `None` for a case
-    /// on one runtime.
+    /// on one runtime. Packed (`packed::json`): one entry per case.
+    #[serde(with = "crate::packed::json")]
+    #[schemars(with = "crate::packed::Packed")]
     pub cases: Vec<Option<CaseRoute>>,
 }
 
@@ -125,6 +132,10 @@ pub struct Envelope {
 )]
 pub struct CaseLoad(pub Option<u16>, pub u64);
 
+/// Cases one batch may hold: its carried state is proven to fit a payload up to here
+/// (`packed.rs`'s million-case tests), whatever the cases' states.
+pub const MAX_BATCH_CASES: u32 = 1_000_000;
+
 /// Active case limit: what a manifest may ask for and what `set_concurrency` accepts.
 pub const CONCURRENCY_RANGE: std::ops::RangeInclusive<u32> = 1..=512;
 
@@ -134,6 +145,9 @@ pub const OOM_BOOST_CAP_MB: u64 = 16 * 1024;
 /// Compact state that survives continue-as-new and resume.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Carried {
+    /// Packed (`packed::slots`): a plain array per case outgrew the payload limit.
+    #[serde(with = "crate::packed::slots")]
+    #[schemars(with = "crate::packed::Packed")]
     pub slots: Vec<CaseSlot>,
     pub counters: Counters,
     pub timeline: Vec<TimelineStep>,
@@ -408,5 +422,7 @@ pub struct EnvelopeUse {
 pub struct BatchOutcome {
     pub end: BatchEnd,
     pub status: BatchStatus,
+    #[serde(with = "crate::packed::slots")]
+    #[schemars(with = "crate::packed::Packed")]
     pub slots: Vec<CaseSlot>,
 }

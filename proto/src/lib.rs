@@ -8,6 +8,7 @@
 pub mod batch;
 pub mod breaker;
 pub mod failure;
+pub mod packed;
 pub mod planned_case_v1;
 pub mod runtime_v1;
 pub mod stage;
