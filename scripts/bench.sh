@@ -11,6 +11,8 @@
 #   ONLY=local scripts/bench.sh # only the local-process cost per case (sleep 1, true, 256 wide)
 #   ONLY=prepare scripts/bench.sh # only provision-ahead against provisioning at dispatch
 #   ONLY=aged scripts/bench.sh  # only an agent with 300,000 ended jobs against a fresh one
+#   ONLY=huge scripts/bench.sh  # only 100,000 simulated cases (HUGE=N): completes, peak RSS,
+#                               # the slowest `batch status` answer during the run
 #   ONLY=containers scripts/bench.sh # only 200 x true in containers against podman run (needs
 #                               # DOCKER_HOST=$(bash scripts/container-engine.sh))
 #
@@ -22,7 +24,9 @@ N=${N:-601}
 C=${C:-64}
 BIG=${BIG:-10000}
 RUNS=${RUNS:-3}
-cargo build --release -q --workspace
+# --all-targets: the features the tests build with, so the binary is the one `cargo nextest
+# run --release --workspace` left (without it, feature unification builds everything again).
+cargo build --release -q --workspace --all-targets
 BIN=$PWD/target/release/casebatch
 # BENCH_DIR: where bundles are written (default /tmp); its filesystem shows in the figures.
 WORK=$(mktemp -d "${BENCH_DIR:-/tmp}/casebatch-bench.XXXXXX")
@@ -270,6 +274,34 @@ echo "casebatch benchmark: N=$N, concurrency $C, $(nproc) cores, embedded dev se
 # run --rm IMAGE true` through the same engine: what casebatch's durability (records, labels,
 # log harvest, evaluator check, confirmed removal) costs on top of the engine's own create,
 # start, wait and remove. The engine's CPU is podman's, not casebatch's, and is not counted.
+# One batch far past what a workflow payload holds as plain JSON (the carried state of
+# 100,000 cases was 2.1 MB and wedged the batch): it must complete; while it runs, `batch
+# status` is asked every 10 s and its slowest answer reported, with the runner's peak RSS.
+huge_batch() {
+  local count=${HUGE:-100000} f out="$WORK/huge" pid t0 t1 ts te slowest=0 peak=0 rss
+  f="$WORK/huge.yaml"
+  { echo "batch_id: huge"; echo "defaults: {concurrency: $C, runtime: fake}"; echo "tasks:"
+    seq 1 "$count" | sed 's/^/  - task_id: case-/'; } > "$f"
+  t0=$(now)
+  "$BIN" batch run --manifest "$f" --output-dir "$out" > "$WORK/huge.log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    rss=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
+    [ -n "$rss" ] && [ "$rss" -gt "$peak" ] && peak=$rss
+    ts=$(now)
+    if "$BIN" batch status --batch-id huge --output-dir "$out" > /dev/null 2>&1; then
+      te=$(calc "$(now) - $ts")
+      slowest=$(awk -v a="$te" -v b="$slowest" 'BEGIN { print (a > b ? a : b) }')
+    fi
+    sleep 10
+  done
+  wait "$pid" || { echo "huge batch failed:"; tail -20 "$WORK/huge.log"; exit 1; }
+  t1=$(now)
+  printf "%-48s %8.1fs %7.1f cases/s  runner peak RSS %d MB, slowest status %.2fs\n" \
+    "fake runtime (simulation), $count cases" "$(calc "$t1 - $t0")" \
+    "$(calc "$count / ($t1 - $t0)")" "$((peak / 1024))" "$slowest"
+}
+
 containers_vs_podman_run() {
   : "${DOCKER_HOST:?export DOCKER_HOST=\$(bash scripts/container-engine.sh)}"
   local image=localhost/casebatch-test-busybox:1
@@ -277,6 +309,7 @@ containers_vs_podman_run() {
     'true' "${N_CONTAINERS:-200}" "podman --url $DOCKER_HOST run --rm $image true"
 }
 
+if [ "${ONLY:-}" = huge ]; then huge_batch; exit 0; fi
 if [ "${ONLY:-}" = containers ]; then containers_vs_podman_run; exit 0; fi
 if [ "${ONLY:-}" = agent ]; then agent_vs_local; exit 0; fi
 if [ "${ONLY:-}" = tail ]; then tail_vs_uniform; exit 0; fi
