@@ -15,11 +15,10 @@ macro_rules! say {
     }};
 }
 
-mod cli;
 mod commands;
-mod exit;
-mod logs;
 mod render;
+
+use casebatch_cli::{cli, exit, logs};
 
 use clap::Parser;
 
