@@ -281,7 +281,11 @@ fn a_batch_past_the_most_cases_its_state_can_carry_is_refused_at_its_first_extra
         text.push_str(&format!("{{\"id\": \"c{i}\", \"harness\": \"x\"}}\n"));
     }
     let err = refuse("d.jsonl", &text);
-    let p = says(&err, "(document)", "too many cases: a batch holds at most 1000000");
+    let p = says(
+        &err,
+        "(document)",
+        "too many cases: a batch holds at most 1000000",
+    );
     assert_eq!(p.line, Some(max + 1), "{err}");
     assert!(p.fix.contains("several batches"), "{err}");
     assert_eq!(err.problems.len(), 1, "{err}");
