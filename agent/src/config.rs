@@ -36,6 +36,9 @@ pub struct AgentConfig {
     pub token: Option<TokenSource>,
     /// How long an ended job's row and attempt directory are kept (`None`: forever).
     pub keep_ended: Option<Duration>,
+    /// `--sandbox container`: jobs that ask for a container sandbox run in one, on this
+    /// host's container engine; without it they are refused.
+    pub containers: bool,
 }
 
 impl AgentConfig {
@@ -49,6 +52,7 @@ impl AgentConfig {
             tls: None,
             token: None,
             keep_ended: Some(crate::DEFAULT_KEEP_ENDED),
+            containers: false,
         }
     }
 }

@@ -24,15 +24,16 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use casebatch_container::ContainerRuntime;
 use casebatch_proto::runtime_v1::{self as pb, CONTRACT_VERSION, contract_of};
 use casebatch_proto::{ActorReport, ActorStatus, AttemptKey, Failure, FailureCode, JobRef, Stage};
 use casebatch_runtime::evaluator;
-use casebatch_runtime::local_process::LocalProcess;
-use casebatch_runtime::{Attempt, CleanupReceipt, Liveness, OnCancel, attempt_files};
+use casebatch_runtime::{Attempt, CleanupReceipt, Liveness, OnCancel};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 use crate::evaluations::{Begin, Evaluations};
+use crate::exec::Exec;
 use crate::table::{self, InFlight, JobRow, RowState, Table};
 
 /// The most the agent takes on: jobs not yet ended, and their declared memory.
@@ -109,6 +110,8 @@ pub(crate) struct Jobs {
     batches: PathBuf,
     /// The variable holding the agent's token: never passed to a harness.
     token_env: Option<String>,
+    /// `--sandbox container`: jobs that ask for a container get one on this host's engine.
+    containers: Option<ContainerRuntime>,
     reattached: AtomicU32,
     /// Ended jobs removed by retention since this agent started.
     pruned: AtomicU64,
@@ -244,9 +247,9 @@ fn check_key(key: &pb::AttemptKey) -> Result<(), JobError> {
 
 /// The job as sent: its case index the key's, `case_dir` exactly one normal path component
 /// (it becomes one under the agent's data dir), commands with a program, input one JSON object,
-/// and no sandbox (this agent runs jobs on its host only; a worker that sets one must not have
-/// its job run unsandboxed).
-fn check_job(job: &pb::JobSpec, key: &pb::AttemptKey) -> Result<(), JobError> {
+/// and no sandbox unless this agent provides containers (`--sandbox container`; a worker that
+/// sets one must not have its job run unsandboxed).
+fn check_job(job: &pb::JobSpec, key: &pb::AttemptKey, containers: bool) -> Result<(), JobError> {
     let bad = |m: String| Err(JobError::Invalid(m));
     if job.case_index != key.case_index {
         return bad(format!(
@@ -273,10 +276,11 @@ fn check_job(job: &pb::JobSpec, key: &pb::AttemptKey) -> Result<(), JobError> {
         }
     }
     job.input().map_err(JobError::Invalid)?;
-    if job.sandbox.is_some() {
+    if job.sandbox.is_some() && !containers {
         return bad(
-            "job.sandbox is set, but this agent runs jobs on its host only: upgrade it to a \
-             version that provides the sandbox"
+            "job.sandbox is set, but this agent runs jobs on its host only: start it with \
+             `--sandbox container` (and a container engine at DOCKER_HOST) to run them in \
+             containers"
                 .into(),
         );
     }
@@ -294,6 +298,7 @@ impl Jobs {
         envelope: Envelope,
         batches: PathBuf,
         token_env: Option<String>,
+        containers: Option<ContainerRuntime>,
     ) -> Self {
         Self {
             table,
@@ -301,12 +306,18 @@ impl Jobs {
             envelope,
             batches,
             token_env,
+            containers,
             reattached: AtomicU32::new(0),
             pruned: AtomicU64::new(0),
             started: std::time::Instant::now(),
             stopping: watch::Sender::new(false),
             evaluations: Evaluations::default(),
         }
+    }
+
+    /// What runs `env`'s job here.
+    pub(crate) fn exec(&self, env: &Attempt) -> Exec<'_> {
+        Exec::of(self.containers.as_ref(), env)
     }
 
     pub(crate) fn table(&self) -> &Table {
@@ -462,7 +473,7 @@ impl Jobs {
         let job = req
             .job
             .ok_or_else(|| JobError::Invalid("job is missing: send the attempt's job".into()))?;
-        check_job(&job, &key)?;
+        check_job(&job, &key, self.containers.is_some())?;
         let local = local_bundle(&self.batches, &key.batch_id, &key.bundle_dir);
         let env = Attempt::new(
             AttemptKey {
@@ -583,7 +594,7 @@ impl Jobs {
                 return self.end(&key, &entry, failed(f), row.starts).await;
             }
         };
-        let runtime = LocalProcess;
+        let runtime = self.exec(&env);
         let (job_ref, starts) = if row.state == RowState::Running {
             // Its process was known to an earlier life: await it by its identity and files,
             // never submit again (a lost job.json must not start a second process).
@@ -597,7 +608,7 @@ impl Jobs {
             (job_ref, row.starts.max(1))
         } else {
             let started = !matches!(
-                std::fs::symlink_metadata(env.file(attempt_files::JOB)),
+                std::fs::symlink_metadata(env.file(runtime.intent_file())),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound
             );
             if !started && entry.kill.load(Ordering::SeqCst) {
@@ -613,9 +624,9 @@ impl Jobs {
             }
             .await;
             match submitted {
-                Ok(j) => (j, LocalProcess::recorded_starts(&env).unwrap_or(1)),
+                Ok(j) => (j, runtime.recorded_starts(&env).unwrap_or(1)),
                 Err(f) => {
-                    let starts = LocalProcess::recorded_starts(&env).unwrap_or(0);
+                    let starts = runtime.recorded_starts(&env).unwrap_or(0);
                     return self.end(&key, &entry, failed(f), starts).await;
                 }
             }
@@ -770,7 +781,7 @@ impl Jobs {
             let _ = done.wait_for(Option::is_some).await;
         }
         let env = row.env().map_err(JobError::Invalid)?;
-        let receipt = LocalProcess.cleanup(&env).await;
+        let receipt = self.exec(&env).cleanup(&env).await;
         let (k, r) = (key.to_string(), receipt.clone());
         self.table
             .with(move |conn| table::set_cleaned(conn, &k, &r, now_ms()))
@@ -842,7 +853,7 @@ impl Jobs {
                     ..f
                 }),
                 Ok(()) => {
-                    LocalProcess
+                    jobs.exec(&env)
                         .evaluate(&env, &job, &KillFlag(run.stop.clone()))
                         .await
                 }

@@ -39,6 +39,7 @@ mod auth;
 mod config;
 mod datadir;
 mod evaluations;
+mod exec;
 mod jobs;
 mod retention;
 mod service;
@@ -171,6 +172,9 @@ impl Agent {
             },
             data_dir.join(datadir::BATCHES),
             security.token_env(),
+            config
+                .containers
+                .then(casebatch_container::ContainerRuntime::default),
         ));
         jobs.reattach().await.map_err(|e| AgentError::Table {
             path: table_path,

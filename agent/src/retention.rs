@@ -13,8 +13,6 @@ use std::path::{Component, Path};
 use std::sync::Arc;
 use std::time::Duration;
 
-use casebatch_runtime::local_process::LocalProcess;
-
 use crate::jobs::{JobError, Jobs, now_ms};
 use crate::table::{self, JobRow};
 
@@ -101,7 +99,7 @@ async fn remove(jobs: &Jobs, row: JobRow) -> Result<bool, JobError> {
     if row.cleanup_receipt.is_none() {
         match row.env() {
             Ok(env) => {
-                let receipt = LocalProcess.cleanup(&env).await;
+                let receipt = jobs.exec(&env).cleanup(&env).await;
                 if !receipt.cleanup_confirmed {
                     // Kept: its record is how the next pass finds what is still alive.
                     tracing::warn!(job = %row.job_key, "not removed: {}", receipt.message);

@@ -90,6 +90,9 @@ pub enum SandboxCommand {
         /// Remove the garbage (without it, only list).
         #[arg(long)]
         apply: bool,
+        /// Only the containers of this batch (its `batch-id` label).
+        #[arg(long, value_name = "ID")]
+        batch_id: Option<String>,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -601,6 +604,11 @@ pub struct AgentArgs {
     /// or forever); a job nobody cleaned up is cleaned up before it is removed.
     #[arg(long, value_name = "DURATION", default_value = "7d")]
     pub keep_ended: String,
+    /// `container`: run a job whose manifest asks for a container sandbox as a container on
+    /// this host's engine (DOCKER_HOST, else the default socket). `none` (the default):
+    /// such jobs are refused, never run on the host instead.
+    #[arg(long, value_name = "KIND", default_value = "none", value_parser = ["none", "container"])]
+    pub sandbox: String,
     #[command(flatten)]
     pub metrics: MetricsArgs,
 }
@@ -635,6 +643,7 @@ impl AgentArgs {
             tls,
             token,
             keep_ended,
+            containers: self.sandbox == "container",
         })
     }
 }

@@ -249,6 +249,18 @@ impl ContainerRuntime {
         Ok(job_ref(a))
     }
 
+    /// The attempt's directories and input, as for a local process; then the image.
+    pub async fn provision(&self, a: &Attempt) -> Result<(), Failure> {
+        LocalProcess.provision(a).await?;
+        let s = sandbox(a, Stage::Provision)?;
+        let docker = self.engine.get(Stage::Provision).await?;
+        ensure_image(docker, s).await
+    }
+
+    pub async fn submit(&self, a: &Attempt) -> Result<JobRef, NotStarted> {
+        Ok(self.submit_job(a).await?)
+    }
+
     pub async fn await_job<L: Liveness>(&self, a: &Attempt, job: &JobRef, live: &L) -> ActorReport {
         let docker = match self.engine.get(Stage::Await).await {
             Ok(d) => d,
@@ -493,15 +505,11 @@ fn lost(a: &Attempt, why: &str) -> Failure {
 /// The worker's container runtime: the machinery above, on the attempt's job.
 impl Runtime for ContainerRuntime {
     async fn provision(&self, env: &AttemptEnv) -> Result<(), Failure> {
-        // The attempt's directories and input, as for a local process; then the image.
-        LocalProcess.provision(&env.attempt).await?;
-        let s = sandbox(env, Stage::Provision)?;
-        let docker = self.engine.get(Stage::Provision).await?;
-        ensure_image(docker, s).await
+        ContainerRuntime::provision(self, env).await
     }
 
     async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, NotStarted> {
-        Ok(self.submit_job(env).await?)
+        ContainerRuntime::submit(self, env).await
     }
 
     async fn await_job<L: Liveness>(

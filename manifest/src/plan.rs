@@ -602,19 +602,23 @@ fn check_sandbox_runtime(
     let Some(sandbox) = spec.sandbox.as_ref().or(defaults.sandbox.as_ref()) else {
         return;
     };
-    let Some(other) = kinds.iter().find(|k| **k != RuntimeKind::LocalProcess) else {
+    // A worker's host and an agent (started with `--sandbox container`) run containers.
+    let Some(other) = kinds
+        .iter()
+        .find(|k| !matches!(k, RuntimeKind::LocalProcess | RuntimeKind::Agent))
+    else {
         return;
     };
     if !sandbox.is_container() {
         return;
     }
     let message = format!(
-        "sandbox provider `container` runs containers on a worker's own host, but this case \
-         runs on runtime {}, which provides no container",
+        "sandbox provider `container` runs containers on a worker's own host or on an agent, \
+         but this case runs on runtime {}, which provides no container",
         other.as_str()
     );
-    let fix = "use runtime local-process for containerised cases (agents do not run containers \
-               yet), or set sandbox.provider to `local`";
+    let fix = "use runtime local-process or an agent started with `--sandbox container` for \
+               containerised cases, or set sandbox.provider to `local`";
     if spec.sandbox.is_some() || spec.runtime.is_some() {
         let p = decl.spec_path.key("sandbox").key("provider");
         let line = r.line_of(&p).or(decl.line);

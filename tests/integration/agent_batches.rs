@@ -1223,3 +1223,89 @@ fn an_agent_frozen_in_a_list_strands_its_jobs_and_stops_them_once_it_answers() {
         );
     }
 }
+
+/// `casebatch agent --sandbox container` runs a job that asks for a container as one on its
+/// host's engine. SIGKILLed while the containers run, the agent comes back on its data dir
+/// and re-attaches to them from its job table: each harness ran once, its output and logs
+/// reach the bundle, and cleanup leaves nothing on the engine. An agent without the flag
+/// refuses such a job rather than run it on its host.
+#[test]
+fn an_agent_with_container_sandboxes_outlives_a_sigkill_and_re_attaches_to_its_containers() {
+    use crate::containers::{IMAGE, containers_of, engine_or_skip, running_of};
+    let sb = Sandbox::engine();
+    let Some(host) = engine_or_skip("agent_batches::an_agent_with_container_sandboxes") else {
+        return;
+    };
+    let mut a = Agent::start(&sb, "boxer", &["--sandbox", "container"]);
+    let harness = r#"echo run >> "$CASEBATCH_OUTPUT_DIR/runs"; hostname; sleep 3; echo '{}' > "$CASEBATCH_RESULT""#;
+    let sandbox = format!("  sandbox: {{provider: container, template: \"{IMAGE}\"}}\n");
+    let m = sb.write(
+        "boxed.yaml",
+        &manifest("aboxed", &[&a], 2, harness, &sandbox),
+    );
+    let mut runner = sb.spawn_batch(&m, "run.log");
+    wait_until(
+        Duration::from_secs(90),
+        "both jobs run in containers",
+        || running_of(&host, "aboxed").len() == 2,
+    );
+    a.kill();
+    assert_eq!(
+        running_of(&host, "aboxed").len(),
+        2,
+        "the containers outlive their agent"
+    );
+    a.restart(&sb);
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(120)),
+        0,
+        "{}",
+        sb.read("run.log")
+    );
+    assert!(
+        sb.read("agent-boxer.log").contains("2 jobs re-attached"),
+        "{}",
+        sb.read("agent-boxer.log")
+    );
+    for case in ["c0", "c1"] {
+        let r = sb.case_result("aboxed", case);
+        assert_eq!(r["state"], "succeeded", "{r:#}");
+        assert_eq!(r["attempts"], 1, "{r:#}");
+        let runs = sb.attempt_file("aboxed", case, 1, "output/runs");
+        assert_eq!(
+            std::fs::read_to_string(runs).unwrap(),
+            "run\n",
+            "{case} ran once"
+        );
+        let stdout =
+            std::fs::read_to_string(sb.attempt_file("aboxed", case, 1, "stdout.log")).unwrap();
+        let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        assert!(
+            !stdout.trim().is_empty() && stdout.trim() != host_name.trim(),
+            "ran in a container, not on the agent's host: {stdout}"
+        );
+        let receipt = sb.json(&sb.attempt_file("aboxed", case, 1, "cleanup.json"));
+        assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
+        assert_eq!(receipt["method"], "container", "{receipt:#}");
+    }
+    assert!(containers_of(&host, "aboxed").is_empty());
+
+    // Without the flag, the job is refused: a config failure naming the flag.
+    let plain = Agent::start(&sb, "plain", &[]);
+    let m = sb.write(
+        "refused.yaml",
+        &manifest("arefused", &[&plain], 1, harness, &sandbox),
+    );
+    let o = sb.run_batch(&m);
+    assert_exit(&o, 4);
+    let r = sb.case_result("arefused", "c0");
+    assert_eq!(r["state"], "failed", "{r:#}");
+    assert!(
+        r["failure"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--sandbox container"),
+        "{r:#}"
+    );
+    assert!(containers_of(&host, "arefused").is_empty());
+}

@@ -1,0 +1,91 @@
+//! What runs an agent's job: the host's processes (`LocalProcess`, in the job's cgroup), or,
+//! on an agent started with `--sandbox container`, a container on this host's engine for a
+//! job whose `JobSpec` asks for one (`ContainerRuntime`: named from the job, so a restarted
+//! agent re-attaches to it by name, as a worker does).
+//!
+//! A job's executor follows from the job and the agent's setting alone, so every stage of it
+//! (and every life of the agent) picks the same one.
+
+use casebatch_container::ContainerRuntime;
+use casebatch_proto::{ActorReport, Failure, JobRef};
+use casebatch_runtime::local_process::LocalProcess;
+use casebatch_runtime::{
+    Attempt, CleanupReceipt, EvaluationRecord, Liveness, NotStarted, attempt_files,
+};
+
+pub(crate) enum Exec<'a> {
+    Host,
+    Container(&'a ContainerRuntime),
+}
+
+impl<'a> Exec<'a> {
+    /// The executor of `env`'s job on an agent with `containers` (`--sandbox container`).
+    pub(crate) fn of(containers: Option<&'a ContainerRuntime>, env: &Attempt) -> Self {
+        match containers {
+            Some(c) if env.job.sandbox.is_some() => Exec::Container(c),
+            _ => Exec::Host,
+        }
+    }
+
+    /// The attempt file that exists once a start was attempted (its intent record).
+    pub(crate) fn intent_file(&self) -> &'static str {
+        match self {
+            Exec::Host => attempt_files::JOB,
+            Exec::Container(_) => attempt_files::CONTAINER,
+        }
+    }
+
+    /// Starts recorded for the job: the wrapper counts them; a container is started once
+    /// (a second start of the same name is an adoption).
+    pub(crate) fn recorded_starts(&self, env: &Attempt) -> Option<u32> {
+        match self {
+            Exec::Host => LocalProcess::recorded_starts(env),
+            Exec::Container(_) => env.file(attempt_files::CONTAINER).exists().then_some(1),
+        }
+    }
+
+    pub(crate) async fn provision(&self, env: &Attempt) -> Result<(), Failure> {
+        match self {
+            Exec::Host => LocalProcess.provision(env).await,
+            Exec::Container(c) => c.provision(env).await,
+        }
+    }
+
+    pub(crate) async fn submit(&self, env: &Attempt) -> Result<JobRef, NotStarted> {
+        match self {
+            Exec::Host => LocalProcess.submit(env).await,
+            Exec::Container(c) => c.submit(env).await,
+        }
+    }
+
+    pub(crate) async fn await_job<L: Liveness>(
+        &self,
+        env: &Attempt,
+        job: &JobRef,
+        live: &L,
+    ) -> ActorReport {
+        match self {
+            Exec::Host => LocalProcess.await_job(env, job, live).await,
+            Exec::Container(c) => c.await_job(env, job, live).await,
+        }
+    }
+
+    pub(crate) async fn evaluate<L: Liveness>(
+        &self,
+        env: &Attempt,
+        job: &JobRef,
+        live: &L,
+    ) -> EvaluationRecord {
+        match self {
+            Exec::Host => LocalProcess.evaluate(env, job, live).await,
+            Exec::Container(c) => c.evaluate(env, job, live).await,
+        }
+    }
+
+    pub(crate) async fn cleanup(&self, env: &Attempt) -> CleanupReceipt {
+        match self {
+            Exec::Host => LocalProcess.cleanup(env).await,
+            Exec::Container(c) => c.cleanup(env).await,
+        }
+    }
+}
