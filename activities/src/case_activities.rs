@@ -898,10 +898,12 @@ impl CaseActivities {
     ) -> Result<SweepReport, ActivityError> {
         let plan = self.plan(&input.bundle_dir)?;
         let mut report = SweepReport::default();
-        let agents = plan
+        let agents: Vec<_> = plan
             .runtimes
             .iter()
-            .filter(|(_, spec)| spec.kind == RuntimeKind::Agent);
+            .filter(|(_, spec)| spec.kind == RuntimeKind::Agent)
+            .collect();
+        let has_agents = !agents.is_empty();
         for (name, spec) in agents {
             match self.agent.kill_batch(name, spec, &input.batch_id).await {
                 Ok(keys) => report
@@ -910,9 +912,36 @@ impl CaseActivities {
                 Err(why) => report.unreachable.push(format!("{name}: {why}")),
             }
         }
+        // Containers run on the engine of the host that started them: this worker kills
+        // those on its engine now; elsewhere they end with their cases' cleanup, which runs
+        // on their host.
+        let boxed = plan
+            .cases
+            .iter()
+            .any(|c| c.sandbox.as_ref().is_some_and(|s| s.is_container()));
+        if boxed {
+            match casebatch_container::gc::kill_batch(&input.batch_id, &input.bundle_dir).await {
+                Ok(names) => report
+                    .killed
+                    .extend(names.into_iter().map(|n| format!("container: {n}"))),
+                Err(why) => report.unreachable.push(format!("container engine: {why}")),
+            }
+        }
+        let places: Vec<&str> = [
+            (has_agents, "the agents"),
+            (boxed, "this host's container engine"),
+        ]
+        .into_iter()
+        .filter_map(|(swept, place)| swept.then_some(place))
+        .collect();
         let message = format!(
-            "superseded: {} job(s) killed on the agents{}",
+            "superseded: {} job(s) killed on {}{}",
             report.killed.len(),
+            if places.is_empty() {
+                "no runtime (nothing to sweep)".to_string()
+            } else {
+                places.join(" and ")
+            },
             if report.unreachable.is_empty() {
                 String::new()
             } else {

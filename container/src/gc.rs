@@ -51,44 +51,93 @@ fn verdict(labels: &HashMap<String, String>, me: &str) -> &'static str {
     "in_use"
 }
 
-/// Lists casebatch's containers on the engine, removing the garbage when `apply`.
-pub async fn gc(apply: bool) -> Result<Vec<Found>, String> {
+/// A container the engine listed: its name (without the leading `/`), id, state and labels.
+struct Listed {
+    name: String,
+    id: String,
+    state: String,
+    labels: HashMap<String, String>,
+}
+
+/// The containers on this host's engine that carry every one of `labels` (a bare key: any
+/// value), `running` only or all. The engine filters; each is checked again here, since what
+/// follows (a removal, a kill) cannot be undone.
+async fn list(
+    labels: &[(&str, Option<&str>)],
+    running: bool,
+) -> Result<(bollard::Docker, Vec<Listed>), String> {
     let docker = engine::connect().await.map_err(|e| {
         format!(
             "the container engine at {} did not answer: {e}",
             engine::address()
         )
     })?;
+    let mut filters = HashMap::from([(
+        "label".to_string(),
+        labels
+            .iter()
+            .map(|(k, v)| v.map_or_else(|| k.to_string(), |v| format!("{k}={v}")))
+            .collect::<Vec<_>>(),
+    )]);
+    if running {
+        filters.insert("status".into(), vec!["running".into()]);
+    }
     let options = ListContainersOptions {
-        all: true,
-        filters: Some(HashMap::from([(
-            "label".to_string(),
-            vec![label::MARKER.to_string()],
-        )])),
+        all: !running,
+        filters: Some(filters),
         ..ListContainersOptions::default()
     };
     let listed = docker
         .list_containers(Some(options))
         .await
         .map_err(|e| format!("listing containers failed: {e}"))?;
+    let matches = |theirs: &HashMap<String, String>| {
+        labels.iter().all(|(k, v)| match (theirs.get(*k), v) {
+            (Some(have), Some(want)) => have == want,
+            (Some(_), None) => true,
+            (None, _) => false,
+        })
+    };
+    let found = listed
+        .into_iter()
+        .filter_map(|c| {
+            let labels = c.labels.unwrap_or_default();
+            matches(&labels).then(|| Listed {
+                name: c
+                    .names
+                    .and_then(|n| n.into_iter().next())
+                    .unwrap_or_default()
+                    .trim_start_matches('/')
+                    .to_string(),
+                id: c.id.unwrap_or_default(),
+                state: c.state.map(|s| s.to_string()).unwrap_or_default(),
+                labels,
+            })
+        })
+        .collect();
+    Ok((docker, found))
+}
+
+/// Lists casebatch's containers on the engine (of one batch, with `batch_id`), removing the
+/// garbage when `apply`.
+pub async fn gc(apply: bool, batch_id: Option<&str>) -> Result<Vec<Found>, String> {
+    let mut labels = vec![(label::MARKER, None)];
+    if let Some(id) = batch_id {
+        labels.push((label::BATCH_ID, Some(id)));
+    }
+    let (docker, listed) = list(&labels, false).await?;
     let me = owner();
     let mut found = Vec::new();
     for c in listed {
-        let labels = c.labels.unwrap_or_default();
-        let name = c
-            .names
-            .and_then(|n| n.into_iter().next())
-            .unwrap_or_default()
-            .trim_start_matches('/')
-            .to_string();
+        let get = |k: &str| c.labels.get(k).cloned().unwrap_or_default();
         let mut entry = Found {
-            id: c.id.unwrap_or_default(),
-            marker: labels.get(label::MARKER).cloned().unwrap_or_default(),
-            bundle: labels.get(label::BUNDLE).cloned().unwrap_or_default(),
-            state: c.state.map(|s| s.to_string()).unwrap_or_default(),
-            verdict: verdict(&labels, &me),
+            marker: get(label::MARKER),
+            bundle: get(label::BUNDLE),
+            verdict: verdict(&c.labels, &me),
             removed: false,
-            name,
+            id: c.id,
+            state: c.state,
+            name: c.name,
         };
         if apply && entry.is_garbage() {
             entry.removed = crate::remove(&docker, &entry.id)
@@ -100,4 +149,25 @@ pub async fn gc(apply: bool) -> Result<Vec<Found>, String> {
     }
     found.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(found)
+}
+
+/// Kills every running container of one batch on this host's engine (supersede: a stale
+/// batch's work stops at once, before its cases' cleanups remove the containers). Only
+/// containers provably the batch's are touched: its id, its bundle and this user, all three
+/// labels. Returns the names killed.
+pub async fn kill_batch(batch_id: &str, bundle_dir: &str) -> Result<Vec<String>, String> {
+    let me = owner();
+    let labels = [
+        (label::BATCH_ID, Some(batch_id)),
+        (label::BUNDLE, Some(bundle_dir)),
+        (label::OWNER, Some(me.as_str())),
+    ];
+    let (docker, listed) = list(&labels, true).await?;
+    let mut killed = Vec::new();
+    for c in listed {
+        crate::wait::kill(&docker, &c.name).await;
+        killed.push(c.name);
+    }
+    killed.sort();
+    Ok(killed)
 }

@@ -7,12 +7,12 @@ use crate::support::*;
 use serde_json::Value;
 
 /// The tests' image (built by `scripts/container-engine.sh` from the host's static busybox).
-const IMAGE: &str = "localhost/casebatch-test-busybox:1";
+pub(crate) const IMAGE: &str = "localhost/casebatch-test-busybox:1";
 
 /// The engine at `DOCKER_HOST`, or `None` (the test is skipped with a notice) when it is not
 /// set, unless `CASEBATCH_REQUIRE_CONTAINERS` is (CI sets it: there a missing engine fails
 /// the test rather than passing it unseen).
-fn engine_or_skip(test: &str) -> Option<String> {
+pub(crate) fn engine_or_skip(test: &str) -> Option<String> {
     let host = std::env::var("DOCKER_HOST").ok();
     if host.is_none() {
         assert!(
@@ -27,10 +27,25 @@ fn engine_or_skip(test: &str) -> Option<String> {
 }
 
 /// The engine's containers labelled with `batch`, by name, as the engine lists them.
-fn containers_of(host: &str, batch: &str) -> Vec<String> {
+pub(crate) fn containers_of(host: &str, batch: &str) -> Vec<String> {
     let o = std::process::Command::new("podman")
         .args(["--url", host, "ps", "--all", "--format", "{{.Names}}"])
         .arg(format!("--filter=label=io.casebatch.batch-id={batch}"))
+        .output()
+        .expect("podman");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The batch's containers the engine says are running.
+pub(crate) fn running_of(host: &str, batch: &str) -> Vec<String> {
+    let o = std::process::Command::new("podman")
+        .args(["--url", host, "ps", "--format", "{{.Names}}"])
+        .arg(format!("--filter=label=io.casebatch.batch-id={batch}"))
+        .arg("--filter=status=running")
         .output()
         .expect("podman");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -179,9 +194,10 @@ tasks:
     assert!(containers_of(&host, "hog").is_empty());
 }
 
-/// The runner SIGKILLs itself (the worker's test hook) once two containers are started and
+/// The runner SIGKILLs itself (the worker's test hook) once four containers are started and
 /// before their submits return: resume finds each container by its name and harvests it,
-/// and no harness runs twice (each start appends a line to its attempt's `output/runs`).
+/// there is exactly one container per attempt (counted by label), and no harness runs twice
+/// (each start appends a line to its attempt's `output/runs`).
 #[test]
 fn a_runner_killed_after_starting_containers_adopts_them_on_resume_and_never_starts_twice() {
     use std::os::unix::process::ExitStatusExt;
@@ -195,17 +211,17 @@ fn a_runner_killed_after_starting_containers_adopts_them_on_resume_and_never_sta
             r#"batch_id: cwindow
 defaults:
   runtime: local-process
-  concurrency: 2
+  concurrency: 4
   sandbox: {{provider: container, template: "{IMAGE}"}}
   harness: 'echo started >> "$CASEBATCH_OUTPUT_DIR/runs"; echo "out of $CASEBATCH_CASE_ID"; sleep 2; echo "{{}}" > "$CASEBATCH_RESULT"'
-tasks: [{{task_id: c1}}, {{task_id: c2}}]
+tasks: [{{task_id: c1}}, {{task_id: c2}}, {{task_id: c3}}, {{task_id: c4}}]
 "#
         ),
     );
     let mut runner = sb.spawn_batch_with_env(
         &manifest,
         "run.log",
-        &[("CASEBATCH_FAULT_POINT", "after-spawn:2")],
+        &[("CASEBATCH_FAULT_POINT", "after-spawn:4")],
     );
     let status = wait_status(&mut runner, std::time::Duration::from_secs(120));
     assert_eq!(
@@ -214,10 +230,26 @@ tasks: [{{task_id: c1}}, {{task_id: c2}}]
         "the runner must die at the fault point: {}",
         sb.read("run.log")
     );
-    assert_eq!(containers_of(&host, "cwindow").len(), 2, "both started");
+    let started = containers_of(&host, "cwindow");
+    assert_eq!(started.len(), 4, "all four started: {started:?}");
 
-    assert_exit(&sb.op("resume", "cwindow"), 0);
-    for case in ["c1", "c2"] {
+    // While resume runs, the engine never holds a second container of any attempt.
+    let watching = std::sync::atomic::AtomicBool::new(true);
+    let most = std::thread::scope(|scope| {
+        let most = scope.spawn(|| {
+            let mut most = 0;
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(containers_of(&host, "cwindow").len());
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            most
+        });
+        assert_exit(&sb.op("resume", "cwindow"), 0);
+        watching.store(false, std::sync::atomic::Ordering::Relaxed);
+        most.join().unwrap()
+    });
+    assert!(most <= 4, "{most} containers of four attempts at once");
+    for case in ["c1", "c2", "c3", "c4"] {
         let r = sb.case_result("cwindow", case);
         assert_eq!(r["state"], "succeeded", "{r:#}");
         assert_eq!(r["attempts"], 1, "{r:#}");
@@ -239,7 +271,8 @@ tasks: [{{task_id: c1}}, {{task_id: c2}}]
 }
 
 /// Containers whose bundle is gone are garbage: `sandbox gc` lists them and removes nothing,
-/// `--apply` removes them, and another batch's live containers are never touched.
+/// `--apply` removes them (scoped by `--batch-id`: another batch's scope leaves them), and
+/// another batch's live containers are never touched.
 #[test]
 fn sandbox_gc_lists_containers_whose_bundle_is_gone_and_removes_them_only_when_applied() {
     use std::os::unix::process::ExitStatusExt;
@@ -291,7 +324,195 @@ tasks: [{{task_id: o1}}, {{task_id: o2}}]
         "still there after the dry run"
     );
 
-    let applied = ours(&sb.run(&["sandbox", "gc", "--apply", "--json"]));
+    // Scoped to another batch, --apply touches none of them.
+    let elsewhere = ours(&sb.run(&["sandbox", "gc", "--apply", "--batch-id", "x", "--json"]));
+    assert!(elsewhere.is_empty(), "{elsewhere:?}");
+    assert_eq!(containers_of(&host, "orphans").len(), 2);
+
+    let applied = ours(&sb.run(&[
+        "sandbox",
+        "gc",
+        "--apply",
+        "--batch-id",
+        "orphans",
+        "--json",
+    ]));
     assert!(applied.iter().all(|c| c["removed"] == true), "{applied:?}");
     assert!(containers_of(&host, "orphans").is_empty());
+}
+
+/// `batch run --supersede` on a batch whose cases run in containers: the stale run's
+/// containers stop within 15 s (killed by label on the engine, then removed by their cases'
+/// cleanup), and the new run finishes the cases.
+#[test]
+fn supersede_stops_a_stale_batch_s_running_containers_within_15_s() {
+    use std::time::{Duration, Instant};
+    let sb = Sandbox::engine();
+    let Some(host) = engine_or_skip("containers::supersede_stops_a_stale_batch_s_running") else {
+        return;
+    };
+    // First attempts sleep far past the test; the re-fire's attempts end at once.
+    let manifest = sb.write(
+        "stale.yaml",
+        &format!(
+            r#"batch_id: cstale
+defaults:
+  runtime: local-process
+  concurrency: 2
+  sandbox: {{provider: container, template: "{IMAGE}"}}
+  harness: 'if [ "$CASEBATCH_ATTEMPT" = 1 ]; then sleep 600; fi; echo "{{}}" > "$CASEBATCH_RESULT"'
+tasks: [{{task_id: s1}}, {{task_id: s2}}]
+"#
+        ),
+    );
+    let mut stale = sb.spawn_batch(&manifest, "stale.log");
+    wait_until(Duration::from_secs(90), "two running containers", || {
+        running_of(&host, "cstale").len() == 2
+    });
+    let out = sb.out();
+    let superseded = Instant::now();
+    let mut refire = sb.spawn(
+        &[
+            "batch",
+            "run",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--output-dir",
+            out.to_str().unwrap(),
+            "--supersede",
+        ],
+        "refire.log",
+    );
+    // Names end `-a<attempt>-<hash>`: the stale run's are its first attempts.
+    let first_attempts_running = || {
+        running_of(&host, "cstale")
+            .iter()
+            .filter(|n| n.contains("-a1-"))
+            .count()
+    };
+    wait_until(
+        Duration::from_secs(15),
+        "the stale run's containers stop",
+        || first_attempts_running() == 0,
+    );
+    eprintln!("stopped {:?} after supersede", superseded.elapsed());
+    assert_eq!(
+        wait_child(&mut stale, Duration::from_secs(60)),
+        1,
+        "the superseded runner ends incomplete: {}",
+        sb.read("stale.log")
+    );
+    assert_eq!(
+        wait_child(&mut refire, Duration::from_secs(120)),
+        0,
+        "{}",
+        sb.read("refire.log")
+    );
+    for case in ["s1", "s2"] {
+        let r = sb.case_result("cstale", case);
+        assert_eq!(r["state"], "succeeded", "{r:#}");
+        let receipt = receipt(&sb, "cstale", case, 1);
+        assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
+        assert_eq!(
+            receipt["containers"][0]["exit_code"], 137,
+            "killed: {receipt:#}"
+        );
+    }
+    let events = std::fs::read_to_string(sb.bundle("cstale").join("events.jsonl")).unwrap();
+    assert!(
+        events.contains("superseded: 2 job(s) killed on this host's container engine"),
+        "{events}"
+    );
+    assert!(containers_of(&host, "cstale").is_empty());
+}
+
+/// `sandbox gc --apply` keeps a container whose attempt is still running (its bundle is
+/// there and its attempt open); the batch's own cancel then removes it.
+#[test]
+fn sandbox_gc_keeps_a_running_attempt_s_container() {
+    use std::time::Duration;
+    let sb = Sandbox::engine();
+    let Some(host) = engine_or_skip("containers::sandbox_gc_keeps_a_running") else {
+        return;
+    };
+    let manifest = sb.write(
+        "alive.yaml",
+        &format!(
+            r#"batch_id: calive
+defaults:
+  runtime: local-process
+  sandbox: {{provider: container, template: "{IMAGE}"}}
+  harness: 'sleep 600'
+tasks: [{{task_id: a1}}]
+"#
+        ),
+    );
+    let mut runner = sb.spawn_batch(&manifest, "alive.log");
+    wait_until(Duration::from_secs(90), "its container runs", || {
+        running_of(&host, "calive").len() == 1
+    });
+    let name = running_of(&host, "calive").remove(0);
+    // Scoped to this batch: concurrent tests' garbage is theirs to sweep.
+    let o = sb.run(&["sandbox", "gc", "--apply", "--batch-id", "calive", "--json"]);
+    assert_exit(&o, 0);
+    let all: Vec<Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    let entry = all
+        .iter()
+        .find(|c| c["name"] == name.as_str())
+        .unwrap_or_else(|| panic!("{name} not listed: {all:?}"));
+    assert_eq!(entry["verdict"], "in_use", "{entry:#}");
+    assert_eq!(entry["removed"], false, "{entry:#}");
+    assert_eq!(running_of(&host, "calive"), vec![name], "still running");
+
+    assert_exit(&sb.op("cancel", "calive"), 0);
+    wait_child(&mut runner, Duration::from_secs(90));
+    assert!(containers_of(&host, "calive").is_empty());
+}
+
+/// `network: none` cuts a harness off from a port on the host's loopback, which the same
+/// harness reaches as a host process (so the probe itself works): a listener counts who
+/// connected.
+#[test]
+fn network_none_keeps_a_harness_off_the_host_s_loopback() {
+    use std::io::Write;
+    let sb = Sandbox::engine();
+    if engine_or_skip("containers::network_none_keeps_a_harness_off").is_none() {
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = connections.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = stream.write_all(b"reached\n");
+        }
+    });
+    // The probe's outcome is the case's output, whether or not it connected (busybox's nc:
+    // the one client both the host and the tests' image have).
+    let harness = format!(
+        r#"r=$(busybox nc -w 3 127.0.0.1 {port} </dev/null 2>/dev/null); [ -n "$r" ] || r=refused; echo "{{\"outputs\": {{\"probe\": \"$r\"}}}}" > "$CASEBATCH_RESULT""#
+    );
+    let manifest = sb.write(
+        "net.yaml",
+        &format!(
+            r#"batch_id: cnet
+defaults:
+  runtime: local-process
+  harness: '{harness}'
+tasks:
+  - task_id: boxed
+    sandbox: {{provider: container, template: "{IMAGE}", network: none}}
+  - task_id: host
+    sandbox: {{provider: local}}
+"#
+        ),
+    );
+    let o = sb.run_batch(&manifest);
+    assert_exit(&o, 0);
+    let probe = |case: &str| sb.case_result("cnet", case)["outputs"]["probe"].clone();
+    assert_eq!(probe("host"), "reached", "the probe works from the host");
+    assert_eq!(probe("boxed"), "refused", "network: none reaches nothing");
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
 }

@@ -62,7 +62,11 @@ pub async fn dispatch(command: Command) -> CliResult {
         Command::Demo(args) => demo::run(args).await,
         Command::Harness(h) => demo::harness(h).await,
         Command::History(args) => status::run_history(&args),
-        Command::Sandbox(SandboxCommand::Gc { apply, json }) => sandbox::gc(apply, json).await,
+        Command::Sandbox(SandboxCommand::Gc {
+            apply,
+            batch_id,
+            json,
+        }) => sandbox::gc(apply, batch_id.as_deref(), json).await,
         Command::Engine(EngineCommand::Status { output_dir, json }) => {
             engine::status(&output_dir, json)
         }

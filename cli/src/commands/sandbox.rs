@@ -2,8 +2,8 @@
 
 use crate::exit::{CliError, CliResult, Exit};
 
-pub async fn gc(apply: bool, json: bool) -> CliResult {
-    let found = casebatch_container::gc::gc(apply)
+pub async fn gc(apply: bool, batch_id: Option<&str>, json: bool) -> CliResult {
+    let found = casebatch_container::gc::gc(apply, batch_id)
         .await
         .map_err(|message| CliError {
             exit: Exit::Engine,
