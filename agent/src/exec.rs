@@ -27,11 +27,15 @@ impl<'a> Exec<'a> {
         }
     }
 
-    /// The attempt file that exists once a start was attempted (its intent record).
-    pub(crate) fn intent_file(&self) -> &'static str {
+    /// Whether a start of the job was attempted (its intent is recorded): a process's
+    /// `job.json`, a container's record once submit stamped it.
+    pub(crate) fn start_attempted(&self, env: &Attempt) -> bool {
         match self {
-            Exec::Host => attempt_files::JOB,
-            Exec::Container(_) => attempt_files::CONTAINER,
+            Exec::Host => !matches!(
+                std::fs::symlink_metadata(env.file(attempt_files::JOB)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound
+            ),
+            Exec::Container(c) => c.start_attempted(env),
         }
     }
 
@@ -40,7 +44,7 @@ impl<'a> Exec<'a> {
     pub(crate) fn recorded_starts(&self, env: &Attempt) -> Option<u32> {
         match self {
             Exec::Host => LocalProcess::recorded_starts(env),
-            Exec::Container(_) => env.file(attempt_files::CONTAINER).exists().then_some(1),
+            Exec::Container(c) => c.start_attempted(env).then_some(1),
         }
     }
 

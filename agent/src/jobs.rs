@@ -607,10 +607,7 @@ impl Jobs {
             };
             (job_ref, row.starts.max(1))
         } else {
-            let started = !matches!(
-                std::fs::symlink_metadata(env.file(runtime.intent_file())),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound
-            );
+            let started = runtime.start_attempted(&env);
             if !started && entry.kill.load(Ordering::SeqCst) {
                 // Killed before anything of it could start: nothing to stop.
                 return self.end(&key, &entry, ActorReport::cancelled(), 0).await;

@@ -65,14 +65,48 @@ pub struct ContainerRuntime {
 struct ContainerRecord {
     name: String,
     image: String,
-    /// The attempt's deadline counts from here (its timeout, capped by the sandbox lifetime).
     created_at_ms: u64,
+    /// Created by `provision` (ahead of its slot, with `prepare_ahead`), not yet started.
+    /// Records without it were written by `submit`, which starts what it creates.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    provisioned: bool,
+    /// When `submit` first started it: the attempt's deadline (its timeout, capped by the
+    /// sandbox lifetime) counts from here, else from `created_at_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    started_at_ms: Option<u64>,
+}
+
+impl ContainerRecord {
+    /// Whether a start of the actor was attempted: what a job held, for its receipt.
+    fn start_attempted(&self) -> bool {
+        !self.provisioned || self.started_at_ms.is_some()
+    }
 }
 
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn new_record(a: &Attempt, provisioned: bool) -> ContainerRecord {
+    ContainerRecord {
+        name: container_name(a, Role::Actor),
+        image: a
+            .job
+            .sandbox
+            .as_ref()
+            .map(|s| s.image.clone())
+            .unwrap_or_default(),
+        created_at_ms: now_ms(),
+        provisioned,
+        started_at_ms: None,
+    }
+}
+
+fn write_record(a: &Attempt, record: &ContainerRecord, stage: Stage) -> Result<(), Failure> {
+    write_json_atomic(&a.file(attempt_files::CONTAINER), record)
+        .map_err(|e| Failure::infra(stage, FailureCode::SpawnFailed, e.to_string()))
 }
 
 fn read_record(a: &Attempt) -> Option<ContainerRecord> {
@@ -175,9 +209,46 @@ fn start_failure(stage: Stage, name: &str, e: &bollard::errors::Error) -> Failur
     }
 }
 
+/// Creates the attempt's `role` container unless the engine has it (a conflict is a
+/// container already there). Returns its state.
+async fn create(
+    docker: &Docker,
+    a: &Attempt,
+    role: Role,
+    command: &Command,
+    stage: Stage,
+) -> Result<Option<Status>, Failure> {
+    let name = container_name(a, role);
+    let s = sandbox(a, stage)?;
+    let found = engine::inspect(docker, &name)
+        .await
+        .map_err(|e| engine::unreachable(stage, &e))?;
+    if let Some(c) = found {
+        return Ok(c.state.and_then(|s| s.status));
+    }
+    let body = spec::create_body(a, s, role, command, stage)?;
+    let options = CreateContainerOptions {
+        name: Some(name.clone()),
+        platform: s.platform.clone(),
+    };
+    match docker.create_container(Some(options), body).await {
+        Ok(_) => Ok(Some(Status::CREATED)),
+        Err(e) if engine::status_of(&e) == Some(409) => Ok(engine::inspect(docker, &name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|c| c.state.and_then(|s| s.status))),
+        Err(e) => Err(Failure::infra(
+            stage,
+            FailureCode::SpawnFailed,
+            format!("the engine could not create container {name}: {e}"),
+        )),
+    }
+}
+
 impl ContainerRuntime {
-    /// Creates `name` unless the engine has it (a conflict is a container already there),
-    /// then starts it if it never was. Returns whether this call started it.
+    /// Creates the `role` container unless the engine has it, then starts it if it never
+    /// was. Returns whether this call started it.
     async fn create_and_start(
         &self,
         docker: &Docker,
@@ -187,36 +258,7 @@ impl ContainerRuntime {
         stage: Stage,
     ) -> Result<bool, Failure> {
         let name = container_name(a, role);
-        let s = sandbox(a, stage)?;
-        let found = engine::inspect(docker, &name)
-            .await
-            .map_err(|e| engine::unreachable(stage, &e))?;
-        let status = match found {
-            Some(c) => c.state.and_then(|s| s.status),
-            None => {
-                let body = spec::create_body(a, s, role, command, stage)?;
-                let options = CreateContainerOptions {
-                    name: Some(name.clone()),
-                    platform: s.platform.clone(),
-                };
-                match docker.create_container(Some(options), body).await {
-                    Ok(_) => Some(Status::CREATED),
-                    Err(e) if engine::status_of(&e) == Some(409) => engine::inspect(docker, &name)
-                        .await
-                        .ok()
-                        .flatten()
-                        .and_then(|c| c.state.and_then(|s| s.status)),
-                    Err(e) => {
-                        return Err(Failure::infra(
-                            stage,
-                            FailureCode::SpawnFailed,
-                            format!("the engine could not create container {name}: {e}"),
-                        ));
-                    }
-                }
-            }
-        };
-        if status != Some(Status::CREATED) {
+        if create(docker, a, role, command, stage).await? != Some(Status::CREATED) {
             return Ok(false);
         }
         docker
@@ -229,18 +271,15 @@ impl ContainerRuntime {
 
     async fn submit_job(&self, a: &Attempt) -> Result<JobRef, Failure> {
         let harness = a.harness()?.clone();
-        let image = sandbox(a, Stage::Submit)?.image.clone();
         let docker = self.engine.get(Stage::Submit).await?;
         let _lock = lock_attempt(a).await?;
-        if read_record(a).is_none() {
-            let record = ContainerRecord {
-                name: container_name(a, Role::Actor),
-                image,
-                created_at_ms: now_ms(),
+        let record = read_record(a).unwrap_or_else(|| new_record(a, false));
+        if record.started_at_ms.is_none() {
+            let started = ContainerRecord {
+                started_at_ms: Some(now_ms()),
+                ..record
             };
-            write_json_atomic(&a.file(attempt_files::CONTAINER), &record).map_err(|e| {
-                Failure::infra(Stage::Submit, FailureCode::SpawnFailed, e.to_string())
-            })?;
+            write_record(a, &started, Stage::Submit)?;
         }
         casebatch_runtime::local_process::fault_point("before-spawn").await;
         self.create_and_start(docker, a, Role::Actor, &harness, Stage::Submit)
@@ -249,12 +288,21 @@ impl ContainerRuntime {
         Ok(job_ref(a))
     }
 
-    /// The attempt's directories and input, as for a local process; then the image.
+    /// The attempt's directories and input, as for a local process; then the image, and the
+    /// actor's container, created and not started (so `prepare_ahead` readies containers of
+    /// the next cases while others run; `submit` starts it).
     pub async fn provision(&self, a: &Attempt) -> Result<(), Failure> {
         LocalProcess.provision(a).await?;
+        let harness = a.harness()?.clone();
         let s = sandbox(a, Stage::Provision)?;
         let docker = self.engine.get(Stage::Provision).await?;
-        ensure_image(docker, s).await
+        ensure_image(docker, s).await?;
+        let _lock = lock_attempt(a).await?;
+        if read_record(a).is_none() {
+            write_record(a, &new_record(a, true), Stage::Provision)?;
+        }
+        create(docker, a, Role::Actor, &harness, Stage::Provision).await?;
+        Ok(())
     }
 
     pub async fn submit(&self, a: &Attempt) -> Result<JobRef, NotStarted> {
@@ -271,7 +319,8 @@ impl ContainerRuntime {
         };
         let name = container_name(a, Role::Actor);
         let adopted = !self.started.lock().expect("lock").contains(&name);
-        let deadline_ms = record.created_at_ms + a.job.timeout_seconds.max(1) * 1000;
+        let since = record.started_at_ms.unwrap_or(record.created_at_ms);
+        let deadline_ms = since + a.job.timeout_seconds.max(1) * 1000;
         let deadline = Instant::now() + Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
         let waited = wait::wait(docker, &name, deadline, job, live).await;
         if matches!(waited, Waited::Exited { .. } | Waited::TimedOut) {
@@ -296,7 +345,7 @@ impl ContainerRuntime {
                     Stage::Await,
                     FailureCode::Timeout,
                     format!(
-                        "the harness ran past its deadline ({} s after its container was created)",
+                        "the harness ran past its deadline ({} s after its container was started)",
                         a.job.timeout_seconds
                     ),
                 ),
@@ -386,8 +435,17 @@ impl ContainerRuntime {
     }
 
     pub fn adopt(&self, a: &Attempt) -> Option<JobRef> {
-        // Read-only: the record precedes any container; await resolves the rest.
-        read_record(a).map(|_| job_ref(a))
+        // Read-only: the record precedes any container; await resolves the rest. A container
+        // only provisioned holds no job yet: its submit starts it.
+        read_record(a)
+            .filter(ContainerRecord::start_attempted)
+            .map(|_| job_ref(a))
+    }
+
+    /// Whether the attempt's actor was ever started, or a start attempted (an agent's
+    /// restart submits a job only if not).
+    pub fn start_attempted(&self, a: &Attempt) -> bool {
+        read_record(a).is_some_and(|r| r.start_attempted())
     }
 
     pub fn kill(&self, a: &Attempt) {
@@ -403,7 +461,7 @@ impl ContainerRuntime {
     }
 
     pub async fn cleanup(&self, a: &Attempt) -> CleanupReceipt {
-        let held_job = Some(read_record(a).is_some());
+        let held_job = Some(self.start_attempted(a));
         let mut receipt = CleanupReceipt {
             schema_version: RECORD_SCHEMA_VERSION.into(),
             marker: a.marker(),

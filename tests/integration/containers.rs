@@ -516,3 +516,82 @@ tasks:
     assert_eq!(probe("boxed"), "refused", "network: none reaches nothing");
     assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// Provisioning a container case is the pull and the create: with `prepare_ahead`, the next
+/// case's container stands created (not started) while the running case works, and its
+/// start later runs that very container (one per attempt, as the engine counts them).
+#[test]
+fn prepare_ahead_creates_the_next_case_s_container_while_another_runs() {
+    use std::time::Duration;
+    let sb = Sandbox::engine();
+    let Some(host) = engine_or_skip("containers::prepare_ahead_creates") else {
+        return;
+    };
+    // Each case waits for its gate, a file the test writes into its output directory.
+    let manifest = sb.write(
+        "ahead.yaml",
+        &format!(
+            r#"batch_id: cahead
+defaults:
+  runtime: local-process
+  concurrency: 1
+  prepare_ahead: 1
+  sandbox: {{provider: container, template: "{IMAGE}"}}
+  harness: 'hostname > "$CASEBATCH_OUTPUT_DIR/host"; while [ ! -e "$CASEBATCH_OUTPUT_DIR/go" ]; do sleep 0.1; done; echo "{{}}" > "$CASEBATCH_RESULT"'
+tasks: [{{task_id: p1}}, {{task_id: p2}}]
+"#
+        ),
+    );
+    let created_of = |batch: &str| -> Vec<String> {
+        let o = std::process::Command::new("podman")
+            .args(["--url", &host, "ps", "--all", "--format", "{{.Names}}"])
+            .arg(format!("--filter=label=io.casebatch.batch-id={batch}"))
+            .arg("--filter=status=created")
+            .output()
+            .expect("podman");
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let mut runner = sb.spawn_batch(&manifest, "run.log");
+    let gate = |case: &str| sb.attempt_file("cahead", case, 1, "output/go");
+    wait_until(
+        Duration::from_secs(90),
+        "p1 runs while p2's container stands created",
+        || running_of(&host, "cahead").len() == 1 && created_of("cahead").len() == 1,
+    );
+    let waiting = created_of("cahead").remove(0);
+    assert!(waiting.contains("-p2-a1-"), "{waiting}");
+    assert_eq!(
+        containers_of(&host, "cahead").len(),
+        2,
+        "one container per attempt, the second not started"
+    );
+    std::fs::write(gate("p1"), "").unwrap();
+    wait_until(Duration::from_secs(60), "p2's container runs", || {
+        running_of(&host, "cahead") == vec![waiting.clone()]
+    });
+    std::fs::write(gate("p2"), "").unwrap();
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(90)),
+        0,
+        "{}",
+        sb.read("run.log")
+    );
+    for case in ["p1", "p2"] {
+        let r = sb.case_result("cahead", case);
+        assert_eq!(r["state"], "succeeded", "{r:#}");
+        assert_eq!(r["attempts"], 1, "{r:#}");
+        let receipt = receipt(&sb, "cahead", case, 1);
+        assert_eq!(receipt["held_job"], true, "{receipt:#}");
+        assert_eq!(receipt["containers"][0]["exit_code"], 0, "{receipt:#}");
+    }
+    let p2 = sb.json(&sb.attempt_file("cahead", "p2", 1, "container.json"));
+    assert_eq!(p2["provisioned"], true, "{p2:#}");
+    assert!(
+        p2["started_at_ms"].as_u64().unwrap() > p2["created_at_ms"].as_u64().unwrap(),
+        "{p2:#}"
+    );
+    assert!(containers_of(&host, "cahead").is_empty());
+}

@@ -187,7 +187,9 @@ fn pause_stops_admissions_until_unpause() {
 #[test]
 fn cancel_stops_in_flight_cases_and_still_cleans_them_up() {
     let sb = Sandbox::engine();
-    let manifest = slow_manifest(&sb, "cancelme", 2, 300);
+    // `sleep 3041`: a needle no other test's process contains (unit tests of the runtime and
+    // the agent run `sleep 300` beside this one).
+    let manifest = slow_manifest(&sb, "cancelme", 2, 3041);
     let mut runner = sb.spawn_batch(std::path::Path::new(&manifest), "run.log");
     wait_until(Duration::from_secs(60), "two cases start", || {
         sb.lines("ran.log") >= 2
@@ -213,7 +215,7 @@ fn cancel_stops_in_flight_cases_and_still_cleans_them_up() {
         assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
     }
     assert!(
-        no_process_matches("sleep 300"),
+        no_process_matches("sleep 3041"),
         "no harness process survives the cancel"
     );
 }
