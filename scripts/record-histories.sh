@@ -155,6 +155,25 @@ for f in searchattr-retries searchattr-paused-drained searchattr-resumed searcha
   grep -q CasebatchOutcome "$OUT/activities-$f.json" || { echo "no upsert in $f"; exit 1; }
 done
 
+# 8b. Upserts at most once per 10 s of workflow time (the upserts-throttled patch) and a heartbeat
+# cadence of its own, over a batch longer than one throttle period.
+python3 - "$WORK/sa-throttled.yaml" <<'PY'
+import sys
+tasks = "".join(f"  - task_id: t{i}\n" for i in range(24))
+with open(sys.argv[1], "w") as f:
+    f.write("batch_id: sa-throttled\ndefaults: {runtime: local-process, concurrency: 4, "
+            "heartbeat_every_seconds: 1, harness: 'sleep 2'}\ntasks:\n" + tasks)
+PY
+cb batch run --manifest "$WORK/sa-throttled.yaml" --output-dir "$WORK/out" > /dev/null
+show sa-throttled "" searchattr-throttled
+python3 - "$OUT/activities-searchattr-throttled.json" <<'PY' || { echo "no throttle patch"; exit 1; }
+import base64, json, sys
+events = json.load(open(sys.argv[1]))["events"]
+payloads = [p["data"] for e in events if e["event_type"] == 25
+            for p in e["attributes"]["MarkerRecordedEventAttributes"]["details"].get("patch-data", {}).get("payloads", [])]
+sys.exit(0 if any(b"upserts-throttled" in base64.b64decode(d) for d in payloads) else 1)
+PY
+
 # 9. A batch on a runtime agent (stateless workers: every stage on the shared queue), whose
 # runner is SIGKILLed while the agent's jobs run and resumed: the jobs are adopted through the
 # agent. Its history carries the agent's JobRefs (`runtime: <name>`, no host queue).

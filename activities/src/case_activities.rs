@@ -10,7 +10,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use casebatch_bundle::{
     AttemptRecord, Bundle, BundleError, CaseResult, CleanupReceipt, EvaluationRecord, Event,
     PreparedRecord, RECORD_SCHEMA_VERSION, ReleasedRecord, append_jsonl, layout::attempt_files,
-    read_json, write_batch_files, write_json_atomic,
+    read_json, write_final_batch_files, write_json_atomic,
 };
 use casebatch_manifest::model::{Plan, RuntimeKind, RuntimeSpec};
 use casebatch_proto::{
@@ -25,6 +25,7 @@ use temporalio_sdk::ApplicationFailure;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 use tracing::Instrument;
 
+use crate::beats::StageContext;
 use crate::breakers::{BreakerOf, Breakers};
 use crate::timings::StageTimings;
 use casebatch_container::ContainerRuntime;
@@ -73,12 +74,12 @@ impl Stopping {
 
 /// Heartbeats through the activity context.
 struct ActivityLiveness<'a> {
-    ctx: &'a ActivityContext,
+    ctx: &'a StageContext,
 }
 
 impl Liveness for ActivityLiveness<'_> {
     async fn heartbeat(&self, job: &JobRef) {
-        let _ = self.ctx.record_heartbeat(job.clone()).await;
+        self.ctx.heartbeat(job.clone()).await;
     }
     fn is_cancelled(&self) -> bool {
         self.ctx.is_cancelled()
@@ -283,7 +284,7 @@ const SPACE_MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(5);
 /// again), while the runner stops the run on a full disk, its worker hands this activity
 /// back, and the engine's retry of it writes once space is back.
 async fn with_space<T>(
-    ctx: &ActivityContext,
+    ctx: &StageContext,
     mut write: impl FnMut() -> Result<T, BundleError>,
 ) -> Result<Result<T, BundleError>, ActivityError> {
     let path = match write() {
@@ -319,7 +320,7 @@ async fn with_space<T>(
 /// A bundle write of `stage`: a full disk waited out ([`with_space`]), a refusal raised as
 /// the config failure it is.
 async fn bundle_write<T>(
-    ctx: &ActivityContext,
+    ctx: &StageContext,
     stage: Stage,
     write: impl FnMut() -> Result<T, BundleError>,
 ) -> Result<T, ActivityError> {
@@ -355,7 +356,7 @@ impl CaseActivities {
 
     async fn provision_stage(
         &self,
-        ctx: &ActivityContext,
+        ctx: &StageContext,
         env: &AttemptEnv,
     ) -> Result<StageResult, ActivityError> {
         // A bundle the worker may not write fails the attempt as config, not the activity.
@@ -393,7 +394,7 @@ impl CaseActivities {
     /// Returns the job it awaited with the report.
     async fn await_stage(
         &self,
-        ctx: &ActivityContext,
+        ctx: &StageContext,
         env: &AttemptEnv,
         submitted: JobRef,
     ) -> Result<(JobRef, ActorReport), ActivityError> {
@@ -438,7 +439,7 @@ impl CaseActivities {
     /// The runtime evaluates the attempt where its actor ran (the fake one simulates it).
     async fn evaluate_stage(
         &self,
-        ctx: &ActivityContext,
+        ctx: &StageContext,
         env: &AttemptEnv,
         job: &JobRef,
     ) -> Result<Evaluation, ActivityError> {
@@ -479,7 +480,7 @@ impl CaseActivities {
     /// says, and this covers the rest (other batches, an agent's own limits).
     async fn dispatch_stage(
         &self,
-        ctx: &ActivityContext,
+        ctx: &StageContext,
         env: &AttemptEnv,
         timings: &mut StageTimings,
     ) -> Result<StartResult, ActivityError> {
@@ -508,7 +509,7 @@ impl CaseActivities {
     /// Submits, waiting out a full runtime (the wait counts as the submit stage's time).
     async fn submit_until_taken(
         &self,
-        ctx: &ActivityContext,
+        ctx: &StageContext,
         env: &AttemptEnv,
     ) -> Result<Result<JobRef, NotStarted>, ActivityError> {
         let mut pause = FULL_FIRST_PAUSE;
@@ -535,7 +536,7 @@ impl CaseActivities {
     /// Evaluate and collect for a finished actor.
     async fn judge(
         &self,
-        ctx: &ActivityContext,
+        ctx: &StageContext,
         env: &AttemptEnv,
         job: &JobRef,
         timings: &mut StageTimings,
@@ -566,8 +567,9 @@ fn attempt_span(env: &AttemptEnv) -> tracing::Span {
     )
 }
 
-/// How often a stage heartbeats while it works: well inside the stages' heartbeat timeout, so
-/// a worker that dies mid-stage is noticed within seconds and the stage retried elsewhere.
+/// How often a working stage offers a heartbeat; [`StageContext`] sends one per the batch's
+/// cadence (a few seconds by default), so a worker that dies mid-stage is noticed within
+/// seconds and the stage retried elsewhere.
 const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Pauses between submits to a full runtime: 1 s, growing to 5 s.
@@ -576,7 +578,7 @@ const FULL_MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Runs `work`, heartbeating `details` until it is done.
 async fn heartbeating<T, D>(
-    ctx: &ActivityContext,
+    ctx: &StageContext,
     details: D,
     work: impl std::future::Future<Output = T>,
 ) -> T
@@ -588,9 +590,7 @@ where
     loop {
         tokio::select! {
             out = &mut work => return out,
-            _ = beat.tick() => {
-                let _ = ctx.record_heartbeat(details.clone()).await;
-            }
+            _ = beat.tick() => ctx.heartbeat(details.clone()).await,
         }
     }
 }
@@ -603,6 +603,7 @@ impl CaseActivities {
         ctx: ActivityContext,
         key: AttemptKey,
     ) -> Result<StartResult, ActivityError> {
+        let ctx = StageContext::new(ctx, &self.metrics);
         let began = Instant::now();
         let env = self.env(&key)?;
         let span = attempt_span(&env);
@@ -665,6 +666,7 @@ impl CaseActivities {
         ctx: ActivityContext,
         input: SettleInput,
     ) -> Result<Settled, ActivityError> {
+        let ctx = StageContext::new(ctx, &self.metrics);
         let began = Instant::now();
         let env = self.env(&input.key)?;
         let span = attempt_span(&env);
@@ -690,6 +692,7 @@ impl CaseActivities {
                 evaluation,
                 collect_failure,
                 closed: None,
+                heartbeats: 0,
             };
             // A final attempt is closed here, as `cleanup` would close it: one round trip less.
             if let Some(mut summary) = input.close_from {
@@ -705,6 +708,7 @@ impl CaseActivities {
             }
             timings.append_to(&env);
             self.metrics.stage("settle", began.elapsed());
+            settled.heartbeats = ctx.sent();
             Ok(settled)
         }
         .instrument(span)
@@ -720,6 +724,7 @@ impl CaseActivities {
         ctx: ActivityContext,
         key: AttemptKey,
     ) -> Result<Prepared, ActivityError> {
+        let ctx = StageContext::new(ctx, &self.metrics);
         let began = Instant::now();
         let env = self.env(&key)?;
         let span = attempt_span(&env);
@@ -762,6 +767,7 @@ impl CaseActivities {
         ctx: ActivityContext,
         input: ReleaseInput,
     ) -> Result<CleanupReport, ActivityError> {
+        let ctx = StageContext::new(ctx, &self.metrics);
         let env = self.env(&input.key)?;
         let span = attempt_span(&env);
         async move {
@@ -771,6 +777,7 @@ impl CaseActivities {
                     cleanup_confirmed: true,
                     failure: None,
                     held_job: false,
+                    heartbeats: ctx.sent(),
                 });
             }
             let receipt = heartbeating(&ctx, (), async {
@@ -820,6 +827,7 @@ impl CaseActivities {
                 cleanup_confirmed: confirmed,
                 failure: None,
                 held_job: false,
+                heartbeats: ctx.sent(),
             })
         }
         .instrument(span)
@@ -832,6 +840,7 @@ impl CaseActivities {
         ctx: ActivityContext,
         key: AttemptKey,
     ) -> Result<StageResult, ActivityError> {
+        let ctx = StageContext::new(ctx, &self.metrics);
         let env = self.env(&key)?;
         self.provision_stage(&ctx, &env).await
     }
@@ -855,6 +864,7 @@ impl CaseActivities {
         ctx: ActivityContext,
         input: AwaitInput,
     ) -> Result<ActorReport, ActivityError> {
+        let ctx = StageContext::new(ctx, &self.metrics);
         let env = self.env(&input.key)?;
         Ok(self.await_stage(&ctx, &env, input.job).await?.1)
     }
@@ -865,6 +875,7 @@ impl CaseActivities {
         ctx: ActivityContext,
         key: AttemptKey,
     ) -> Result<Evaluation, ActivityError> {
+        let ctx = StageContext::new(ctx, &self.metrics);
         let env = self.env(&key)?;
         // The old pipeline passes no job: the runtime finds it by the attempt's key.
         let job = with_runtime!(self, &env, |rt| rt.adopt(&env)).unwrap_or_else(|| JobRef {
@@ -893,9 +904,11 @@ impl CaseActivities {
     #[activity(definition = contracts::Sweep)]
     pub async fn sweep(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         input: SweepInput,
     ) -> Result<SweepReport, ActivityError> {
+        // Counted as an action; the sweep is short and sends no heartbeat.
+        let _ctx = StageContext::new(ctx, &self.metrics);
         let plan = self.plan(&input.bundle_dir)?;
         let mut report = SweepReport::default();
         let agents: Vec<_> = plan
@@ -967,6 +980,7 @@ impl CaseActivities {
         ctx: ActivityContext,
         input: CleanupInput,
     ) -> Result<CleanupReport, ActivityError> {
+        let ctx = StageContext::new(ctx, &self.metrics);
         let began = Instant::now();
         let env = self.env(&input.key)?;
         let span = attempt_span(&env);
@@ -994,7 +1008,7 @@ impl CaseActivities {
     ) -> Result<bool, ActivityError> {
         let plan = self.plan(&input.bundle_dir)?;
         let bundle = Bundle::at(&input.bundle_dir);
-        write_batch_files(&bundle, &plan)?;
+        write_final_batch_files(&bundle, &plan, input.status.counters.temporal_actions)?;
         append_jsonl(
             &bundle.events(),
             &Event {
@@ -1075,7 +1089,7 @@ impl CaseActivities {
     /// to run again (a retry): the attempt is logged once per distinct record.
     async fn close(
         &self,
-        ctx: &ActivityContext,
+        ctx: &StageContext,
         env: &AttemptEnv,
         s: &AttemptSummary,
         closing: Closing,
@@ -1165,6 +1179,7 @@ impl CaseActivities {
                 cleanup_confirmed: confirmed,
                 failure: None,
                 held_job,
+                heartbeats: ctx.sent(),
             });
         }
 
@@ -1262,6 +1277,7 @@ impl CaseActivities {
         Ok(CleanupReport {
             cleanup_confirmed: confirmed,
             held_job,
+            heartbeats: ctx.sent(),
             failure: (!confirmed).then(|| {
                 Failure::infra(
                     Stage::Cleanup,

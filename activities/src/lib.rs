@@ -6,6 +6,7 @@
 //! evidence into the bundle, and consulting and reporting to the runtimes' shared circuit
 //! breakers (`breakers.rs`) for cases routed over a runtime list. Must not decide retries or ordering: that is the workflow's job.
 
+mod beats;
 mod breakers;
 mod case_activities;
 mod timings;

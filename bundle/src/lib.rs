@@ -22,7 +22,9 @@ mod write;
 
 pub use layout::Bundle;
 pub use records::*;
-pub use summary::{BatchSummary, SummaryRow, assemble, write_assembled, write_batch_files};
+pub use summary::{
+    BatchSummary, SummaryRow, assemble, write_assembled, write_batch_files, write_final_batch_files,
+};
 pub use write::{
     append_jsonl, read_json, read_json_if_present, write_bytes_atomic, write_json_atomic,
 };

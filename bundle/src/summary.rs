@@ -43,6 +43,10 @@ pub struct BatchSummary {
     /// `total + jobs_paid_twice`.
     #[serde(default)]
     pub jobs_paid_twice: usize,
+    /// The Temporal actions the batch cost, as its workflow counted them when it ended
+    /// (absent before that, and in bundles older than the count). `report` keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temporal_actions: Option<casebatch_proto::TemporalActions>,
     pub simulated: bool,
     /// Pass rates, score means with standard errors, duration percentiles (absent in
     /// summaries written before they existed).
@@ -192,6 +196,7 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
             .iter()
             .filter(|a| a.summary.is_evidence_only() && a.held_job == Some(true))
             .count(),
+        temporal_actions: previous_actions(bundle),
         simulated,
         stats: Some(crate::stats::BatchStats::of(&results, &attempts)),
         rows,
@@ -203,10 +208,35 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
     })
 }
 
+/// The actions count of the summary written before, which only the workflow can know.
+fn previous_actions(bundle: &Bundle) -> Option<casebatch_proto::TemporalActions> {
+    #[derive(Deserialize)]
+    struct ActionsOnly {
+        temporal_actions: Option<casebatch_proto::TemporalActions>,
+    }
+    // Unreadable or absent: the rebuilt summary simply has no count.
+    read_json_if_present::<ActionsOnly>(&bundle.summary())
+        .ok()
+        .flatten()
+        .and_then(|s| s.temporal_actions)
+}
+
 /// Writes `batch_results.json`, `batch_attempts.json`, `batch_summary.json` (and the CSV when
 /// the manifest asks for it).
 pub fn write_batch_files(bundle: &Bundle, plan: &Plan) -> Result<BatchSummary, BundleError> {
     let a = assemble(bundle, plan)?;
+    write_assembled(bundle, plan, &a)?;
+    Ok(a.summary)
+}
+
+/// [`write_batch_files`] at the batch's end, with the Temporal actions its workflow counted.
+pub fn write_final_batch_files(
+    bundle: &Bundle,
+    plan: &Plan,
+    actions: casebatch_proto::TemporalActions,
+) -> Result<BatchSummary, BundleError> {
+    let mut a = assemble(bundle, plan)?;
+    a.summary.temporal_actions = Some(actions);
     write_assembled(bundle, plan, &a)?;
     Ok(a.summary)
 }

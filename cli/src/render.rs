@@ -520,6 +520,26 @@ fn outage_line(k: &Counters) -> Option<String> {
     })
 }
 
+/// `temporal actions 123 (2.1 per case): activities 80 · heartbeats 20 · ...`, zero kinds left out.
+fn actions_line(a: &casebatch_proto::TemporalActions, cases: usize) -> String {
+    let kinds: Vec<String> = a
+        .by_kind()
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    let per_case = if cases > 0 {
+        format!(" ({:.1} per case)", a.total() as f64 / cases as f64)
+    } else {
+        String::new()
+    };
+    format!(
+        "  temporal actions {}{per_case}: {}",
+        a.total(),
+        kinds.join(" · ")
+    )
+}
+
 fn counters_line(k: &Counters) -> String {
     format!(
         "  adopted {} · re-dispatched {} · retries {} · OOM boosts {} · cleanup unconfirmed {}",
@@ -588,6 +608,10 @@ pub fn status(view: &StatusView) {
         );
     }
     say!("{}", counters_line(&s.counters));
+    say!(
+        "{}",
+        actions_line(&s.counters.temporal_actions, plan.cases.len())
+    );
     if let Some(line) = spread_line(&s.counters) {
         say!("{line}");
     }
@@ -672,6 +696,9 @@ pub fn report(view: &ReportView) {
             "  jobs paid for twice: {} (speculation losers and stranded jobs their runtime held)",
             s.jobs_paid_twice
         );
+    }
+    if let Some(actions) = &s.temporal_actions {
+        say!("{}", actions_line(actions, s.total));
     }
     if !s.cases_by_runtime.is_empty() {
         let ran: Vec<String> = s

@@ -15,8 +15,9 @@ use crate::workflow::{Handle, query_status};
 
 /// How long a runner waits for an unreachable engine before giving up.
 const ENGINE_OUTAGE: Duration = Duration::from_secs(600);
-/// How often a running batch's status is asked for.
-const STATUS_EVERY: Duration = Duration::from_millis(500);
+/// How often a running batch's status is asked for: each query is a Temporal action on a
+/// metered namespace, and nobody reads a progress line faster.
+const STATUS_EVERY: Duration = Duration::from_secs(1);
 
 /// Waits for the workflow's result, reporting status as it goes. Transient RPC errors mean
 /// "wait and ask again", for up to [`ENGINE_OUTAGE`] (unless the disk fills meanwhile: see

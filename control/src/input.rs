@@ -51,6 +51,7 @@ pub(crate) fn batch_input(
             plan.settings.prepare_ahead
         },
         routes,
+        heartbeat_every_ms: plan.settings.heartbeat_every_seconds.map(|s| s * 1000),
     };
     // Only cases dealt from a `runtime:` list are raced.
     if input.routes.is_some() && !opts.no_speculation {

@@ -33,6 +33,10 @@ pub const MAX_SANDBOX_LIFETIME_SECONDS: u64 = MAX_TIMEOUT_SECONDS;
 pub const MAX_FAKE_DURATION_MS: u64 = MAX_TIMEOUT_SECONDS * 1000;
 /// Most environments a batch provisions ahead of need: each holds a sandbox nothing runs in yet.
 pub const MAX_PREPARE_AHEAD: u32 = 64;
+
+/// The slowest heartbeat cadence, in seconds: a dead worker's stage is taken over within a
+/// quarter more than this.
+pub const MAX_HEARTBEAT_EVERY_SECONDS: u64 = 60;
 /// Most scripted infra failures of a `fake` case.
 pub const MAX_FAKE_INFRA_FAILURES: u32 = 1000;
 

@@ -80,6 +80,12 @@ pub struct Defaults {
     /// from a `runtime:` list (a case's runtime is picked only when it is dispatched).
     #[schemars(range(max = crate::limits::MAX_PREPARE_AHEAD))]
     pub prepare_ahead: Option<u32>,
+    /// How often a working stage heartbeats to Temporal, in seconds: 1 to 60 (default 4).
+    /// Each heartbeat is a Temporal action (metered on Temporal Cloud); a stage whose worker
+    /// died is taken over a quarter more than this after its last heartbeat, so a longer
+    /// cadence costs fewer actions and a slower takeover after a crash.
+    #[schemars(range(min = 1, max = crate::limits::MAX_HEARTBEAT_EVERY_SECONDS))]
+    pub heartbeat_every_seconds: Option<u64>,
     /// Extra environment variables for the harness and evaluator, as literal values (they are
     /// in the plan: put secrets in `pass_env`, not here). Names are `[A-Za-z_][A-Za-z0-9_]*`
     /// and may not start with `CASEBATCH_`. A task's `env` is merged over the defaults' by name.
@@ -443,6 +449,9 @@ pub struct BatchSettings {
     /// Queued cases whose environment is provisioned while others run (0: off).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub prepare_ahead: u32,
+    /// The stages' heartbeat cadence in seconds (`None`: the default, 4 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_every_seconds: Option<u64>,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -145,6 +145,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
             device_controller_url: defaults.device_controller_url,
             oom_auto_boost: defaults.oom_auto_boost.unwrap_or(false),
             prepare_ahead,
+            heartbeat_every_seconds: defaults.heartbeat_every_seconds,
         },
         fingerprint: fingerprint(&cases),
         spread: None,
@@ -221,6 +222,7 @@ fn overlay(lower: Defaults, upper: &Defaults) -> Defaults {
         fake: u.fake.or(lower.fake),
         oom_auto_boost: u.oom_auto_boost.or(lower.oom_auto_boost),
         prepare_ahead: u.prepare_ahead.or(lower.prepare_ahead),
+        heartbeat_every_seconds: u.heartbeat_every_seconds.or(lower.heartbeat_every_seconds),
         env,
         pass_env,
     }

@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 
 use crate::limits::{
     CONCURRENCY_RANGE, MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS, MAX_FAKE_INFRA_FAILURES,
-    MAX_MEMORY_MB, MAX_PREPARE_AHEAD, MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS,
-    RESERVED_ENV_PREFIX, SANDBOX_NETWORKS, SANDBOX_PROVIDERS, SANDBOX_PULLS, TIMEOUT_SECONDS_RANGE,
+    MAX_HEARTBEAT_EVERY_SECONDS, MAX_MEMORY_MB, MAX_PREPARE_AHEAD, MAX_RETRIES_RANGE,
+    MAX_SANDBOX_LIFETIME_SECONDS, RESERVED_ENV_PREFIX, SANDBOX_NETWORKS, SANDBOX_PROVIDERS,
+    SANDBOX_PULLS, TIMEOUT_SECONDS_RANGE,
 };
 use crate::model::{CommandSpec, Defaults, FakeScript, Resources, RunSpec, Sandbox, SummarySpec};
 use crate::report::{FieldPath, Report};
@@ -56,6 +57,19 @@ pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
             format!("prepare_ahead {n} is more than the maximum of {MAX_PREPARE_AHEAD}"),
             format!(
                 "set {p} between 0 and {MAX_PREPARE_AHEAD} (a few ahead keep every freed slot busy)"
+            ),
+        );
+    }
+    if let Some(n) = d.heartbeat_every_seconds
+        && !(1..=MAX_HEARTBEAT_EVERY_SECONDS).contains(&n)
+    {
+        let p = path.key("heartbeat_every_seconds");
+        r.at(
+            &p,
+            format!("heartbeat_every_seconds {n} is outside 1..={MAX_HEARTBEAT_EVERY_SECONDS}"),
+            format!(
+                "set {p} between 1 and {MAX_HEARTBEAT_EVERY_SECONDS} (the default, 4, takes a \
+                 dead worker's stage over within 5 s)"
             ),
         );
     }

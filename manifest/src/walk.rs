@@ -30,6 +30,7 @@ pub(crate) const DEFAULTS_FIELDS: &[&str] = &[
     "fake",
     "oom_auto_boost",
     "prepare_ahead",
+    "heartbeat_every_seconds",
     "env",
     "pass_env",
 ];
@@ -261,6 +262,7 @@ pub(crate) fn defaults(value: &Value, path: &FieldPath, r: &mut Report) -> Optio
         fake: o.nested("fake", r, fake),
         oom_auto_boost: o.opt("oom_auto_boost", r),
         prepare_ahead: o.opt("prepare_ahead", r),
+        heartbeat_every_seconds: o.opt("heartbeat_every_seconds", r),
         env: o.nested("env", r, env),
         pass_env: o.opt("pass_env", r),
     })

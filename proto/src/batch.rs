@@ -63,6 +63,26 @@ pub struct BatchInput {
     /// `routes`: a routed case's runtime is picked only when it is dispatched.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub prepare_ahead: u32,
+    /// How often a working stage heartbeats (`heartbeat_every_seconds`); its heartbeat
+    /// timeout, and so how soon a dead worker's stage is taken over, is a quarter more.
+    /// `None`: [`BatchInput::DEFAULT_HEARTBEAT_EVERY_MS`], as every batch before the setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_every_ms: Option<u64>,
+}
+
+impl BatchInput {
+    /// 4 s: what stages sent before the setting existed (the SDK throttles heartbeats to 80 %
+    /// of a 5 s timeout), so a worker's death is still noticed within 5 s.
+    pub const DEFAULT_HEARTBEAT_EVERY_MS: u64 = 4_000;
+
+    /// The stages' heartbeat timeout: the cadence plus a quarter, so that the SDK (which
+    /// sends at most one heartbeat per 80 % of the timeout) sends every one the stage records.
+    pub fn heartbeat_timeout(&self) -> std::time::Duration {
+        let every = self
+            .heartbeat_every_ms
+            .unwrap_or(Self::DEFAULT_HEARTBEAT_EVERY_MS);
+        std::time::Duration::from_millis(every + every / 4)
+    }
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -250,6 +270,68 @@ pub struct Counters {
     /// speculations' losers. With one job per case, job starts = cases + this.
     #[serde(default)]
     pub paid_twice: u32,
+    /// The Temporal actions the batch has cost so far (the batch's own count; see
+    /// [`TemporalActions`]). Kept by the batch, never added from a case's tally.
+    #[serde(default)]
+    pub temporal_actions: TemporalActions,
+}
+
+/// Temporal actions, as a namespace on Temporal Cloud is metered (about 500 a second by
+/// default, and billed): counted by the batch workflow as it issues the commands behind them,
+/// so the figure replays with its history. Queries are not in it (a query cannot change the
+/// workflow; the runner's own status queries are its to count), nor are the server's own
+/// retries of an activity, nor what the shared circuit breakers' workflows cost.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub struct TemporalActions {
+    /// Workflow runs: the start, and each continue-as-new.
+    pub runs: u32,
+    /// Activities scheduled (every stage of every attempt, a supersede's sweep).
+    pub activities: u32,
+    /// Heartbeats the activities sent, as their results report them.
+    pub heartbeats: u32,
+    /// Timers started (retry backoffs, pauses before asking a runtime again, the tail's).
+    pub timers: u32,
+    /// Signals and updates the batch received (drain, pause, cancel, set_concurrency, …).
+    pub controls: u32,
+    /// Search-attribute upserts.
+    pub upserts: u32,
+    /// Markers recorded: patch markers (one per patch per run) and local activities.
+    pub markers: u32,
+}
+
+impl TemporalActions {
+    pub fn total(&self) -> u64 {
+        let TemporalActions {
+            runs,
+            activities,
+            heartbeats,
+            timers,
+            controls,
+            upserts,
+            markers,
+        } = *self;
+        [
+            runs, activities, heartbeats, timers, controls, upserts, markers,
+        ]
+        .iter()
+        .map(|&n| u64::from(n))
+        .sum()
+    }
+
+    /// The kinds and their counts, by name (the metric's `kind` label, the report's rows).
+    pub fn by_kind(&self) -> [(&'static str, u32); 7] {
+        [
+            ("runs", self.runs),
+            ("activities", self.activities),
+            ("heartbeats", self.heartbeats),
+            ("timers", self.timers),
+            ("controls", self.controls),
+            ("upserts", self.upserts),
+            ("markers", self.markers),
+        ]
+    }
 }
 
 impl Counters {
@@ -272,6 +354,8 @@ impl Counters {
             reattached,
             stranded,
             paid_twice,
+            // The batch counts its actions itself; a case's tally holds none.
+            temporal_actions: _,
         } = other;
         self.adopted += adopted;
         self.redispatched += redispatched;

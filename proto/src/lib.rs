@@ -28,6 +28,11 @@ pub fn host_task_queue(hostname: &str) -> String {
     format!("{TASK_QUEUE}@{hostname}")
 }
 
+/// For `skip_serializing_if`: a zero count is left out of a payload (and older ones read).
+pub(crate) fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
 /// Workflow id of a batch: one workflow per batch id.
 pub fn workflow_id(batch_id: &str) -> String {
     format!("casebatch-{batch_id}")

@@ -243,6 +243,9 @@ pub struct CleanupReport {
     /// a job paid for twice).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub held_job: bool,
+    /// Heartbeats the cleanup sent (Temporal actions).
+    #[serde(default, skip_serializing_if = "crate::is_zero_u32")]
+    pub heartbeats: u32,
 }
 
 /// Input of `finalize`: writes the batch-level files of the bundle.
@@ -337,6 +340,9 @@ pub struct Settled {
     /// the final summary, its end time and cleanup confirmation included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closed: Option<AttemptSummary>,
+    /// Heartbeats the settle sent (Temporal actions).
+    #[serde(default, skip_serializing_if = "crate::is_zero_u32")]
+    pub heartbeats: u32,
 }
 
 /// Input of `sweep`: kill every job of a batch on every runtime of its plan.

@@ -104,6 +104,7 @@ mod tests {
             speculative_losers: 0,
             stranded_attempts: 0,
             jobs_paid_twice: 0,
+            temporal_actions: None,
             simulated: false,
             stats: None,
             rows: vec![SummaryRow {

@@ -23,6 +23,7 @@ pub struct Metrics {
     released: Counter,
     jobs_awaited: UpDownCounter,
     stage_duration: HistogramDuration,
+    temporal_actions: Counter,
 }
 
 /// How one attempt ended, as its `cleanup` (or the `settle` that closed it) recorded it.
@@ -60,6 +61,11 @@ impl Metrics {
                 "Cases that reached their end, by outcome and failure class",
             ),
             attempts: counter("casebatch_attempts", "Attempts closed, by outcome"),
+            temporal_actions: counter(
+                "casebatch_temporal_actions",
+                "Temporal actions this worker's stage activities cost, by kind (activities \
+                 started, heartbeats sent; the batch counts the rest in its status)",
+            ),
             adopted: counter(
                 "casebatch_adopted",
                 "Attempts whose job was re-attached after a worker died (not run again)",
@@ -146,6 +152,12 @@ impl Metrics {
     pub fn released(&self, runtime: &str) {
         self.released
             .add(1, &self.attributes(&[("runtime", runtime)]));
+    }
+
+    /// A stage activity cost a Temporal action of `kind` (`activities`, `heartbeats`).
+    pub fn temporal_action(&self, kind: &'static str) {
+        self.temporal_actions
+            .add(1, &self.attributes(&[("kind", kind)]));
     }
 
     /// A stage activity took `took`.

@@ -110,6 +110,18 @@ tasks:
         &[("stage", "settle")],
     );
     assert_eq!(settles, 4.0, "one settle per case: {text}");
+    // The batch's count of the activities it scheduled is what the worker ran.
+    let actions = &summary["temporal_actions"];
+    assert_eq!(
+        metric(
+            &text,
+            "casebatch_temporal_actions_total",
+            &[("kind", "activities")]
+        ),
+        actions["activities"].as_f64().unwrap(),
+        "{summary:#}\n{text}"
+    );
+    assert!(actions["runs"].as_u64() == Some(1), "{actions}");
     assert_eq!(stop(&mut worker), 0, "the worker stops cleanly on SIGTERM");
     let gone = health(&[]);
     assert_exit(&gone, 1);
@@ -133,4 +145,68 @@ fn metrics_off_loopback_must_be_asked_for() {
     ]);
     assert_exit(&o, 2);
     assert!(stderr(&o).contains("--metrics-public"), "{}", stderr(&o));
+}
+
+/// Heartbeats are Temporal actions: they go out at the batch's `heartbeat_every_seconds`, a
+/// stage shorter than one cadence sends none, and the batch counts what its stages sent.
+#[test]
+fn heartbeats_follow_the_batch_s_cadence_and_every_action_is_counted() {
+    let sb = Sandbox::engine();
+    let batch = |id: &str, every: &str| {
+        format!(
+            r#"batch_id: {id}
+defaults:
+  concurrency: 2
+{every}  runtime: local-process
+  harness: 'sleep 3; echo "{{}}" > "$CASEBATCH_RESULT"'
+tasks:
+  - task_id: a
+  - task_id: b
+"#
+        )
+    };
+    let summary_of = |id: &str| {
+        let manifest = sb.write(
+            &format!("{id}.yaml"),
+            &batch(
+                id,
+                if id == "eager" {
+                    "  heartbeat_every_seconds: 1\n"
+                } else {
+                    ""
+                },
+            ),
+        );
+        let o = sb.run_batch(&manifest);
+        assert_exit(&o, 0);
+        let summary = sb.json(&sb.bundle(id).join("batch_summary.json"));
+        summary["temporal_actions"].clone()
+    };
+
+    let eager = summary_of("eager");
+    // Each 3 s wait heartbeats about every second (the first after one second).
+    let beats = eager["heartbeats"].as_u64().unwrap();
+    assert!((4..=8).contains(&beats), "two 3 s cases at 1 s: {eager}");
+
+    // The default cadence (4 s) sends none for a 3 s case: what it costs is its activities,
+    // the run's start and its markers.
+    let quiet = summary_of("quiet");
+    assert_eq!(quiet["heartbeats"], 0, "{quiet}");
+    assert_eq!(quiet["runs"], 1, "{quiet}");
+    let per_case = quiet["activities"].as_u64().unwrap() as f64 / 2.0;
+    assert!(
+        per_case <= 3.0,
+        "a short case costs at most start, settle and cleanup: {quiet}"
+    );
+
+    // `report` rebuilds the summary from the case files and keeps the workflow's count.
+    let report = sb.op("report", "quiet");
+    assert_exit(&report, 0);
+    assert!(
+        stdout(&report).contains("temporal actions "),
+        "{}",
+        stdout(&report)
+    );
+    let rebuilt = sb.json(&sb.bundle("quiet").join("batch_summary.json"));
+    assert_eq!(rebuilt["temporal_actions"], quiet);
 }

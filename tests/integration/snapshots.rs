@@ -19,9 +19,24 @@ fn filtered(sb: &Sandbox, text: &[u8]) -> String {
     text.lines()
         .map(|l| match (timed(l), l.find(": "), l.rfind('(')) {
             (true, Some(colon), Some(i)) => format!("{}: [TIMES] {}\n", &l[..colon], &l[i..]),
+            _ if l.starts_with("  temporal actions ") => format!("{}\n", actions_filtered(l)),
             _ => format!("{l}\n"),
         })
         .collect()
+}
+
+/// Timers and upserts depend on workflow time (a held-back upsert arms a timer); the other
+/// kinds do not. The totals follow them.
+fn actions_filtered(line: &str) -> String {
+    let (_, kinds) = line.split_once(": ").expect("actions line");
+    let kinds: Vec<String> = kinds
+        .split(" · ")
+        .map(|kind| match kind.split_once(' ') {
+            Some((name @ ("timers" | "upserts"), _)) => format!("{name} [N]"),
+            _ => kind.to_string(),
+        })
+        .collect();
+    format!("  temporal actions [N]: {}", kinds.join(" · "))
 }
 
 const MIXED: &str = r#"batch_id: snap

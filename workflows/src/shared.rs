@@ -6,7 +6,9 @@
 use std::collections::BTreeSet;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use casebatch_proto::TimelineStep;
+use std::time::Duration;
+
+use casebatch_proto::{TemporalActions, TimelineStep};
 use temporalio_sdk::WorkflowContext;
 
 use crate::circuits::Circuits;
@@ -37,6 +39,10 @@ pub(crate) struct Shared {
     /// admission loop, waiting for it to change, wakes up.
     pub wakeups: u64,
     pub timeline: Vec<TimelineStep>,
+    /// The Temporal actions the batch has cost, counted as its commands are issued.
+    pub actions: TemporalActions,
+    /// The heartbeat timeout of every stage activity (from the batch's cadence).
+    pub heartbeat_timeout: Duration,
 }
 
 impl Shared {
@@ -68,6 +74,12 @@ pub(crate) fn epoch_ms(workflow_time: Option<SystemTime>) -> u64 {
 /// Now, in workflow time.
 pub(crate) fn workflow_ms<H>(ctx: &WorkflowContext<H>) -> u64 {
     epoch_ms(ctx.workflow_time())
+}
+
+/// Counts a Temporal action the batch costs as it issues the command behind it (the count
+/// replays with the history, as the commands do).
+pub(crate) fn cost<H: Host>(ctx: &WorkflowContext<H>, add: impl FnOnce(&mut TemporalActions)) {
+    ctx.state_mut(|s| add(&mut s.shared_mut().actions));
 }
 
 /// Adds a timeline step now (case steps are mostly added when the case ends).

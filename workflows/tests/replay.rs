@@ -46,6 +46,7 @@ const EXPECTED: &[&str] = &[
     "activities-searchattr-paused-drained.json",
     "activities-searchattr-resumed.json",
     "activities-searchattr-retries.json",
+    "activities-searchattr-throttled.json",
     "activities-speculated.json",
     "activities-superseded.json",
     // A runtime's breaker workflow (the dead runtime of `activities-failover`).

@@ -25,7 +25,7 @@ use crate::case::{CaseDone, CaseParams, CleanedUp, LeftBehind, Pipeline, run_cas
 use crate::contracts::{Finalize, Sweep};
 use crate::envelopes::Envelopes;
 use crate::lifecycle::{Control, Lifecycle};
-use crate::shared::{note, workflow_ms};
+use crate::shared::{cost, note, workflow_ms};
 use crate::visibility;
 
 /// Continue-as-new once history passes this many events. Temporal's hard limit is 51,200
@@ -58,11 +58,11 @@ pub(super) async fn run(ctx: &Ctx) -> WorkflowResult<BatchOutcome> {
             Idle::End(end) => return finish(ctx, end, run.visible).await,
             Idle::ContinueAsNew => {
                 // The next run inherits the search attributes: bring them up to date.
-                run.publish_pending(ctx);
+                run.publish_pending(ctx, true);
                 return continue_as_new(ctx);
             }
             Idle::Sleep => {
-                run.publish_pending(ctx);
+                run.publish_pending(ctx, true);
                 let _ = ctx
                     .wait_condition(move |s: &BatchWorkflow| s.shared.wakeups != seen)
                     .await;
@@ -109,6 +109,13 @@ struct Run {
     outage_rules: bool,
     /// This run upserts search attributes.
     visible: bool,
+    /// ... at most once per `visibility::UPSERT_EVERY_MS` while cases finish.
+    throttled: bool,
+    /// Workflow time of this run's last upsert.
+    published_at_ms: Option<u64>,
+    /// Wakes a throttled run when its held-back upsert is due, so counts never wait for the
+    /// next case to finish (a batch whose last case runs for an hour).
+    publish_timer: Option<Timer>,
     /// Finished cases not yet in the search attributes: published once the activation
     /// that recorded them has nothing more to do, so a burst of completions costs one
     /// upsert, not one each.
@@ -135,6 +142,8 @@ impl Run {
         let settle_closes = pipeline.settle_closes(ctx);
         let outage_rules = pipeline.outage_rules(ctx);
         let visible = visibility::of_run(ctx, ctx.state(|s| s.input.search_attributes));
+        let throttled = visibility::throttled(ctx, visible);
+        cost(ctx, |a| a.runs += 1);
         let (segment, counts) = ctx.state(|s| (s.segment, Counts::of(&s.slots)));
         let started = format!(
             "segment {segment} started: {} queued, {} done",
@@ -147,7 +156,10 @@ impl Run {
             settle_closes,
             outage_rules,
             visible,
+            throttled,
             unpublished: false,
+            published_at_ms: None,
+            publish_timer: None,
             budget: ctx.state(|s| s.input.history_budget.unwrap_or(DEFAULT_HISTORY_BUDGET)),
             case_cancel: ctx.cancellation_token().child_token(),
             inflight: Vec::new(),
@@ -320,7 +332,14 @@ impl Run {
             }
             // Nothing more can happen in this activation (only here is that known): its
             // completions are all recorded, so publish them now, in one upsert.
-            self.publish_pending(ctx);
+            self.publish_pending(ctx, false);
+            // Polled here, after a held-back upsert may have armed it, so it starts at once.
+            if let Some(timer) = self.publish_timer.as_mut()
+                && timer.as_mut().poll(cx).is_ready()
+            {
+                self.publish_timer = None;
+                self.publish_pending(ctx, true);
+            }
             Poll::Pending
         })
         .await
@@ -354,12 +373,32 @@ impl Run {
         }
     }
 
-    /// Upserts `running` with the current counts if finished cases are not in them yet.
-    fn publish_pending(&mut self, ctx: &Ctx) {
-        if std::mem::take(&mut self.unpublished) {
-            let counts = ctx.state(|s| Counts::of(&s.slots));
-            visibility::publish(ctx, outcome::RUNNING, &counts);
+    /// Upserts `running` with the current counts if finished cases are not in them yet; a
+    /// throttled run waits for its interval unless `now` (it is about to sleep or end).
+    fn publish_pending(&mut self, ctx: &Ctx, now: bool) {
+        if !self.unpublished {
+            return;
         }
+        let at_ms = workflow_ms(ctx);
+        let due = self
+            .published_at_ms
+            .is_none_or(|last| at_ms.saturating_sub(last) >= visibility::UPSERT_EVERY_MS);
+        if self.throttled && !due && !now {
+            if self.publish_timer.is_none() {
+                let since = at_ms.saturating_sub(self.published_at_ms.unwrap_or(at_ms));
+                let wait = Duration::from_millis(visibility::UPSERT_EVERY_MS - since);
+                let timer_ctx = ctx.clone();
+                self.publish_timer = Some(Box::pin(async move {
+                    cost(&timer_ctx, |a| a.timers += 1);
+                    let _ = timer_ctx.timer(wait).await;
+                }));
+            }
+            return;
+        }
+        self.unpublished = false;
+        self.published_at_ms = Some(at_ms);
+        let counts = ctx.state(|s| Counts::of(&s.slots));
+        visibility::publish(ctx, outcome::RUNNING, &counts);
     }
 }
 
@@ -442,6 +481,7 @@ fn speculate_due(ctx: &Ctx, room: u32, armed: Option<(u64, Timer)>) -> Option<(u
     Some((
         next,
         Box::pin(async move {
+            cost(&timer_ctx, |a| a.timers += 1);
             let _ = timer_ctx.timer(wait).await;
         }),
     ))
@@ -459,6 +499,7 @@ async fn sweep(ctx: &Ctx) {
         .retry_policy(RetryPolicy::builder().maximum_attempts(3).build())
         .cancellation_token(WorkflowCancellationToken::new())
         .build();
+    cost(ctx, |a| a.activities += 1);
     let message = match ctx.execute_activity(Sweep, input, opts).await {
         Ok(r) if r.unreachable.is_empty() => {
             format!("supersede: {} job(s) killed by batch", r.killed.len())
@@ -484,6 +525,8 @@ async fn finish(ctx: &Ctx, end: BatchEnd, visible: bool) -> WorkflowResult<Batch
     );
     note(ctx, None, ended);
     ctx.state_mut(|s| s.lifecycle = Lifecycle::Finished);
+    // The finalize below is a local activity: its marker is counted in what it writes.
+    cost(ctx, |a| a.markers += 1);
     let status = ctx.state(|s| s.snapshot());
     let input = ctx.state(|s| FinalizeInput {
         batch_id: s.input.batch_id.clone(),
@@ -506,7 +549,7 @@ fn continue_as_new(ctx: &Ctx) -> WorkflowResult<BatchOutcome> {
         let mut input = s.input.clone();
         input.carried = Some(Carried {
             slots: s.slots.clone(),
-            counters: s.counters.clone(),
+            counters: s.counters(),
             timeline: s.shared.timeline.clone(),
             paused: s.lifecycle.is_paused(),
             segment: s.segment,

@@ -75,6 +75,8 @@ impl BatchWorkflow {
             .as_ref()
             .and(input.speculation.as_ref())
             .map(Tail::new);
+        let heartbeat_timeout = input.heartbeat_timeout();
+        let actions = carried.counters.temporal_actions;
         Self {
             input,
             slots,
@@ -88,6 +90,8 @@ impl BatchWorkflow {
                 circuits,
                 tail,
                 timeline: carried.timeline,
+                actions,
+                heartbeat_timeout,
                 ..Shared::default()
             },
             in_flight: BTreeSet::new(),
@@ -103,6 +107,7 @@ impl BatchWorkflow {
     /// Applies an operator's control: a refused one (a signal, unchecked) changes nothing.
     /// Either way the admission loop is woken. Returns the phase after it.
     pub(super) fn apply(&mut self, ctx: &SyncWorkflowContext<Self>, control: Control) -> Phase {
+        self.shared.actions.controls += 1;
         if let Ok(step) = self.lifecycle.on(control) {
             self.lifecycle = step.next;
             if let Some(note) = step.note {
@@ -116,6 +121,7 @@ impl BatchWorkflow {
 
     /// Returns the previous limit.
     pub(super) fn apply_concurrency(&mut self, ctx: &SyncWorkflowContext<Self>, limit: u32) -> u32 {
+        self.shared.actions.controls += 1;
         let before = std::mem::replace(&mut self.concurrency, limit);
         if before != limit {
             let at_ms = epoch_ms(ctx.workflow_time());
@@ -158,13 +164,21 @@ impl BatchWorkflow {
         ))
     }
 
+    /// The batch's counters, its Temporal actions included.
+    pub(super) fn counters(&self) -> Counters {
+        Counters {
+            temporal_actions: self.shared.actions,
+            ..self.counters.clone()
+        }
+    }
+
     pub(super) fn snapshot(&self) -> BatchStatus {
         BatchStatus {
             batch_id: self.input.batch_id.clone(),
             phase: self.lifecycle.phase(),
             counts: Counts::of(&self.slots),
             in_flight: self.in_flight.iter().copied().collect(),
-            counters: self.counters.clone(),
+            counters: self.counters(),
             timeline: self.shared.timeline.clone(),
             segment: self.segment,
             concurrency: self.concurrency,

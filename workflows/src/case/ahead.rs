@@ -17,7 +17,7 @@ use temporalio_sdk::{WorkflowCancellationToken, WorkflowContext};
 use super::options::stage_options;
 use super::params::CaseDone;
 use crate::contracts::{Prepare, Release};
-use crate::shared::Host;
+use crate::shared::{Host, cost};
 
 /// How a case provisioned ahead left the wait.
 pub(super) enum Ahead {
@@ -38,8 +38,9 @@ pub(super) async fn prepare_then_wait<H: Host>(
     // Detached from the batch's cancel: an environment half made when a cancel arrives would
     // otherwise be left for nobody to release.
     let detached = WorkflowCancellationToken::new();
-    let opts = stage_options("prepare", key, short, None, &detached);
+    let opts = stage_options(ctx, "prepare", key, short, None, &detached);
     let mut host_queue = None;
+    cost(ctx, |a| a.activities += 1);
     match ctx.execute_activity(Prepare, key.clone(), opts).await {
         Ok(p) => {
             host_queue = p.host_queue;
@@ -79,11 +80,13 @@ pub(super) async fn prepare_then_wait<H: Host>(
         key: key.clone(),
         why: why.into(),
     };
-    let opts = stage_options("release", key, short, host_queue, &detached);
-    let confirmed = ctx
-        .execute_activity(Release, input, opts)
-        .await
-        .is_ok_and(|r| r.cleanup_confirmed);
+    let opts = stage_options(ctx, "release", key, short, host_queue, &detached);
+    cost(ctx, |a| a.activities += 1);
+    let released = ctx.execute_activity(Release, input, opts).await;
+    if let Ok(r) = &released {
+        cost(ctx, |a| a.heartbeats += r.heartbeats);
+    }
+    let confirmed = released.is_ok_and(|r| r.cleanup_confirmed);
     done.tally.released += 1;
     done.tally.cleanup_unconfirmed += u32::from(!confirmed);
     done.notes.push(format!(

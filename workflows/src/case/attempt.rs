@@ -15,7 +15,7 @@ use super::outcome::{apply_settled, is_timeout, mark_error, mark_job_lost};
 use super::params::CaseParams;
 use crate::contracts::Settle;
 use crate::decide::Next;
-use crate::shared::{Host, workflow_ms};
+use crate::shared::{Host, cost, workflow_ms};
 
 /// How an attempt ended: its summary, what comes next, and the attempts it leaves behind
 /// (stranded, or a speculation's loser) whose cleanup is still to run.
@@ -50,6 +50,7 @@ impl Attempt {
         let mut recorded = None;
         match result {
             Ok(settled) => {
+                cost(ctx, |a| a.heartbeats += settled.heartbeats);
                 apply_settled(s, &self.key, &settled);
                 recorded = settled.closed;
             }
@@ -93,7 +94,7 @@ pub(super) fn settle_job<H: Host>(
 ) -> LocalBoxFuture<'static, Result<Settled, ActivityExecutionError>> {
     // The actor's limit, then the evaluator's (at least a minute), then slack.
     let timeout = Duration::from_secs(2 * p.max_timeout_seconds.max(60) + 120);
-    let mut opts = stage_options(stage, key, timeout, host_queue, token);
+    let mut opts = stage_options(ctx, stage, key, timeout, host_queue, token);
     // On cancel, wait until the activity has stopped its job, so cleanup never races a
     // process that is still being killed.
     opts.cancellation_type = ActivityCancellationType::WaitCancellationCompleted;
@@ -104,5 +105,8 @@ pub(super) fn settle_job<H: Host>(
         close_from,
     };
     let ctx = ctx.clone();
-    Box::pin(async move { ctx.execute_activity(Settle, input, opts).await })
+    Box::pin(async move {
+        cost(&ctx, |a| a.activities += 1);
+        ctx.execute_activity(Settle, input, opts).await
+    })
 }

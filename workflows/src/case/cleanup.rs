@@ -13,7 +13,7 @@ use super::options::stage_options;
 use super::outcome::activity_failure;
 use super::params::{CaseDone, CleanedUp, LeftBehind};
 use crate::contracts::Cleanup;
-use crate::shared::Host;
+use crate::shared::{Host, cost};
 
 /// How long the cleanup of an attempt whose runtime did not answer waits for it to answer
 /// (a job that may run there is killed once it does).
@@ -140,6 +140,11 @@ pub(super) async fn run_cleanup<H: Host>(
         Duration::from_secs(60)
     };
     let queue = attempt.host_queue.clone();
-    let opts = stage_options("cleanup", &attempt.key, timeout, queue, &detached);
-    ctx.execute_activity(Cleanup, input, opts).await
+    let opts = stage_options(ctx, "cleanup", &attempt.key, timeout, queue, &detached);
+    cost(ctx, |a| a.activities += 1);
+    let report = ctx.execute_activity(Cleanup, input, opts).await;
+    if let Ok(r) = &report {
+        cost(ctx, |a| a.heartbeats += r.heartbeats);
+    }
+    report
 }

@@ -48,7 +48,7 @@ use self::route::{Route, Routed, dispatch, spill_over};
 use crate::contracts::Start;
 use crate::decide::{Next, Spent};
 use crate::shared::Host;
-use crate::shared::workflow_ms;
+use crate::shared::{cost, workflow_ms};
 
 /// Runs every attempt of one case until it finishes, is cancelled, or runs out of budget.
 pub(crate) async fn run_case<H: Host>(
@@ -104,6 +104,7 @@ pub(crate) async fn run_case<H: Host>(
                 if !backoff.is_zero() {
                     leftovers
                         .alongside(async {
+                            cost(&ctx, |a| a.timers += 1);
                             temporalio_sdk::workflows::select! {
                                 _ = ctx.timer(backoff) => {}
                                 _ = cancel.cancelled() => {}
@@ -262,7 +263,8 @@ impl<H: Host> Stages<'_, '_, H> {
                     {
                         let stage = format!("start.r{}", self.reattach.made());
                         let opts =
-                            stage_options(&stage, &key, Duration::from_secs(60), None, cancel);
+                            stage_options(ctx, &stage, &key, Duration::from_secs(60), None, cancel);
+                        cost(ctx, |a| a.activities += 1);
                         started = Some(ctx.execute_activity(Start, key.clone(), opts).await);
                         continue;
                     }

@@ -5,10 +5,14 @@ use std::time::Duration;
 
 use casebatch_proto::{AttemptKey, FailureClass};
 use temporalio_common::RetryPolicy;
-use temporalio_sdk::{ActivityOptions, LocalActivityOptions, WorkflowCancellationToken};
+use temporalio_sdk::{
+    ActivityOptions, LocalActivityOptions, WorkflowCancellationToken, WorkflowContext,
+};
 
-/// Heartbeat timeout of every stage activity (`await` in the legacy pipeline): how quickly a
-/// stage that a crashed worker held is retried elsewhere (`settle`: the job adopted).
+use crate::shared::Host;
+
+/// Heartbeat timeout of `await` in the legacy pipeline: how quickly a stage that a crashed
+/// worker held is retried elsewhere. Today's stages take the batch's cadence instead.
 pub(super) const AWAIT_HEARTBEAT: Duration = Duration::from_secs(5);
 /// How long a stage routed to the job's host (`settle`, `cleanup`; `await` in the legacy
 /// pipeline) may wait for a worker there. Past it the host is presumed gone with its job, and
@@ -41,7 +45,8 @@ pub(super) fn retry_policy(initial: Duration, maximum_attempts: u32) -> RetryPol
 /// and carrying every case id in the input would grow each run's first event with the batch.
 /// The summary is user metadata of the command, not compared on replay (an activity is
 /// matched by id and type), so histories recorded without it replay unchanged.
-pub(super) fn stage_options(
+pub(super) fn stage_options<H: Host>(
+    ctx: &WorkflowContext<H>,
     stage: &str,
     key: &AttemptKey,
     start_to_close: Duration,
@@ -58,8 +63,9 @@ pub(super) fn stage_options(
         // shared queue has no such limit: any worker, whenever one polls, can run the stage.
         .maybe_schedule_to_start_timeout(task_queue.as_ref().map(|_| HOST_WAIT))
         .maybe_task_queue(task_queue)
-        // Stages heartbeat while they work, so a dead worker's stage is retried in seconds.
-        .heartbeat_timeout(AWAIT_HEARTBEAT)
+        // Stages heartbeat while they work, so a dead worker's stage is retried in seconds
+        // (the batch's cadence: `heartbeat_every_seconds`).
+        .heartbeat_timeout(ctx.state(|s| s.shared().heartbeat_timeout))
         .cancellation_token(token.clone())
         .retry_policy(retry_policy(Duration::from_millis(500), 5))
         .build()

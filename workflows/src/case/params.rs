@@ -31,7 +31,7 @@ pub(crate) enum Pipeline {
 
 impl Pipeline {
     pub(crate) fn of_run<H: Host>(ctx: &WorkflowContext<H>) -> Self {
-        if ctx.patched(STAGES_AS_ACTIVITIES) {
+        if marked(ctx, STAGES_AS_ACTIVITIES) {
             Pipeline::Activities
         } else {
             Pipeline::LocalActivities
@@ -40,13 +40,22 @@ impl Pipeline {
 
     /// Whether `settle` may close final attempts in this run. Asked once, at the run's start.
     pub(crate) fn settle_closes<H: Host>(self, ctx: &WorkflowContext<H>) -> bool {
-        self == Pipeline::Activities && ctx.patched(SETTLE_CLOSES)
+        self == Pipeline::Activities && marked(ctx, SETTLE_CLOSES)
     }
 
     /// Whether this run keeps [`OUTAGE_RULES`]. Asked once, at the run's start.
     pub(crate) fn outage_rules<H: Host>(self, ctx: &WorkflowContext<H>) -> bool {
-        self == Pipeline::Activities && ctx.patched(OUTAGE_RULES)
+        self == Pipeline::Activities && marked(ctx, OUTAGE_RULES)
     }
+}
+
+/// `ctx.patched(id)`, counting the marker it records (a Temporal action).
+fn marked<H: Host>(ctx: &WorkflowContext<H>, id: &str) -> bool {
+    let on = ctx.patched(id);
+    if on {
+        crate::shared::cost(ctx, |a| a.markers += 1);
+    }
+    on
 }
 
 /// Static facts the pipeline needs about its batch.

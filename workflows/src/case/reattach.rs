@@ -7,7 +7,7 @@ use casebatch_proto::{AttemptKey, Failure, FailureClass, FailureCode};
 use temporalio_sdk::{WorkflowCancellationToken, WorkflowContext};
 
 use super::params::CaseDone;
-use crate::shared::{Host, note};
+use crate::shared::{Host, cost, note};
 
 /// How often, and after what pauses, an attempt asks a runtime that did not answer about its
 /// job again before the case moves on (each ask waits out the runtime's own grace too).
@@ -62,6 +62,7 @@ impl Reattach {
                 key.attempt, self.made
             ),
         );
+        cost(ctx, |a| a.timers += 1);
         temporalio_sdk::workflows::select! {
             _ = ctx.timer(Duration::from_secs(pause)) => {}
             _ = cancel.cancelled() => {}

@@ -11,7 +11,7 @@ use super::params::CaseDone;
 use crate::circuits::Pick;
 use crate::contracts::Start;
 use crate::decide;
-use crate::shared::{Host, note, workflow_ms};
+use crate::shared::{Host, cost, note, workflow_ms};
 
 /// Where a case dealt from a runtime list is: its list, the runtime it is on (its share
 /// until it spills over), and how often it moved.
@@ -80,7 +80,8 @@ pub(super) async fn dispatch<H: Host>(
             0 => "start".to_string(),
             n => format!("start.{n}"),
         };
-        let opts = stage_options(&stage, key, short, None, cancel);
+        let opts = stage_options(ctx, &stage, key, short, None, cancel);
+        cost(ctx, |a| a.activities += 1);
         let result = ctx.execute_activity(Start, key.clone(), opts).await;
         let Some((runtime, probe)) = target else {
             return (Some(result), false);
@@ -139,6 +140,7 @@ async fn choose<H: Host>(
         }
         Some(Pick::WaitUntil(at)) => {
             let wait = Duration::from_millis(at.saturating_sub(now));
+            cost(ctx, |a| a.timers += 1);
             temporalio_sdk::workflows::select! {
                 _ = ctx.timer(wait) => {}
                 _ = cancel.cancelled() => {}

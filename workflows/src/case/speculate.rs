@@ -27,7 +27,7 @@ use super::outcome::mark_error;
 use super::params::{CaseDone, CaseParams};
 use super::route::Routed;
 use crate::contracts::Start;
-use crate::shared::{Host, note, workflow_ms};
+use crate::shared::{Host, cost, note, workflow_ms};
 
 /// Whether this attempt can take part: the batch speculates and the case has a list.
 pub(super) fn may<H: Host>(ctx: &WorkflowContext<H>, routed: &Routed<'_>) -> bool {
@@ -292,7 +292,8 @@ async fn run_duplicate<H: Host>(
     key: &AttemptKey,
     token: &WorkflowCancellationToken,
 ) -> (Option<String>, CopyEnd) {
-    let opts = stage_options("start", key, Duration::from_secs(60), None, token);
+    let opts = stage_options(ctx, "start", key, Duration::from_secs(60), None, token);
+    cost(ctx, |a| a.activities += 1);
     match ctx.execute_activity(Start, key.clone(), opts).await {
         Ok(StartResult::Started(job)) => {
             let host_queue = job.host_queue.clone();
