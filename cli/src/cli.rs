@@ -359,10 +359,12 @@ pub struct ManifestArgs {
     /// TLS CA), merged with the manifest's own table.
     #[arg(long, value_name = "FILE")]
     pub runtimes: Option<PathBuf>,
-    /// Harness command for every case (run by `sh -c`).
+    /// Harness command for every case (run by `sh -c`; a program path such as `./run.sh`
+    /// is resolved against the current directory).
     #[arg(long)]
     pub harness: Option<String>,
-    /// Evaluator command for every case (run by `sh -c`).
+    /// Evaluator command for every case (run by `sh -c`; a program path is resolved against
+    /// the current directory).
     #[arg(long)]
     pub evaluator: Option<String>,
     /// YAML/JSON file with a `defaults` object (for JSONL task lists).

@@ -19,6 +19,7 @@ mod json_views;
 mod lifecycle;
 mod logs;
 mod metrics;
+mod preflight;
 mod prepare_ahead;
 mod recovery;
 mod replicas;
