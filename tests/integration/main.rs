@@ -11,6 +11,7 @@ mod chaos_kills;
 mod cleanup;
 mod containers;
 mod demo;
+mod deploy_files;
 mod engine;
 mod environment;
 mod evaluator;
