@@ -508,7 +508,11 @@ pub struct Cluster {
 impl Cluster {
     /// Starts it and waits until its default namespace answers.
     pub fn start(sb: &Sandbox) -> Self {
-        let port = free_port();
+        Self::start_on(sb, free_port())
+    }
+
+    /// [`Cluster::start`] on a port chosen beforehand (one a worker already waits on).
+    pub fn start_on(sb: &Sandbox, port: u16) -> Self {
         let server = Command::new(temporal_bin())
             .args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
             .args(["--log-level", "error", "--port", &port.to_string()])

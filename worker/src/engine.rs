@@ -44,6 +44,16 @@ pub enum EngineError {
     Insecure { address: String },
     #[error("failed to connect to Temporal at {address}: {message}")]
     Connect { address: String, message: String },
+    /// Nothing final went wrong, but nothing answered within the bound either: a caller that
+    /// is a service (a worker replica) may wait longer.
+    #[error(
+        "failed to connect to Temporal at {address}: no answer within {secs}s (last error: {last}); check the address and that the server is up"
+    )]
+    Unreachable {
+        address: String,
+        secs: u64,
+        last: String,
+    },
     #[error(
         "failed to reach the embedded Temporal dev server at {address}: it did not answer within {secs}s (last error: {last}); its log is {log}"
     )]
@@ -177,14 +187,15 @@ impl Engine {
                 }
                 let client = connect_until_serving(conn, &ns, Mode::Cluster)
                     .await
-                    .map_err(|f| EngineError::Connect {
-                        address: addr.clone(),
-                        message: match f {
-                            Failure::Fatal(m) => m,
-                            Failure::TimedOut(m) => format!(
-                                "no answer within {}s (last error: {m}); check the address and that the server is up",
-                                CONNECT_WAIT.as_secs()
-                            ),
+                    .map_err(|f| match f {
+                        Failure::Fatal(message) => EngineError::Connect {
+                            address: addr.clone(),
+                            message,
+                        },
+                        Failure::TimedOut(last) => EngineError::Unreachable {
+                            address: addr.clone(),
+                            secs: CONNECT_WAIT.as_secs(),
+                            last,
                         },
                     })?;
                 Ok(Self {
