@@ -76,8 +76,13 @@ pub enum Command {
         /// The shell to complete in.
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff), e.g. `casebatch man > casebatch.1`.
-    Man,
+    /// Print the man page (roff), e.g. `casebatch man > casebatch.1`; with `--dir`, write
+    /// one page per command there (`casebatch.1`, `casebatch-batch-run.1`, ...).
+    Man {
+        /// Write every command's page into this directory instead of printing the top one.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Clone, Subcommand)]

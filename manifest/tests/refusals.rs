@@ -570,3 +570,45 @@ tasks:
         "{err}"
     );
 }
+
+/// A value of the wrong type is refused with what its field accepts, not what its type
+/// could hold: `concurrency` takes 1 to 512, not 0 to 4294967295.
+#[test]
+fn a_type_error_quotes_the_fields_own_limits() {
+    let err = refuse(
+        "m.yaml",
+        r#"batch_id: t
+runtimes:
+  box: {kind: agent, endpoint: "http://127.0.0.1:7301", max_concurrent: -1}
+defaults:
+  harness: ./run.sh
+  concurrency: many
+  resources: {memory_mb: 1.5, cpu: fast}
+tasks:
+  - task_id: a
+    timeout_seconds: -5
+    max_steps: lots
+"#,
+    );
+    for (field, expected) in [
+        (
+            "runtimes.box.max_concurrent",
+            "a whole number from 1 to 512",
+        ),
+        ("defaults.concurrency", "a whole number from 1 to 512"),
+        (
+            "defaults.resources.memory_mb",
+            "a whole number of MiB from 1 to 1048576",
+        ),
+        ("defaults.resources.cpu", "a number more than 0, up to 1024"),
+        (
+            "tasks[0].timeout_seconds",
+            "a whole number of seconds from 1 to 604800 (7 days)",
+        ),
+        // No bounds of its own: its type's.
+        ("tasks[0].max_steps", "a whole number (0 to 4294967295)"),
+    ] {
+        let p = says(&err, field, &format!("expected {expected}, found "));
+        assert_eq!(p.fix, format!("write {field} as {expected}"), "{err}");
+    }
+}

@@ -77,6 +77,6 @@ pub async fn dispatch(command: Command) -> CliResult {
             idle_secs,
         }) => engine::keep(&state_dir, port, idle_secs),
         Command::Completions { shell } => config::completions(shell),
-        Command::Man => config::man(),
+        Command::Man { dir } => config::man(dir.as_deref()),
     }
 }
