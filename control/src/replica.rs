@@ -43,6 +43,11 @@ impl Replica {
         &self.engine.address
     }
 
+    /// Where the embedded engine serves its Web UI, when it does (`--ui`).
+    pub fn ui_address(&self) -> Option<String> {
+        self.engine.embedded.as_ref()?.ui_address()
+    }
+
     pub fn namespace(&self) -> &str {
         &self.engine.namespace
     }

@@ -193,11 +193,15 @@ fn conventional_histograms(text: &str, attempts: f64) {
 
 #[test]
 fn a_worker_waiting_for_its_engine_is_alive_not_ready_and_serves_once_it_answers() {
+    use nix::sys::signal::{Signal, kill};
     let sb = Sandbox::engine();
     let out = sb.out().display().to_string();
-    // Nothing listens there yet: the "cluster" comes up later, on this port.
-    let port = free_port();
-    let address = format!("127.0.0.1:{port}");
+    // A "cluster" that does not answer: stopped (SIGSTOP) with its port held, so that no other
+    // process can take the port while the worker waits (as one picked free and left unbound
+    // for 30 s could be).
+    let cluster = Cluster::start(&sb);
+    let server = nix::unistd::Pid::from_raw(cluster.pid() as i32);
+    kill(server, Signal::SIGSTOP).expect("SIGSTOP the cluster");
     let addr_file = sb.path("metrics.addr");
     let mut worker = sb.spawn(
         &[
@@ -205,7 +209,7 @@ fn a_worker_waiting_for_its_engine_is_alive_not_ready_and_serves_once_it_answers
             "--output-dir",
             &out,
             "--address",
-            &address,
+            &cluster.address,
             "--metrics-bind",
             "127.0.0.1:0",
             "--metrics-address-file",
@@ -246,7 +250,7 @@ fn a_worker_waiting_for_its_engine_is_alive_not_ready_and_serves_once_it_answers
     assert_eq!(http_get(listener, "/healthz").map(|r| r.0), Some(200));
     assert_eq!(http_get(listener, "/readyz").map(|r| r.0), Some(503));
 
-    let _cluster = Cluster::start_on(&sb, port);
+    kill(server, Signal::SIGCONT).expect("SIGCONT the cluster");
     wait_until(Duration::from_secs(60), "the worker is ready", || {
         http_get(listener, "/readyz").map(|r| r.0) == Some(200)
     });

@@ -391,3 +391,33 @@ fn completions_and_a_man_page_are_generated() {
         assert!(codes.contains(&format!("\n  {code}  ")), "{help}");
     }
 }
+
+/// `--ui` serves the embedded engine's Web UI: asked for with a cluster, it is a usage error
+/// before anything is written.
+#[test]
+fn the_web_ui_is_refused_for_a_cluster() {
+    let sb = Sandbox::new();
+    let out = sb.out().display().to_string();
+    let m = sb.write(
+        "m.yaml",
+        "batch_id: c\ndefaults: {runtime: fake}\ntasks:\n  - task_id: a\n",
+    );
+    let o = sb.run(&[
+        "batch",
+        "run",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--output-dir",
+        &out,
+        "--address",
+        "127.0.0.1:1",
+        "--ui",
+    ]);
+    assert_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("--ui serves the Web UI of the embedded engine only"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!sb.bundle("c").join("batch_plan.json").exists());
+}

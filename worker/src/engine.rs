@@ -68,8 +68,8 @@ pub enum EngineError {
 /// Where the engine is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineTarget {
-    /// The dev server under this output root.
-    Embedded { output_root: PathBuf },
+    /// The dev server under this output root, with its Web UI on a loopback port when `ui`.
+    Embedded { output_root: PathBuf, ui: bool },
     /// A cluster; `None` fields come from Temporal's environment/profile settings.
     Cluster {
         address: Option<String>,
@@ -98,6 +98,7 @@ impl EngineTarget {
         } else {
             EngineTarget::Embedded {
                 output_root: output_root.to_path_buf(),
+                ui: false,
             }
         }
     }
@@ -116,10 +117,10 @@ impl Engine {
     /// that is the target.
     pub async fn connect(target: &EngineTarget) -> Result<Self, EngineError> {
         match target {
-            EngineTarget::Embedded { output_root } => {
+            EngineTarget::Embedded { output_root, ui } => {
                 // Blocking: may wait for the state lock and for a new server's port to open.
-                let root = output_root.clone();
-                let server = tokio::task::spawn_blocking(move || DevServer::ensure(&root))
+                let (root, ui) = (output_root.clone(), *ui);
+                let server = tokio::task::spawn_blocking(move || DevServer::ensure_with(&root, ui))
                     .await
                     .map_err(|e| EngineError::Config(format!("engine start-up failed: {e}")))??;
                 let url: temporalio_client::Url = server

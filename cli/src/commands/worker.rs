@@ -49,7 +49,10 @@ pub async fn run(args: WorkerArgs) -> CliResult {
         }
     };
 
-    let engine = args.engine.choice();
+    let engine = casebatch_control::EngineChoice {
+        ui: args.ui,
+        ..args.engine.choice()
+    };
     let connect = Replica::connect_waiting(&args.output_dir, &engine, |e| {
         eprintln!("warning: {e}; still waiting for it (/readyz answers 503 until it does)")
     });
@@ -57,6 +60,9 @@ pub async fn run(args: WorkerArgs) -> CliResult {
         replica = connect => replica?,
         () = stopped() => return Ok(Exit::Success),
     };
+    if let Some(ui) = replica.ui_address() {
+        eprintln!("Temporal Web UI: {ui} (loopback only; served while this worker runs)");
+    }
     let [shared, host] = replica.task_queues();
     eprintln!(
         "worker polling task queues {shared} and {host} on {} (namespace {}); Ctrl-C or SIGTERM to stop",
