@@ -69,8 +69,10 @@ t0=$SECONDS
 if ! podman image exists "$BASE_IMAGE"; then
   say "making the Debian base with debootstrap"
   rm -rf "$WORK/rootfs"
+  # debootstrap's own default mirror, unless DRILL_DEBIAN_MIRROR names another (a local
+  # cache, say): the repository names no mirror host.
   $sudo debootstrap --variant=minbase --include=ca-certificates,dumb-init bookworm \
-    "$WORK/rootfs" http://deb.debian.org/debian >"$WORK/debootstrap.log" 2>&1 \
+    "$WORK/rootfs" ${DRILL_DEBIAN_MIRROR:+"$DRILL_DEBIAN_MIRROR"} >"$WORK/debootstrap.log" 2>&1 \
     || fail "debootstrap (log: $WORK/debootstrap.log)"
   $sudo tar -C "$WORK/rootfs" -c . | podman import - "$BASE_IMAGE" >/dev/null
   $sudo rm -rf "$WORK/rootfs"

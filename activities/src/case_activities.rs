@@ -1147,6 +1147,7 @@ impl CaseActivities {
             adopted: s.adopted,
             cleanup_confirmed: confirmed,
             runtime: env.case.runtime.as_str(),
+            duration: s.duration_ms().map(std::time::Duration::from_millis),
         };
         // Evidence, never the case's result: the attempt that counts writes that.
         if s.is_evidence_only() {

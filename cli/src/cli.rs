@@ -76,8 +76,13 @@ pub enum Command {
         /// The shell to complete in.
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff), e.g. `casebatch man > casebatch.1`.
-    Man,
+    /// Print the man page (roff), e.g. `casebatch man > casebatch.1`; with `--dir`, write
+    /// one page per command there (`casebatch.1`, `casebatch-batch-run.1`, ...).
+    Man {
+        /// Write every command's page into this directory instead of printing the top one.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Clone, Subcommand)]
@@ -118,6 +123,14 @@ pub enum EngineCommand {
         #[arg(long, default_value = "logs/batch")]
         output_dir: PathBuf,
     },
+    /// Serve the embedded engine's Temporal Web UI on a loopback port and print its address;
+    /// holds the engine (starting it if needed, restarting a headless one with its UI) until
+    /// Ctrl-C or SIGTERM. The last casebatch process using the engine stops it.
+    Ui {
+        /// Root of result bundles whose engine is shown.
+        #[arg(long, default_value = "logs/batch")]
+        output_dir: PathBuf,
+    },
     /// Internal: the keeper of an embedded engine, started by casebatch itself.
     #[command(hide = true)]
     Keep {
@@ -130,6 +143,9 @@ pub enum EngineCommand {
         /// Seconds with no casebatch process using the engine before it is stopped.
         #[arg(long)]
         idle_secs: u64,
+        /// The port of the server's Web UI (headless without it).
+        #[arg(long)]
+        ui_port: Option<u16>,
     },
 }
 
@@ -359,10 +375,12 @@ pub struct ManifestArgs {
     /// TLS CA), merged with the manifest's own table.
     #[arg(long, value_name = "FILE")]
     pub runtimes: Option<PathBuf>,
-    /// Harness command for every case (run by `sh -c`).
+    /// Harness command for every case (run by `sh -c`; a program path such as `./run.sh`
+    /// is resolved against the current directory).
     #[arg(long)]
     pub harness: Option<String>,
-    /// Evaluator command for every case (run by `sh -c`).
+    /// Evaluator command for every case (run by `sh -c`; a program path is resolved against
+    /// the current directory).
     #[arg(long)]
     pub evaluator: Option<String>,
     /// YAML/JSON file with a `defaults` object (for JSONL task lists).
@@ -480,6 +498,10 @@ pub struct RunArgs {
     pub history_db: Option<PathBuf>,
     #[command(flatten)]
     pub metrics: MetricsArgs,
+    /// Serve the embedded engine's Temporal Web UI on a loopback port while this runs (its
+    /// address is printed); a headless engine already running is restarted with it.
+    #[arg(long)]
+    pub ui: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -494,6 +516,10 @@ pub struct ResumeArgs {
     /// Also give failed and cancelled cases a new attempt.
     #[arg(long)]
     pub retry_failed: bool,
+    /// Serve the embedded engine's Temporal Web UI on a loopback port while this runs (its
+    /// address is printed); a headless engine already running is restarted with it.
+    #[arg(long)]
+    pub ui: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -525,6 +551,10 @@ pub struct SingleRunArgs {
     /// Root of result bundles (`<output-dir>/<batch_id>--<case_dir>/`).
     #[arg(long, default_value = "logs/batch")]
     pub output_dir: PathBuf,
+    /// Serve the embedded engine's Temporal Web UI on a loopback port while this runs (its
+    /// address is printed); a headless engine already running is restarted with it.
+    #[arg(long)]
+    pub ui: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -566,6 +596,10 @@ pub struct WorkerArgs {
     pub output_dir: PathBuf,
     #[command(flatten)]
     pub metrics: MetricsArgs,
+    /// Serve the embedded engine's Temporal Web UI on a loopback port while this runs (its
+    /// address is printed); a headless engine already running is restarted with it.
+    #[arg(long)]
+    pub ui: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -688,6 +722,7 @@ impl EngineArgs {
             address: self.address.clone(),
             namespace: self.namespace.clone(),
             profile: self.profile.clone(),
+            ui: false,
         }
     }
 }

@@ -178,8 +178,47 @@ impl From<AgentError> for CliError {
 
 pub type CliResult<T = Exit> = Result<T, CliError>;
 
+/// Reading exit-code lists back, for the tests of this table and of the help that shows it.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    /// The `Exit codes:` entries of a help text or of the README's table: (code, meaning)
+    /// with whitespace collapsed (clap wraps long lines to the terminal).
+    pub(crate) fn entries(lines: impl Iterator<Item = String>) -> Vec<(u8, String)> {
+        let mut entries: Vec<(u8, String)> = Vec::new();
+        for line in lines {
+            let line = line.trim();
+            let (head, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+            match head.parse::<u8>() {
+                Ok(code) => entries.push((code, rest.to_string())),
+                Err(_) => match entries.last_mut() {
+                    Some((_, meaning)) => meaning.push_str(&format!(" {line}")),
+                    None => panic!("not an exit code entry: {line:?}"),
+                },
+            }
+        }
+        entries
+            .into_iter()
+            .map(|(code, m)| (code, m.split_whitespace().collect::<Vec<_>>().join(" ")))
+            .collect()
+    }
+
+    /// The entries of a help text's `Exit codes:` section (none when it has no such section).
+    pub(crate) fn help_entries(help: &str) -> Vec<(u8, String)> {
+        let Some((_, section)) = help.split_once("Exit codes:") else {
+            return Vec::new();
+        };
+        entries(
+            section
+                .lines()
+                .map(str::to_string)
+                .filter(|l| !l.trim().is_empty()),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::tests_support::{entries, help_entries};
     use super::*;
 
     #[test]
@@ -216,27 +255,6 @@ mod tests {
         assert_eq!(CliError::from(insecure).exit, Exit::Usage);
     }
 
-    /// The `Exit codes:` entries of a help text or of the README's table: (code, meaning)
-    /// with whitespace collapsed (clap wraps long lines to the terminal).
-    fn entries(lines: impl Iterator<Item = String>) -> Vec<(u8, String)> {
-        let mut entries: Vec<(u8, String)> = Vec::new();
-        for line in lines {
-            let line = line.trim();
-            let (head, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
-            match head.parse::<u8>() {
-                Ok(code) => entries.push((code, rest.to_string())),
-                Err(_) => match entries.last_mut() {
-                    Some((_, meaning)) => meaning.push_str(&format!(" {line}")),
-                    None => panic!("not an exit code entry: {line:?}"),
-                },
-            }
-        }
-        entries
-            .into_iter()
-            .map(|(code, m)| (code, m.split_whitespace().collect::<Vec<_>>().join(" ")))
-            .collect()
-    }
-
     fn table() -> Vec<(u8, String)> {
         Exit::ALL
             .iter()
@@ -253,17 +271,7 @@ mod tests {
         let mut command = crate::cli::Cli::command();
         for help in [command.render_long_help(), command.render_help()] {
             let help = help.to_string();
-            let section = help
-                .split_once("Exit codes:")
-                .unwrap_or_else(|| panic!("no exit codes in --help:\n{help}"))
-                .1;
-            let listed = entries(
-                section
-                    .lines()
-                    .map(str::to_string)
-                    .filter(|l| !l.trim().is_empty()),
-            );
-            assert_eq!(listed, table(), "{help}");
+            assert_eq!(help_entries(&help), table(), "{help}");
         }
     }
 

@@ -18,12 +18,14 @@ macro_rules! say {
 mod commands;
 mod render;
 
-use casebatch_cli::{cli, exit, logs};
+use casebatch_cli::{cli, exit, logs, manual};
 
-use clap::Parser;
+use clap::FromArgMatches;
 
 fn main() -> std::process::ExitCode {
-    let cli = cli::Cli::parse();
+    // The derived command, with the exit codes after every command's help.
+    let matches = manual::command().get_matches();
+    let cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     logs::init(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

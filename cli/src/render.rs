@@ -111,6 +111,11 @@ impl Observer for Progress {
                 ));
             }
             DriveEvent::EngineBack => self.line("engine reachable again"),
+            DriveEvent::EngineUi(ui) => self.line(&format!(
+                "Temporal Web UI: {ui}/namespaces/default/workflows/casebatch-{} (loopback only; \
+                 served while this command runs)",
+                self.batch_id
+            )),
             DriveEvent::Unsearchable => self.line(
                 "note: this namespace has no Casebatch* search attributes, so `temporal workflow list --query` cannot find the batch (README: Finding batches with Temporal's tools)",
             ),

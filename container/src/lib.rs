@@ -338,7 +338,9 @@ impl ContainerRuntime {
                 ..failed(Failure::oom(a.memory_mb()), a)
             },
             Waited::Exited { code, .. } => {
-                harness::classify(code as i32, &a.file(attempt_files::RESULT)).await
+                let (result, stderr) =
+                    (a.file(attempt_files::RESULT), a.file(attempt_files::STDERR));
+                harness::classify(code as i32, &result, &stderr).await
             }
             Waited::TimedOut => failed(
                 Failure::infra(

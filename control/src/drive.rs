@@ -26,8 +26,12 @@ pub(crate) async fn drive(
     observer: &mut dyn Observer,
 ) -> Result<RunReport> {
     let handle = workflow::handle(&engine.client, &plan);
+    let ui = engine.embedded.as_ref().and_then(|s| s.ui_address());
     let run = async {
         observer.on(DriveEvent::Batch(&plan));
+        if let Some(ui) = &ui {
+            observer.on(DriveEvent::EngineUi(ui));
+        }
         match begin(&handle, &bundle, &plan, &opts, observer).await? {
             Begun::Following => follow(&handle, observer).await.map(Some),
             Begun::AlreadyComplete => Ok(None),

@@ -31,6 +31,8 @@ pub enum DriveEvent<'a> {
     },
     EngineUnreachable(&'a str),
     EngineBack,
+    /// The embedded engine serves its Web UI at this address (`--ui`), while the run lasts.
+    EngineUi(&'a str),
 }
 
 /// Receives [`DriveEvent`]s.

@@ -84,20 +84,39 @@ pub struct EngineChoice {
     pub address: Option<String>,
     pub namespace: Option<String>,
     pub profile: Option<String>,
+    /// Serve the embedded engine's Web UI on a loopback port (`--ui`); refused for a cluster,
+    /// which serves its own.
+    pub ui: bool,
 }
 
 impl EngineChoice {
     /// Connects, starting (or finding) the embedded server when that is the target. An
     /// embedded server that cannot start on a full disk is reported as the full disk it is.
     pub async fn connect(&self, output_root: &Path) -> Result<Engine> {
-        let target = EngineTarget::resolve(
+        let mut target = EngineTarget::resolve(
             output_root,
             self.address.clone(),
             self.namespace.clone(),
             self.profile.clone(),
         );
+        match &mut target {
+            EngineTarget::Embedded { ui, .. } => *ui = self.ui,
+            EngineTarget::Cluster { address, .. } if self.ui => {
+                let named = address
+                    .clone()
+                    .or_else(|| std::env::var("TEMPORAL_ADDRESS").ok())
+                    .unwrap_or_else(|| "the temporal.toml profile's address".into());
+                return Err(ControlError::BadArgument {
+                    what: "--ui with the engine",
+                    value: named,
+                    hint: "--ui serves the Web UI of the embedded engine only; a cluster serves \
+                           its own (ask its operators for its address)",
+                });
+            }
+            EngineTarget::Cluster { .. } => {}
+        }
         Engine::connect(&target).await.map_err(|e| {
-            let EngineTarget::Embedded { output_root } = &target else {
+            let EngineTarget::Embedded { output_root, .. } = &target else {
                 return e.into();
             };
             match crate::space::first_low(&[DevServer::state_dir(output_root)]) {
@@ -159,6 +178,8 @@ impl EngineChoice {
                     address: Some(recorded.address.clone()),
                     namespace: Some(recorded.namespace.clone()),
                     profile: self.profile.clone().or(recorded.profile.clone()),
+                    // Refused at connect: a cluster serves its own UI.
+                    ui: self.ui,
                 })
             }
         }

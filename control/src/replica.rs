@@ -6,7 +6,7 @@ use std::path::Path;
 
 use casebatch_proto::{TASK_QUEUE, host_task_queue};
 use casebatch_runtime::local_process::hostname;
-use casebatch_worker::{Engine, Listen, host_until};
+use casebatch_worker::{Engine, EngineError, Telemetry, host_served_until};
 
 use crate::error::{ControlError, Result};
 use crate::location::{EngineChoice, absolute};
@@ -22,8 +22,30 @@ impl Replica {
         Ok(Self { engine })
     }
 
+    /// [`Replica::connect`], for as long as it takes: a replica is a service, and an engine
+    /// that does not answer yet (a cluster still starting, a network not up) is waited for,
+    /// telling `waiting` after each bounded round. Anything final (bad settings, credentials,
+    /// an unknown namespace) still ends it.
+    pub async fn connect_waiting(
+        output_dir: &Path,
+        engine: &EngineChoice,
+        mut waiting: impl FnMut(&ControlError),
+    ) -> Result<Self> {
+        loop {
+            match Self::connect(output_dir, engine).await {
+                Err(e @ ControlError::Engine(EngineError::Unreachable { .. })) => waiting(&e),
+                done => return done,
+            }
+        }
+    }
+
     pub fn address(&self) -> &str {
         &self.engine.address
+    }
+
+    /// Where the embedded engine serves its Web UI, when it does (`--ui`).
+    pub fn ui_address(&self) -> Option<String> {
+        self.engine.embedded.as_ref()?.ui_address()
     }
 
     pub fn namespace(&self) -> &str {
@@ -35,14 +57,14 @@ impl Replica {
         [TASK_QUEUE.to_string(), host_task_queue(&hostname())]
     }
 
-    /// Polls until `stop` completes, then shuts down gracefully. With `metrics`, serves the
-    /// worker's metrics, `/healthz` and `/readyz` there meanwhile.
+    /// Polls until `stop` completes, then shuts down gracefully. With `telemetry` (a listener
+    /// already serving), its metrics record there and `/readyz` answers 200 while it polls.
     pub async fn run_until(
         self,
-        metrics: Option<&Listen>,
+        telemetry: Option<&Telemetry>,
         stop: impl Future<Output = ()>,
     ) -> Result<()> {
-        host_until(self.engine.client.clone(), metrics, stop)
+        host_served_until(self.engine.client.clone(), telemetry, stop)
             .await
             .map_err(|e| ControlError::engine_call("host the worker", e))
     }

@@ -94,6 +94,14 @@ impl Att {
 fn template() -> Plan {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("batch.yaml");
+    // The harness must exist and run: validation checks a program path before planning.
+    let program = dir.path().join("run.sh");
+    std::fs::write(&program, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(
+        &program,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     std::fs::write(
         &path,
         "batch_id: template\ndefaults:\n  runtime: local-process\n  harness: ./run.sh\ntasks:\n  - task_id: t\n    query: q\n",

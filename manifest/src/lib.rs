@@ -35,6 +35,7 @@ mod error;
 mod jsonl;
 mod locate;
 mod plan;
+mod programs;
 mod report;
 #[cfg(test)]
 mod robustness_tests;

@@ -40,6 +40,13 @@ pub const MAX_HEARTBEAT_EVERY_SECONDS: u64 = 60;
 /// Most scripted infra failures of a `fake` case.
 pub const MAX_FAKE_INFRA_FAILURES: u32 = 1000;
 
+/// A runtime's `breaker_failures`: consecutive infra failures that open its circuit.
+pub const BREAKER_FAILURES_RANGE: RangeInclusive<u64> = 1..=100;
+/// A runtime's `breaker_cooldown_s`: how long an open circuit refuses dispatches.
+pub const BREAKER_COOLDOWN_S_RANGE: RangeInclusive<u64> = 1..=3600;
+/// An agent's `unreachable_grace_s`: how long a worker retries it while it is unreachable.
+pub const UNREACHABLE_GRACE_S_RANGE: RangeInclusive<u64> = 1..=600;
+
 /// Largest `resources.memory_mb`: 1 TiB. Converted to bytes (`* 1024 * 1024`) and doubled by
 /// OOM boosts, which must not overflow.
 pub const MAX_MEMORY_MB: u64 = 1024 * 1024;
@@ -66,3 +73,29 @@ pub const MAX_ALIAS_EXPANSION: usize = 100;
 
 /// Prefix of the harness contract's variables: `env`/`pass_env` may not set these.
 pub const RESERVED_ENV_PREFIX: &str = "CASEBATCH_";
+
+/// What a numeric field accepts, in the words a type error quotes: the field's own bounds
+/// (`concurrency` takes 1 to 512), not its type's (a `u32` would take 0 to 4294967295).
+/// `None` for a field with no bounds of its own. Keyed by the field's name, which is unique
+/// across the manifest's structs for every bounded field.
+pub(crate) fn expected_of_field(field: &str) -> Option<String> {
+    fn whole<T: std::fmt::Display>(r: &RangeInclusive<T>, unit: &str) -> String {
+        format!("a whole number{unit} from {} to {}", r.start(), r.end())
+    }
+    let seconds = |max: u64| format!("a whole number of seconds from 1 to {max} (7 days)");
+    Some(match field {
+        "concurrency" | "max_concurrent" => whole(&CONCURRENCY_RANGE, ""),
+        "max_retries" => whole(&MAX_RETRIES_RANGE, ""),
+        "timeout_seconds" => seconds(MAX_TIMEOUT_SECONDS),
+        "lifetime" => seconds(MAX_SANDBOX_LIFETIME_SECONDS),
+        "prepare_ahead" => whole(&(0..=MAX_PREPARE_AHEAD), ""),
+        "memory_mb" | "memory_budget_mb" => whole(&(1..=MAX_MEMORY_MB), " of MiB"),
+        "cpu" => format!("a number more than 0, up to {MAX_CPU}"),
+        "duration_ms" | "provision_ms" => whole(&(0..=MAX_FAKE_DURATION_MS), " of milliseconds"),
+        "infra_failures_first" => whole(&(0..=MAX_FAKE_INFRA_FAILURES), ""),
+        "breaker_failures" => whole(&BREAKER_FAILURES_RANGE, ""),
+        "breaker_cooldown_s" => whole(&BREAKER_COOLDOWN_S_RANGE, " of seconds"),
+        "unreachable_grace_s" => whole(&UNREACHABLE_GRACE_S_RANGE, " of seconds"),
+        _ => return None,
+    })
+}

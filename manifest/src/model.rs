@@ -163,7 +163,10 @@ pub struct Resources {
     pub memory_mb: Option<u64>,
 }
 
-/// A command: a string run by `sh -c`, or an argv list run as is.
+/// A command: a string run by `sh -c`, or an argv list run as is. A program written as a path
+/// (a list's first element, or a string's plain first word, containing `/`) is resolved
+/// against the directory of the file that writes it and must exist and be executable where
+/// the case runs on a worker's host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum CommandSpec {

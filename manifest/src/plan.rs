@@ -8,7 +8,7 @@
 //! `pass_env`) is the exception: it merges by variable name (see [`merge_environment`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -21,6 +21,7 @@ use crate::model::{
     PlannedCase, Provenance, Resources, RunSpec, RuntimeChoice, RuntimeKind, Sandbox,
     SpreadWeights, SummarySpec,
 };
+use crate::programs;
 use crate::report::{FieldPath, Report};
 use crate::runtimes::{self, Lookup, Table};
 use crate::source::sha256_hex;
@@ -73,6 +74,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
         r,
     );
     check_layer_runtimes(&runtimes, &loaded.defaults, input, r);
+    let origins = Origins::of(&loaded.defaults, input, r);
     let defaults = overlay(
         overlay(input.file_defaults.defaults.clone(), &loaded.defaults),
         &input.opts.overrides,
@@ -81,6 +83,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
 
     let mut earlier = Earlier::default();
     let mut cases = Vec::with_capacity(loaded.cases.len());
+    let mut commands = Vec::with_capacity(loaded.cases.len());
     for (index, decl) in loaded.cases.into_iter().enumerate() {
         let index = match u32::try_from(index) {
             Ok(index) if index < casebatch_proto::MAX_BATCH_CASES => index,
@@ -98,8 +101,10 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
                 break;
             }
         };
-        if let Some(case) = resolve_case(index, decl, &defaults, &runtimes, &mut earlier, r) {
+        let resolved = resolve_case(index, decl, &defaults, &origins, &runtimes, &mut earlier, r);
+        if let Some((case, resolved)) = resolved {
             cases.push(case);
+            commands.push(resolved);
         }
     }
 
@@ -130,6 +135,13 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
         .canonicalize()
         .or_else(|_| std::path::absolute(input.manifest))
         .unwrap_or_else(|_| input.manifest.to_path_buf());
+    // The fingerprint covers the commands as written, so a manifest moved with its scripts
+    // keeps its batch resumable; the plan records the programs they resolved to.
+    let fingerprint = fingerprint(&cases);
+    for (case, [harness, evaluator]) in cases.iter_mut().zip(commands) {
+        case.harness = harness;
+        case.evaluator = evaluator;
+    }
     Some(Plan {
         schema_version: PLAN_SCHEMA_VERSION.to_string(),
         batch_id,
@@ -147,7 +159,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
             prepare_ahead,
             heartbeat_every_seconds: defaults.heartbeat_every_seconds,
         },
-        fingerprint: fingerprint(&cases),
+        fingerprint,
         spread: None,
         summary: loaded.summary,
         runtimes: runtimes.specs(),
@@ -481,16 +493,23 @@ struct Earlier {
     default_harness_reported: bool,
     /// So is a default container sandbox on a runtime that cannot provide it.
     default_sandbox_reported: bool,
+    /// And a default harness or evaluator whose program cannot run.
+    default_program_reported: HashSet<Role>,
 }
+
+/// A planned case (its commands as written), and its harness and evaluator with their
+/// programs resolved (see [`resolve_programs`]).
+type ResolvedCase = (PlannedCase, [Option<CommandSpec>; 2]);
 
 fn resolve_case(
     index: u32,
     decl: CaseDecl,
     defaults: &Defaults,
+    origins: &Origins,
     runtimes: &Table,
     earlier: &mut Earlier,
     r: &mut Report,
-) -> Option<PlannedCase> {
+) -> Option<ResolvedCase> {
     let spec = &decl.spec;
     let harness = spec.harness.clone().or_else(|| defaults.harness.clone());
     // A runtime that resolves nowhere is already reported; whether it would need a harness
@@ -552,6 +571,7 @@ fn resolve_case(
         kinds.extend(runtime);
     }
     check_sandbox_runtime(&decl, defaults, &kinds, earlier, r);
+    let commands = resolve_programs(&decl, defaults, origins, &kinds, earlier, r);
     let input = case_input(&decl, r);
     let case_dir = case_dir_name(&decl.id, &mut earlier.case_dirs);
     let resources = spec
@@ -565,7 +585,7 @@ fn resolve_case(
         (defaults.env.clone(), defaults.pass_env.clone()),
         (spec.env.take().as_ref(), spec.pass_env.take().as_deref()),
     );
-    Some(PlannedCase {
+    let case = PlannedCase {
         index,
         case_id: decl.id,
         case_dir,
@@ -588,6 +608,172 @@ fn resolve_case(
             line: decl.line,
             runspec: decl.runspec,
         },
+    };
+    Some((case, commands))
+}
+
+/// The two commands whose program may be a path (the discriminant indexes
+/// [`Origins::defaults`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Role {
+    Harness = 0,
+    Evaluator = 1,
+}
+
+impl Role {
+    const BOTH: [Role; 2] = [Role::Harness, Role::Evaluator];
+
+    fn name(self) -> &'static str {
+        match self {
+            Role::Harness => "harness",
+            Role::Evaluator => "evaluator",
+        }
+    }
+
+    fn of(self, d: &Defaults) -> Option<&CommandSpec> {
+        match self {
+            Role::Harness => d.harness.as_ref(),
+            Role::Evaluator => d.evaluator.as_ref(),
+        }
+    }
+
+    fn of_spec(self, s: &RunSpec) -> Option<&CommandSpec> {
+        match self {
+            Role::Harness => s.harness.as_ref(),
+            Role::Evaluator => s.evaluator.as_ref(),
+        }
+    }
+}
+
+/// Where a command was written: the directory its relative program resolves against, and
+/// where a problem with it is reported.
+#[derive(Debug, Clone)]
+struct Origin {
+    base: PathBuf,
+    field: String,
+    line: Option<usize>,
+    /// Another file than the manifest (a defaults file, a runspec), named in the message.
+    place: Option<String>,
+}
+
+/// The origins of the commands the cases may inherit, decided once.
+struct Origins {
+    /// The manifest's directory: the base of the commands the manifest writes.
+    manifest: PathBuf,
+    /// The defaults' harness and evaluator, from the layer that wins the overlay.
+    defaults: [Option<Origin>; 2],
+}
+
+impl Origins {
+    fn of(manifest_defaults: &Defaults, input: &PlanInput<'_>, r: &Report) -> Self {
+        let manifest = runtimes::base_dir(input.manifest);
+        let file = &input.file_defaults;
+        let origin = |role: Role| {
+            let name = role.name();
+            if role.of(&input.opts.overrides).is_some() {
+                // Typed in a shell: relative to where it was typed.
+                let base = std::env::current_dir().unwrap_or_else(|_| manifest.clone());
+                return Some(Origin {
+                    base,
+                    field: format!("flags.{name} (--{name})"),
+                    line: None,
+                    place: None,
+                });
+            }
+            if role.of(manifest_defaults).is_some() {
+                let path = FieldPath::root().key("defaults").key(name);
+                return Some(Origin {
+                    base: manifest.clone(),
+                    field: path.to_string(),
+                    line: r.line_of(&path),
+                    place: None,
+                });
+            }
+            role.of(&file.defaults)?;
+            let line = match role {
+                Role::Harness => file.harness_line,
+                Role::Evaluator => file.evaluator_line,
+            };
+            let place = match line {
+                Some(line) => format!("in defaults file {} line {line}", file.file.display()),
+                None => format!("in defaults file {}", file.file.display()),
+            };
+            Some(Origin {
+                base: runtimes::base_dir(&file.file),
+                field: format!("defaults.{name}"),
+                line: None,
+                place: Some(place),
+            })
+        };
+        Origins {
+            defaults: Role::BOTH.map(origin),
+            manifest,
+        }
+    }
+
+    /// A case's own command: written in the manifest, or in its runspec.
+    fn of_case(&self, decl: &CaseDecl, role: Role, r: &Report) -> Origin {
+        let path = decl.spec_path.key(role.name());
+        let base = match &decl.runspec {
+            Some(file) => runtimes::base_dir(Path::new(file)),
+            None => self.manifest.clone(),
+        };
+        Origin {
+            base,
+            field: path.to_string(),
+            line: r.line_of(&path).or(decl.line),
+            place: decl.runspec.as_ref().map(|f| format!("in {f}")),
+        }
+    }
+}
+
+/// A case's harness and evaluator with a relative program made absolute against the
+/// directory of the file that wrote it (an attempt runs in a fresh directory of its own).
+/// Where the case runs on a worker's host (`local-process`, outside a container), a program
+/// that does not exist or cannot be executed is refused now rather than failing every
+/// attempt: at the case's own field, or once at the default it inherits. A container runs the
+/// command inside its image, and an agent on its own host: neither is resolved there (a
+/// container) or checked here.
+fn resolve_programs(
+    decl: &CaseDecl,
+    defaults: &Defaults,
+    origins: &Origins,
+    kinds: &[RuntimeKind],
+    earlier: &mut Earlier,
+    r: &mut Report,
+) -> [Option<CommandSpec>; 2] {
+    let in_container = decl
+        .spec
+        .sandbox
+        .as_ref()
+        .or(defaults.sandbox.as_ref())
+        .is_some_and(Sandbox::is_container);
+    let on_this_host = !in_container && kinds.contains(&RuntimeKind::LocalProcess);
+    Role::BOTH.map(|role| {
+        let own = role.of_spec(&decl.spec);
+        let (command, origin) = match own {
+            Some(command) => (command, origins.of_case(decl, role, r)),
+            None => match (role.of(defaults), &origins.defaults[role as usize]) {
+                (Some(command), Some(origin)) => (command, origin.clone()),
+                (command, _) => return command.cloned(),
+            },
+        };
+        if in_container {
+            return Some(command.clone());
+        }
+        let problem = programs::program(command, &origin.base)
+            .filter(|_| on_this_host)
+            .and_then(|program| programs::check(&program));
+        if let Some((message, fix)) = problem
+            && (own.is_some() || earlier.default_program_reported.insert(role))
+        {
+            let message = match &origin.place {
+                Some(place) => format!("{place}: {message}"),
+                None => message,
+            };
+            r.at_line(origin.line, origin.field.clone(), message, fix);
+        }
+        Some(programs::resolve(command, &origin.base))
     })
 }
 

@@ -40,6 +40,14 @@ impl FieldPath {
         self.0.is_empty()
     }
 
+    /// The name of the field the path ends at (`None` at a list element or the root).
+    pub(crate) fn last_key(&self) -> Option<&str> {
+        match self.0.last()? {
+            Seg::Key(k) => Some(k),
+            Seg::Index(_) => None,
+        }
+    }
+
     /// The path itself, then each shorter prefix: used to fall back to the nearest known line.
     fn prefixes(&self) -> impl Iterator<Item = FieldPath> + '_ {
         (1..=self.0.len())

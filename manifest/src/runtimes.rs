@@ -12,7 +12,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::limits::{CONCURRENCY_RANGE, MAX_MEMORY_MB, MAX_RUNTIME_NAME_LEN};
+use crate::limits::{
+    BREAKER_COOLDOWN_S_RANGE as BREAKER_COOLDOWN_S, BREAKER_FAILURES_RANGE as BREAKER_FAILURES,
+    CONCURRENCY_RANGE, MAX_MEMORY_MB, MAX_RUNTIME_NAME_LEN,
+    UNREACHABLE_GRACE_S_RANGE as UNREACHABLE_GRACE_S,
+};
 use crate::model::{RuntimeKind, RuntimeSpec};
 use crate::report::{FieldPath, Report};
 use crate::source::{self, Syntax};
@@ -33,9 +37,6 @@ pub(crate) const ENTRY_FIELDS: &[&str] = &[
     "unreachable_grace_s",
 ];
 /// Accepted `breaker_failures`, `breaker_cooldown_s` and `unreachable_grace_s`.
-const BREAKER_FAILURES: std::ops::RangeInclusive<u64> = 1..=100;
-const BREAKER_COOLDOWN_S: std::ops::RangeInclusive<u64> = 1..=3600;
-const UNREACHABLE_GRACE_S: std::ops::RangeInclusive<u64> = 1..=600;
 /// The only top-level key of a `--runtimes` file.
 const FILE_FIELDS: &[&str] = &["runtimes"];
 /// Names that need no table entry.

@@ -82,17 +82,29 @@ pub(crate) const RUNSPEC_FIELDS: &[&str] = &[
 /// A value type a single field may hold, with how to describe it to a user.
 pub(crate) trait Leaf: DeserializeOwned {
     const EXPECTED: &'static str;
+    /// A number: a field's own bounds, where it has some, describe it better than the type.
+    const NUMBER: bool = false;
 }
 
 macro_rules! leaf {
     ($($t:ty => $e:expr),* $(,)?) => { $(impl Leaf for $t { const EXPECTED: &'static str = $e; })* };
 }
 
-leaf! {
-    String => "a string",
+macro_rules! number {
+    ($($t:ty => $e:expr),* $(,)?) => { $(impl Leaf for $t {
+        const EXPECTED: &'static str = $e;
+        const NUMBER: bool = true;
+    })* };
+}
+
+number! {
     u32 => "a whole number (0 to 4294967295)",
     u64 => "a whole number",
     f64 => "a number",
+}
+
+leaf! {
+    String => "a string",
     bool => "true or false",
     Vec<String> => "a list of strings",
     BTreeMap<String, Value> => "a mapping of names to values",
@@ -120,21 +132,27 @@ pub(crate) fn describe(value: &Value) -> String {
     }
 }
 
-/// Type-check one value.
+/// Type-check one value. A number is described by its field's own bounds where it has some
+/// (`concurrency`: 1 to 512), else by its type.
 pub(crate) fn leaf<T: Leaf>(value: &Value, path: &FieldPath, r: &mut Report) -> Option<T> {
     match T::deserialize(value) {
         Ok(v) => Some(v),
         Err(_) => {
+            let expected = path
+                .last_key()
+                .filter(|_| T::NUMBER)
+                .and_then(crate::limits::expected_of_field)
+                .unwrap_or_else(|| T::EXPECTED.to_string());
             let fix = match value {
                 // The usual YAML surprise: `task_id: 123` is a number.
                 Value::Number(_) | Value::Bool(_) if T::EXPECTED == String::EXPECTED => {
                     format!("quote the value: {path}: \"{value}\"")
                 }
-                _ => format!("write {path} as {}", T::EXPECTED),
+                _ => format!("write {path} as {expected}"),
             };
             r.at(
                 path,
-                format!("expected {}, found {}", T::EXPECTED, describe(value)),
+                format!("expected {expected}, found {}", describe(value)),
                 fix,
             );
             None

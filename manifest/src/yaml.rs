@@ -99,6 +99,8 @@ pub(crate) fn load_defaults_file(file: &Path, r: &mut Report) -> Option<FileDefa
     let mut sub = Report::default();
     let defaults = read_defaults(file, &mut sub).map(|defaults| FileDefaults {
         runtime_line: sub.line_of(&FieldPath::root().key("runtime")),
+        harness_line: sub.line_of(&FieldPath::root().key("harness")),
+        evaluator_line: sub.line_of(&FieldPath::root().key("evaluator")),
         file: file.to_path_buf(),
         defaults,
     });
@@ -114,6 +116,10 @@ pub(crate) struct FileDefaults {
     pub(crate) defaults: Defaults,
     pub(crate) file: std::path::PathBuf,
     pub(crate) runtime_line: Option<usize>,
+    /// Where its `harness` and `evaluator` are written (a program they name is checked once
+    /// the cases that inherit them are known).
+    pub(crate) harness_line: Option<usize>,
+    pub(crate) evaluator_line: Option<usize>,
 }
 
 fn read_defaults(file: &Path, r: &mut Report) -> Option<Defaults> {

@@ -27,6 +27,9 @@ impl Tree {
             "cases/b.json",
             "{\"query\": \"second\", \"harness\": [\"./own.sh\"]}\n",
         );
+        // The default harness next to the manifest, b's own next to its runspec.
+        program(&dir, "run.sh");
+        program(&dir, "cases/own.sh");
         Tree {
             _tmp: tmp,
             root,
@@ -69,11 +72,16 @@ fn a_valid_batch_v1_plans_with_resolved_runspecs() {
         Some(tree.dir.join("cases/a.yaml").to_str().unwrap())
     );
     assert_eq!(a.source.line, Some(6));
-    // The case's own harness wins over the default.
+    // The case's own harness wins over the default; a program path resolves against the
+    // directory of the file that writes it: the manifest's, or the runspec's.
+    assert_eq!(
+        serde_json::to_value(&a.harness).unwrap(),
+        serde_json::json!(tree.dir.join("run.sh").display().to_string())
+    );
     let b = &plan.cases[1];
     assert_eq!(
         serde_json::to_value(&b.harness).unwrap(),
-        serde_json::json!(["./own.sh"])
+        serde_json::json!([tree.dir.join("cases/own.sh").display().to_string()])
     );
 }
 

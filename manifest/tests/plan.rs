@@ -42,7 +42,7 @@ fn a_task_sandbox_replaces_the_default_whole() {
 
 #[test]
 fn defaults_flags_and_tasks_layer_in_order() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let path = write(
         dir.path(),
         "m.yaml",
@@ -73,7 +73,9 @@ tasks:
     let mut opts = LoadOptions::default();
     opts.overrides.concurrency = Some(7);
     opts.overrides.timeout_seconds = Some(50);
-    opts.overrides.harness = Some(CommandSpec::Shell("./flag.sh".into()));
+    // Absolute: a relative flag resolves against the current directory (tests/integration).
+    let flag = program(dir.path(), "flag.sh").display().to_string();
+    opts.overrides.harness = Some(CommandSpec::Shell(flag.clone()));
     opts.batch_id = Some("from-flag".into());
     let plan = load_plan(&path, &opts).unwrap();
     assert_eq!(plan.batch_id, "from-flag");
@@ -87,10 +89,7 @@ tasks:
         plan.cases[1].timeout_seconds, 5,
         "a task's own value wins over flags"
     );
-    assert_eq!(
-        plan.cases[0].harness,
-        Some(CommandSpec::Shell("./flag.sh".into()))
-    );
+    assert_eq!(plan.cases[0].harness, Some(CommandSpec::Shell(flag)));
 }
 
 #[test]
@@ -198,7 +197,7 @@ fn fingerprint_is_stable_and_tracks_the_task_list() {
 
 #[test]
 fn provenance_names_the_file_and_its_hash() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let text = with_tasks("  - task_id: a\n");
     let path = write(dir.path(), "m.yml", &text);
     let plan = load(&path).unwrap();
@@ -214,7 +213,7 @@ fn provenance_names_the_file_and_its_hash() {
 
 #[test]
 fn max_cases_is_a_warning_not_an_error() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let path = write(
         dir.path(),
         "m.yaml",
@@ -237,17 +236,19 @@ fn max_cases_is_a_warning_not_an_error() {
 
 #[test]
 fn jsonl_records_with_aliases_defaults_file_and_extra_keys() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let path = write(
         dir.path(),
         "tasks.jsonl",
         "{\"id\": \"a 1\", \"ques\": \"q\", \"web\": \"https://w\", \"web_name\": \"W\"}\n\n{\"task_id\": \"b\", \"query\": \"q2\", \"max_steps\": 4, \"inputs\": {\"k\": 1}}\n",
     );
+    // Its program resolves against the defaults file's directory, not the manifest's.
     let defaults = write(
         dir.path(),
-        "defaults.json",
-        "{\"harness\": [\"./run\"], \"concurrency\": 5}",
+        "conf/defaults.json",
+        "{\"harness\": [\"./run\", \"--x\"], \"concurrency\": 5}",
     );
+    let run = program(dir.path(), "conf/run");
     let opts = LoadOptions {
         defaults_file: Some(defaults),
         ..LoadOptions::default()
@@ -267,6 +268,11 @@ fn jsonl_records_with_aliases_defaults_file_and_extra_keys() {
     assert_eq!(plan.cases[1].source.line, Some(3));
     assert_eq!(plan.cases[1].input["k"], 1);
     assert_eq!(plan.cases[1].input["max_steps"], 4);
+    let resolved = run.canonicalize().unwrap().display().to_string();
+    assert_eq!(
+        a.harness,
+        Some(CommandSpec::Argv(vec![resolved, "--x".into()]))
+    );
 }
 
 #[test]

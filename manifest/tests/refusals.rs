@@ -509,3 +509,106 @@ tasks:
     assert!(p.fix.contains("local-process"), "{err}");
     assert_eq!(err.problems.len(), 1, "reported once, not per case: {err}");
 }
+
+/// A program written as a path that cannot run on a worker's host is refused where it is
+/// written: once at a default however many cases inherit it, at a case's own field, in the
+/// defaults file that names it. Agents and containers run it elsewhere: not checked here.
+#[test]
+fn programs_that_cannot_run_are_refused_where_they_are_written() {
+    let err = refuse(
+        "m.yaml",
+        r#"batch_id: t
+runtimes:
+  box: {kind: agent, endpoint: "http://127.0.0.1:7301"}
+defaults:
+  harness: ./absent.sh --flag
+tasks:
+  - task_id: a
+  - task_id: b
+  - task_id: c
+    evaluator: [bin/absent-eval, --strict]
+  - task_id: on-an-agent
+    runtime: box
+    harness: ./only-on-the-agent.sh
+  - task_id: in-a-container
+    sandbox: {provider: container, template: img}
+    harness: ./only-in-the-image.sh
+  - task_id: simulated
+    runtime: fake
+    harness: ./never-run.sh
+  - task_id: shell
+    harness: printf '{}' > "$CASEBATCH_RESULT"
+"#,
+    );
+    assert_eq!(err.problems.len(), 2, "{err}");
+    let p = says(&err, "defaults.harness", "program ./absent.sh (");
+    assert_eq!(p.line, Some(5));
+    assert!(p.message.ends_with("/absent.sh) does not exist"), "{err}");
+    let p = says(&err, "tasks[2].evaluator", "program bin/absent-eval (");
+    assert_eq!(p.line, Some(10));
+
+    let dir = workspace();
+    let defaults = write(dir.path(), "conf/defaults.yaml", "\nharness: ./absent.sh\n");
+    let path = write(
+        dir.path(),
+        "tasks.jsonl",
+        "{\"id\": \"a\"}\n{\"id\": \"b\"}\n",
+    );
+    let opts = LoadOptions {
+        defaults_file: Some(defaults.clone()),
+        ..LoadOptions::default()
+    };
+    let err = casebatch_manifest::load_plan(&path, &opts).unwrap_err();
+    assert_eq!(err.problems.len(), 1, "{err}");
+    let p = says(
+        &err,
+        "defaults.harness",
+        &format!("in defaults file {} line 2: program", defaults.display()),
+    );
+    assert!(
+        p.message.contains("/conf/absent.sh) does not exist"),
+        "{err}"
+    );
+}
+
+/// A value of the wrong type is refused with what its field accepts, not what its type
+/// could hold: `concurrency` takes 1 to 512, not 0 to 4294967295.
+#[test]
+fn a_type_error_quotes_the_fields_own_limits() {
+    let err = refuse(
+        "m.yaml",
+        r#"batch_id: t
+runtimes:
+  box: {kind: agent, endpoint: "http://127.0.0.1:7301", max_concurrent: -1}
+defaults:
+  harness: ./run.sh
+  concurrency: many
+  resources: {memory_mb: 1.5, cpu: fast}
+tasks:
+  - task_id: a
+    timeout_seconds: -5
+    max_steps: lots
+"#,
+    );
+    for (field, expected) in [
+        (
+            "runtimes.box.max_concurrent",
+            "a whole number from 1 to 512",
+        ),
+        ("defaults.concurrency", "a whole number from 1 to 512"),
+        (
+            "defaults.resources.memory_mb",
+            "a whole number of MiB from 1 to 1048576",
+        ),
+        ("defaults.resources.cpu", "a number more than 0, up to 1024"),
+        (
+            "tasks[0].timeout_seconds",
+            "a whole number of seconds from 1 to 604800 (7 days)",
+        ),
+        // No bounds of its own: its type's.
+        ("tasks[0].max_steps", "a whole number (0 to 4294967295)"),
+    ] {
+        let p = says(&err, field, &format!("expected {expected}, found "));
+        assert_eq!(p.fix, format!("write {field} as {expected}"), "{err}");
+    }
+}

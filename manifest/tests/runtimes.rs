@@ -42,7 +42,7 @@ fn kinds(plan: &Plan) -> Vec<(RuntimeKind, Option<&str>)> {
 
 #[test]
 fn cases_carry_the_kind_and_the_table_name_and_built_ins_still_work() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let path = write(dir.path(), "m.yaml", TWO_AGENTS);
     let plan = load(&path).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
@@ -131,7 +131,7 @@ fn the_fingerprint_ignores_the_table_and_runtime_names() {
 
 #[test]
 fn a_runtimes_file_serves_every_manifest_shape() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let conf = write(
         dir.path(),
         "conf/runtimes.yaml",
@@ -189,7 +189,7 @@ fn a_runtimes_file_serves_every_manifest_shape() {
 
 #[test]
 fn the_runtime_flag_takes_a_table_name() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let path = write(dir.path(), "m.yaml", TWO_AGENTS);
     let mut opts = LoadOptions::default();
     opts.overrides.runtime = Some(RuntimeChoice::One("gpu".into()));
@@ -206,7 +206,7 @@ fn the_runtime_flag_takes_a_table_name() {
 
 #[test]
 fn a_name_in_both_tables_is_refused_naming_both_files() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let conf = write(
         dir.path(),
         "runtimes.yaml",
@@ -250,7 +250,7 @@ fn an_unknown_runtime_name_suggests_the_closest_and_lists_the_declared() {
 
 #[test]
 fn an_unknown_runtime_in_a_defaults_file_or_runspec_names_that_file() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let jsonl = write(dir.path(), "tasks.jsonl", "{\"id\": \"a\"}\n");
     let defaults = write(dir.path(), "d.yaml", "harness: ./run.sh\nruntime: box\n");
     let opts = LoadOptions {
@@ -396,7 +396,7 @@ fn an_agent_case_needs_a_harness() {
 
 #[test]
 fn a_broken_runtimes_file_names_the_file_line_and_field() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let manifest = write(dir.path(), "m.yaml", TWO_AGENTS);
     let conf = write(
         dir.path(),
@@ -477,7 +477,7 @@ fn dealt_to(plan: &Plan) -> Vec<&str> {
 
 #[test]
 fn a_list_of_runtimes_deals_its_cases_to_them_in_turn_and_records_the_list() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let plan = load(&write(dir.path(), "m.yaml", SPREAD)).unwrap_or_else(|e| panic!("{e}"));
     let names = dealt_to(&plan);
     // The defaults' list deals t1 t2 t4 t6 alternately; t3 names one runtime and takes no
@@ -511,7 +511,7 @@ fn a_list_of_runtimes_deals_its_cases_to_them_in_turn_and_records_the_list() {
 
 #[test]
 fn weights_deal_a_list_in_proportion_evenly_interleaved_and_keep_the_fingerprint() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let eight: String = (1..=8)
         .map(|i| format!("  - {{task_id: w{i}}}\n"))
         .collect();
@@ -585,7 +585,7 @@ fn a_list_with_an_unknown_a_repeated_or_no_runtime_is_refused_where_written() {
 
 #[test]
 fn envelopes_are_checked_and_a_case_that_could_never_fit_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let text = SPREAD.replace(
         r#"box-a: {kind: agent, endpoint: "http://127.0.0.1:7301"}"#,
         r#"box-a: {kind: agent, endpoint: "http://127.0.0.1:7301", max_concurrent: 2, memory_budget_mb: 600}"#,
@@ -619,7 +619,7 @@ fn envelopes_are_checked_and_a_case_that_could_never_fit_is_refused() {
 
 #[test]
 fn breaker_settings_and_the_unreachable_grace_are_checked() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = workspace();
     let text = SPREAD.replace(
         r#"box-a: {kind: agent, endpoint: "http://127.0.0.1:7301"}"#,
         r#"box-a: {kind: agent, endpoint: "http://127.0.0.1:7301", breaker_failures: 5, breaker_cooldown_s: 60, unreachable_grace_s: 4}"#,

@@ -14,7 +14,9 @@ fn dataset() -> PathBuf {
 
 fn with_harness() -> LoadOptions {
     let mut opts = LoadOptions::default();
-    opts.overrides.harness = Some(casebatch_manifest::CommandSpec::Shell("./agent.sh".into()));
+    opts.overrides.harness = Some(casebatch_manifest::CommandSpec::Shell(
+        "python3 agent.py".into(),
+    ));
     opts
 }
 

@@ -131,6 +131,15 @@ failure_codes! {
     Timeout => "TIMEOUT",
     /// The harness exited non-zero without declaring a failure.
     HarnessExitNonzero => "HARNESS_EXIT_NONZERO",
+    /// The harness's program was not found: exit 127 from the shell that starts it (a
+    /// missing file, or a relative path from before paths were resolved against the
+    /// manifest's directory). Class config, never retried; the message quotes stderr's first
+    /// line.
+    HarnessNotFound => "HARNESS_NOT_FOUND",
+    /// The harness's program is not executable: exit 126 from the shell that starts it (no
+    /// execute permission, a directory). Class config, never retried; the message quotes
+    /// stderr's first line.
+    HarnessNotExecutable => "HARNESS_NOT_EXECUTABLE",
     /// The harness exited 0 but its result JSON is unusable.
     HarnessBadResult => "HARNESS_BAD_RESULT",
     /// A result file (harness or evaluator) past the worker's size limit

@@ -214,6 +214,24 @@ pub fn read_text_now(path: &Path, limit: u64) -> Result<Option<String>, FileErro
     Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
 }
 
+/// The first line of an attempt's log (its first 4 KiB at most, at most 300 characters), on
+/// a blocking thread, for a failure's message. `None` when the log is missing, empty, or not
+/// a regular file.
+pub async fn first_line(path: PathBuf) -> Option<String> {
+    const HEAD: u64 = 4096;
+    const CHARS: usize = 300;
+    let read = move || {
+        // Its size does not matter: only the head is read.
+        let file = open_regular(&path, u64::MAX).ok()??;
+        let mut head = Vec::new();
+        file.take(HEAD).read_to_end(&mut head).ok()?;
+        let text = String::from_utf8_lossy(&head);
+        let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
+        Some(line.chars().take(CHARS).collect::<String>())
+    };
+    tokio::task::spawn_blocking(read).await.ok().flatten()
+}
+
 /// [`read_json_now`] on a blocking thread: the async runtime's threads never touch the file.
 pub async fn read_json<T: DeserializeOwned + Send + 'static>(
     path: PathBuf,

@@ -58,18 +58,36 @@ pub async fn read_result<T: serde::de::DeserializeOwned + Send + 'static>(
     attempt_io::read_json(path.to_path_buf(), attempt_io::max_result_bytes()).await
 }
 
-/// Classifies a finished harness: reads its result file and applies [`classify_result`].
-pub async fn classify(exit_code: i32, result_path: &Path) -> ActorReport {
-    classify_result(exit_code, &read_result::<ResultCheck>(result_path).await)
+/// Exit statuses of the shell that starts the harness when it cannot: POSIX's "found but
+/// not executable" and "not found". A program's own 126/127 says the same of a command it
+/// runs, equally a setup problem.
+const EXIT_NOT_EXECUTABLE: i32 = 126;
+const EXIT_NOT_FOUND: i32 = 127;
+
+/// Classifies a finished harness: reads its result file (and, for exit 126 or 127, the
+/// first line of its stderr log, the shell's own words) and applies [`classify_result`].
+pub async fn classify(exit_code: i32, result_path: &Path, stderr_path: &Path) -> ActorReport {
+    let result = read_result::<ResultCheck>(result_path).await;
+    let stderr = match exit_code {
+        EXIT_NOT_EXECUTABLE | EXIT_NOT_FOUND => {
+            attempt_io::first_line(stderr_path.to_path_buf()).await
+        }
+        _ => None,
+    };
+    classify_result(exit_code, &result, stderr.as_deref())
 }
 
 /// Exit 0 means the actor finished unless its result JSON declares a failure; non-zero is a
 /// harness failure unless the JSON says otherwise. A result past the size limit fails the
 /// attempt as `harness/RESULT_TOO_LARGE` whatever the exit status; any other unusable result
-/// (not JSON, not a regular file) fails an exit-0 attempt as `HARNESS_BAD_RESULT`.
+/// (not JSON, not a regular file) fails an exit-0 attempt as `HARNESS_BAD_RESULT`. Exit 126
+/// and 127 (the shell could not execute or find the program) are setup, not the harness's
+/// fault: `config/HARNESS_NOT_EXECUTABLE` and `config/HARNESS_NOT_FOUND`, never retried, with
+/// `stderr`'s first line (what the shell said) in the message.
 pub fn classify_result(
     exit_code: i32,
     result: &Result<Option<ResultCheck>, FileError>,
+    stderr: Option<&str>,
 ) -> ActorReport {
     let declared = match result {
         Ok(Some(r)) => r.failure.as_ref().map(|d| {
@@ -113,6 +131,35 @@ pub fn classify_result(
             Ok(_) => report(ActorStatus::Finished, exit_code, None),
         };
     }
+    let unrunnable = match exit_code {
+        EXIT_NOT_EXECUTABLE => Some((
+            FailureCode::HarnessNotExecutable,
+            "the harness's program is not executable (exit 126)",
+        )),
+        EXIT_NOT_FOUND => Some((
+            FailureCode::HarnessNotFound,
+            "the harness's program was not found (exit 127)",
+        )),
+        _ => None,
+    };
+    if let Some((code, what)) = unrunnable {
+        let said = stderr.map_or_else(
+            || "; stderr.log says nothing".to_string(),
+            |line| format!(": {line}"),
+        );
+        return report(
+            ActorStatus::Failed,
+            exit_code,
+            Some(Failure::config(
+                Stage::Await,
+                code,
+                format!(
+                    "{what}{said} (check the command's path and permissions; a relative path \
+                     is resolved against the manifest's directory)"
+                ),
+            )),
+        );
+    }
     let mut message = if exit_code > 128 {
         format!(
             "the harness was killed by signal {} (exit {exit_code})",
@@ -153,6 +200,7 @@ mod tests {
         classify_result(
             exit,
             &attempt_io::read_json_now(path, attempt_io::DEFAULT_MAX_RESULT_BYTES),
+            None,
         )
     }
 
@@ -185,6 +233,63 @@ mod tests {
         assert_eq!(f.code, FailureCode::HarnessBadResult);
     }
 
+    /// The shell's 126 and 127 are setup problems, quoted from stderr; a declared failure
+    /// still wins, and any other status stays the harness's.
+    #[tokio::test]
+    async fn a_program_the_shell_cannot_run_is_a_config_failure_quoting_stderr() {
+        let dir = tempfile::tempdir().unwrap();
+        let (result, stderr) = (
+            dir.path().join("result.json"),
+            dir.path().join("stderr.log"),
+        );
+        std::fs::write(&stderr, "\n  sh: 1: ./run.sh: not found\nmore\n").unwrap();
+        let f = classify(127, &result, &stderr).await.failure.unwrap();
+        assert_eq!(
+            (f.class, f.code.clone(), f.retryable),
+            (FailureClass::Config, FailureCode::HarnessNotFound, false)
+        );
+        assert!(
+            f.message
+                .contains("not found (exit 127): sh: 1: ./run.sh: not found ("),
+            "{}",
+            f.message
+        );
+
+        std::fs::write(&stderr, "sh: 1: ./run.sh: Permission denied\n").unwrap();
+        let f = classify(126, &result, &stderr).await.failure.unwrap();
+        assert_eq!(
+            (f.class, f.code.clone()),
+            (FailureClass::Config, FailureCode::HarnessNotExecutable)
+        );
+        assert!(
+            f.message.contains(": sh: 1: ./run.sh: Permission denied"),
+            "{}",
+            f.message
+        );
+
+        std::fs::remove_file(&stderr).unwrap();
+        let f = classify(127, &result, &stderr).await.failure.unwrap();
+        assert!(
+            f.message.contains("stderr.log says nothing"),
+            "{}",
+            f.message
+        );
+
+        let f = classify(125, &result, &stderr).await.failure.unwrap();
+        assert_eq!(
+            (f.class, f.code),
+            (FailureClass::Harness, FailureCode::HarnessExitNonzero)
+        );
+
+        std::fs::write(
+            &result,
+            r#"{"failure": {"class": "agent", "code": "GAVE_UP", "message": "no"}}"#,
+        )
+        .unwrap();
+        let f = classify(127, &result, &stderr).await.failure.unwrap();
+        assert_eq!((f.class, f.code.as_str()), (FailureClass::Agent, "GAVE_UP"));
+    }
+
     #[test]
     fn unsafe_and_oversized_results_classify_as_harness_failures() {
         let dir = tempfile::tempdir().unwrap();
@@ -208,7 +313,7 @@ mod tests {
 
         std::fs::write(&path, format!(r#"{{"outputs": "{}"}}"#, "x".repeat(200))).unwrap();
         for exit in [0, 1] {
-            let r = classify_result(exit, &attempt_io::read_json_now(&path, 100));
+            let r = classify_result(exit, &attempt_io::read_json_now(&path, 100), None);
             let f = r.failure.unwrap();
             assert_eq!(
                 (r.status, f.class, f.code),

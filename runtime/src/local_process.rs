@@ -317,7 +317,8 @@ impl LocalProcess {
         let mut report = if job.memory.oom_killed() {
             oom_report(job, exit)
         } else {
-            harness::classify(exit, &env.file(attempt_files::RESULT)).await
+            let stderr = env.file(attempt_files::STDERR);
+            harness::classify(exit, &env.file(attempt_files::RESULT), &stderr).await
         };
         report.adopted = adopted;
         report.memory_limit_mb = job.memory.limit_mb();

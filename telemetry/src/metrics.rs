@@ -4,10 +4,36 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use temporalio_common::telemetry::HistogramBucketOverrides;
 use temporalio_common::telemetry::metrics::{
     CoreMeter, Counter, HistogramDuration, MetricAttributes, MetricKeyValue, MetricParameters,
     NewAttributes, NoOpCoreMeter, UpDownCounter,
 };
+
+/// casebatch's histograms, by the name they are created with: the exporter appends the unit
+/// (`casebatch_stage_duration_seconds`).
+const STAGE_DURATION: &str = "casebatch_stage_duration";
+const ATTEMPT_DURATION: &str = "casebatch_attempt_duration";
+/// The SDK's histogram of how long an activity ran: a `settle` lasts as long as its harness.
+const ACTIVITY_EXECUTION_LATENCY: &str = "activity_execution_latency";
+
+/// Bucket bounds, in seconds, for durations of a stage, an attempt or an activity: 50 ms to 4
+/// hours. A harness runs for seconds to hours; the SDK's defaults stop at 10 s (60 s for
+/// activities), which puts every longer one in `+Inf`.
+pub const DURATION_BUCKETS: [f64; 18] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0,
+    3600.0, 7200.0, 14400.0,
+];
+
+/// The exporter's buckets for the histograms above (matched as a part of the metric's name).
+pub(crate) fn bucket_overrides() -> HistogramBucketOverrides {
+    HistogramBucketOverrides {
+        overrides: [STAGE_DURATION, ATTEMPT_DURATION, ACTIVITY_EXECUTION_LATENCY]
+            .into_iter()
+            .map(|name| (name.to_string(), DURATION_BUCKETS.to_vec()))
+            .collect(),
+    }
+}
 
 /// The instruments. Cloning is cheap (each is a handle).
 #[derive(Clone)]
@@ -23,6 +49,7 @@ pub struct Metrics {
     released: Counter,
     jobs_awaited: UpDownCounter,
     stage_duration: HistogramDuration,
+    attempt_duration: HistogramDuration,
     temporal_actions: Counter,
 }
 
@@ -43,6 +70,8 @@ pub struct AttemptEnd<'a> {
     pub cleanup_confirmed: bool,
     /// The runtime kind (`local-process`, `agent`, `fake`).
     pub runtime: &'a str,
+    /// From its dispatch to its end, where both are known.
+    pub duration: Option<Duration>,
 }
 
 fn params(name: &'static str, description: &'static str) -> MetricParameters {
@@ -95,8 +124,12 @@ impl Metrics {
                 "Jobs this worker is waiting on now (a settle in progress)",
             )),
             stage_duration: meter.histogram_duration(params(
-                "casebatch_stage_duration_seconds",
+                STAGE_DURATION,
                 "How long each stage activity took (start, settle, cleanup, prepare, release)",
+            )),
+            attempt_duration: meter.histogram_duration(params(
+                ATTEMPT_DURATION,
+                "How long each attempt took, from its dispatch to its end, by outcome and runtime",
             )),
             meter,
         }
@@ -118,10 +151,11 @@ impl Metrics {
     /// An attempt was closed. Call once per attempt (not again on an activity retry).
     pub fn attempt_closed(&self, end: AttemptEnd<'_>) {
         let class = end.failure_class.unwrap_or("none");
-        self.attempts.add(
-            1,
-            &self.attributes(&[("outcome", end.outcome), ("runtime", end.runtime)]),
-        );
+        let by_outcome = self.attributes(&[("outcome", end.outcome), ("runtime", end.runtime)]);
+        self.attempts.add(1, &by_outcome);
+        if let Some(took) = end.duration {
+            self.attempt_duration.record(took, &by_outcome);
+        }
         let by_runtime = self.attributes(&[("runtime", end.runtime)]);
         if end.adopted {
             self.adopted.add(1, &by_runtime);

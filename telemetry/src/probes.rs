@@ -124,10 +124,14 @@ impl Telemetry {
     /// Starts the SDK's exporter on an ephemeral loopback port and the listener on `bind`.
     /// Needs a Tokio runtime.
     pub async fn serve(listen: &Listen) -> anyhow::Result<Self> {
+        // Prometheus's conventions: `_total` on counters, and every histogram named with its
+        // unit (`_seconds`), which the SDK adds only when asked.
         let options = PrometheusExporterOptions::builder()
             .socket_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
             .counters_total_suffix(true)
+            .unit_suffix(true)
             .use_seconds_for_durations(true)
+            .histogram_bucket_overrides(crate::metrics::bucket_overrides())
             .build();
         let exporter = start_prometheus_metric_exporter(options)?;
         let listener = bind_listener(listen).await?;

@@ -335,3 +335,192 @@ tasks: [{task_id: i1}]
         "the keeper says why it stopped the engine: {log}"
     );
 }
+
+/// A batch gated on a file, so that it is still running while it is looked at. Each test
+/// gives it its own id: attempts of two batches with one id on one host share their allocation
+/// marker, and a cleanup's marker scan would reach the other's processes.
+fn gated(batch_id: &str) -> String {
+    format!(
+        r#"batch_id: {batch_id}
+defaults:
+  runtime: local-process
+  pass_env: [SANDBOX]
+  harness: 'while [ ! -e "$SANDBOX/go" ]; do sleep 0.05; done; echo "{{}}" > "$CASEBATCH_RESULT"'
+tasks:
+  - task_id: a
+  - task_id: b
+"#
+    )
+}
+
+/// The address a line of a log names after `prefix` (up to the next space).
+fn address_after(log: &str, prefix: &str) -> Option<String> {
+    let at = log.find(prefix)? + prefix.len();
+    Some(log[at..].split_whitespace().next()?.to_string())
+}
+
+/// `batch run --ui`: the embedded engine serves Temporal's Web UI on loopback, the runner
+/// prints where, and the page, loaded in headless Chromium, lists the batch's workflow.
+#[test]
+fn batch_run_ui_serves_the_web_ui_and_it_lists_the_batchs_workflow() {
+    let Some(browser) = browser_or_skip("batch_run_ui_serves_the_web_ui") else {
+        return;
+    };
+    let sb = Sandbox::engine();
+    let manifest = sb.write("ui-run.yaml", &gated("ui-run"));
+    let out = sb.out().display().to_string();
+    let mut runner = sb.spawn(
+        &[
+            "batch",
+            "run",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--output-dir",
+            &out,
+            "--ui",
+        ],
+        "run.log",
+    );
+    let mut page = None;
+    wait_until(
+        Duration::from_secs(90),
+        "the runner names the Web UI",
+        || {
+            page = address_after(&sb.read("run.log"), "Temporal Web UI: ");
+            page.is_some()
+        },
+    );
+    let page = page.unwrap();
+    assert!(
+        page.starts_with("http://127.0.0.1:") && page.ends_with("/workflows/casebatch-ui-run"),
+        "{page}"
+    );
+    // Loopback only, the UI as well as the frontend.
+    let record = engine_record(&sb.out()).expect("engine.json");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", record["pid"])).unwrap();
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let after = |flag: &str| args.iter().skip_while(|a| *a != flag).nth(1).cloned();
+    assert_eq!(after("--ui-ip").as_deref(), Some("127.0.0.1"), "{args:?}");
+    assert_eq!(after("--ip").as_deref(), Some("127.0.0.1"), "{args:?}");
+    assert!(!args.iter().any(|a| a == "--headless"), "{args:?}");
+
+    // The list of workflows, as the browser builds it from the UI's API.
+    let list = page.rsplit_once('/').unwrap().0.to_string();
+    let listed = |seen: &Result<String, String>| {
+        seen.as_ref()
+            .is_ok_and(|dom| dom.contains("casebatch-ui-run"))
+    };
+    let mut seen = Err(String::new());
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !listed(&seen) && std::time::Instant::now() < deadline {
+        seen = dom_of(&browser, &list, sb.dir.path());
+    }
+    assert!(
+        listed(&seen),
+        "the Web UI at {list} does not list the batch: {}\n{}",
+        match &seen {
+            Ok(dom) => dom.chars().take(2000).collect::<String>(),
+            Err(e) => e.clone(),
+        },
+        tail(&sb.path("run.log"), 20)
+    );
+
+    sb.write("go", "");
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(120)),
+        0,
+        "{}",
+        tail(&sb.path("run.log"), 20)
+    );
+    // The last user out stops the engine, its UI with it (its process may still be exiting
+    // when the runner is done: its command line is gone before it is).
+    wait_until(Duration::from_secs(10), "the engine stops", || {
+        !engine_alive(&record)
+    });
+}
+
+/// `engine ui` on an engine that runs headless under a batch: the engine is restarted with its
+/// UI (loopback), the batch carries on to the end, and the UI's own API lists its workflow.
+/// Once `engine ui` is stopped, the engine it held stops with it.
+#[test]
+fn engine_ui_turns_the_ui_on_under_a_running_batch_which_still_finishes() {
+    let sb = Sandbox::engine();
+    let manifest = sb.write("ui-engine.yaml", &gated("ui-engine"));
+    let out = sb.out().display().to_string();
+    let mut runner = sb.spawn(
+        &[
+            "batch",
+            "run",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--output-dir",
+            &out,
+        ],
+        "run.log",
+    );
+    let bundle = sb.bundle("ui-engine");
+    wait_until(Duration::from_secs(90), "both cases run", || {
+        ["a", "b"].iter().all(|c| {
+            bundle
+                .join(format!("cases/{c}/attempts/1/wrapper.pid"))
+                .exists()
+        })
+    });
+    let headless = engine_record(&sb.out()).expect("engine.json");
+    assert!(headless.get("ui_address").is_none(), "{headless}");
+
+    let mut ui = sb.spawn(&["engine", "ui", "--output-dir", &out], "ui.log");
+    let mut address = None;
+    wait_until(
+        Duration::from_secs(90),
+        "engine ui prints its address",
+        || {
+            address = address_after(
+                &sb.read("ui.log"),
+                "Temporal Web UI of the embedded engine at ",
+            );
+            address.is_some()
+        },
+    );
+    let address = address.unwrap();
+    let port: u16 = address.rsplit(':').next().unwrap().parse().unwrap();
+    assert!(address.starts_with("http://127.0.0.1:"), "{address}");
+    let record = engine_record(&sb.out()).expect("engine.json");
+    assert_eq!(record["ui_address"], address.as_str(), "{record}");
+    assert_eq!(record["address"], headless["address"], "same frontend port");
+    assert!(!engine_alive(&headless), "the headless server was replaced");
+    let status = sb.run(&["engine", "status", "--output-dir", &out]);
+    assert!(
+        stdout(&status).contains(&format!("Web UI at {address}")),
+        "{}",
+        stdout(&status)
+    );
+
+    // The UI server's API (what its page fetches) lists the batch's workflow.
+    wait_until(
+        Duration::from_secs(60),
+        "the UI's API lists the batch",
+        || {
+            http_get(port, "/api/v1/namespaces/default/workflows")
+                .is_some_and(|(code, body)| code == 200 && body.contains("casebatch-ui-engine"))
+        },
+    );
+
+    sb.write("go", "");
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(120)),
+        0,
+        "the batch survives the restart: {}",
+        tail(&sb.path("run.log"), 20)
+    );
+    assert!(engine_alive(&record), "engine ui still uses it");
+    assert_eq!(stop(&mut ui), 0, "{}", sb.read("ui.log"));
+    wait_until(
+        Duration::from_secs(10),
+        "the last user out stops the engine",
+        || !engine_alive(&record),
+    );
+}

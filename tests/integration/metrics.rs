@@ -1,8 +1,13 @@
 //! Metrics and probes: a worker replica serving `/metrics`, `/healthz` and `/readyz` runs a
-//! real batch; its counters move while the batch runs and match the report at the end. Its
-//! port is the kernel's pick, found the way the image's HEALTHCHECK finds it.
+//! real batch; its counters move while the batch runs and match the report at the end, and
+//! its histograms follow Prometheus's conventions, read by a standard text parser. Its port is
+//! the kernel's pick, found the way the image's HEALTHCHECK finds it. A replica whose engine
+//! does not answer yet is alive (`/healthz`) and not ready (`/readyz`) until it does.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
+
+use prometheus_parse::{Scrape, Value};
 
 use crate::support::*;
 
@@ -110,6 +115,7 @@ tasks:
         &[("stage", "settle")],
     );
     assert_eq!(settles, 4.0, "one settle per case: {text}");
+    conventional_histograms(&text, summary["attempts_total"].as_f64().unwrap());
     // The batch's count of the activities it scheduled is what the worker ran.
     let actions = &summary["temporal_actions"];
     assert_eq!(
@@ -209,4 +215,125 @@ tasks:
     );
     let rebuilt = sb.json(&sb.bundle("quiet").join("batch_summary.json"));
     assert_eq!(rebuilt["temporal_actions"], quiet);
+}
+
+/// The buckets of every duration histogram casebatch configures, in seconds: 50 ms to 4 h.
+const DURATION_BUCKETS: [f64; 18] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0,
+    3600.0, 7200.0, 14400.0,
+];
+
+/// Every histogram of a scrape (parsed by `prometheus-parse`) carries its unit in its name;
+/// casebatch's stage and attempt durations and the SDK's activity execution latency have
+/// buckets up to hours; the attempts' histogram counts every attempt.
+fn conventional_histograms(text: &str, attempts: f64) {
+    let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("a valid scrape");
+    // Per histogram: its bucket bounds (the same for every label set) and its total count.
+    let mut histograms: BTreeMap<String, (Vec<f64>, f64)> = BTreeMap::new();
+    for sample in &scrape.samples {
+        if let Value::Histogram(buckets) = &sample.value {
+            let bounds: Vec<f64> = buckets.iter().map(|b| b.less_than).collect();
+            let count = buckets.last().map_or(0.0, |b| b.count);
+            let entry = histograms
+                .entry(sample.metric.clone())
+                .or_insert((bounds.clone(), 0.0));
+            assert_eq!(entry.0, bounds, "{}: one set of buckets", sample.metric);
+            entry.1 += count;
+        }
+    }
+    assert!(!histograms.is_empty(), "no histogram parsed from:\n{text}");
+    for name in histograms.keys() {
+        assert!(
+            name.ends_with("_seconds"),
+            "histogram {name} has no unit suffix: {:?}",
+            histograms.keys()
+        );
+    }
+    let mut expected = DURATION_BUCKETS.to_vec();
+    expected.push(f64::INFINITY);
+    for name in [
+        "casebatch_stage_duration_seconds",
+        "casebatch_attempt_duration_seconds",
+        "temporal_activity_execution_latency_seconds",
+    ] {
+        let (bounds, _) = histograms
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name} in {:?}", histograms.keys()));
+        assert_eq!(bounds, &expected, "{name}'s buckets");
+    }
+    assert_eq!(
+        histograms["casebatch_attempt_duration_seconds"].1, attempts,
+        "one observation per attempt"
+    );
+}
+
+#[test]
+fn a_worker_waiting_for_its_engine_is_alive_not_ready_and_serves_once_it_answers() {
+    use nix::sys::signal::{Signal, kill};
+    let sb = Sandbox::engine();
+    let out = sb.out().display().to_string();
+    // A "cluster" that does not answer: stopped (SIGSTOP) with its port held, so that no other
+    // process can take the port while the worker waits (as one picked free and left unbound
+    // for 30 s could be).
+    let cluster = Cluster::start(&sb);
+    let server = nix::unistd::Pid::from_raw(cluster.pid() as i32);
+    kill(server, Signal::SIGSTOP).expect("SIGSTOP the cluster");
+    let addr_file = sb.path("metrics.addr");
+    let mut worker = sb.spawn(
+        &[
+            "worker",
+            "--output-dir",
+            &out,
+            "--address",
+            &cluster.address,
+            "--metrics-bind",
+            "127.0.0.1:0",
+            "--metrics-address-file",
+            addr_file.to_str().unwrap(),
+        ],
+        "worker.log",
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the listener names its address",
+        || addr_file.exists(),
+    );
+    let listener: u16 = std::fs::read_to_string(&addr_file)
+        .unwrap()
+        .trim()
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .parse()
+        .unwrap();
+    assert_eq!(
+        http_get(listener, "/healthz").map(|r| r.0),
+        Some(200),
+        "alive while it waits"
+    );
+    assert_eq!(http_get(listener, "/readyz").map(|r| r.0), Some(503));
+    // Past the first connection's bound (30 s) it says so and keeps waiting, still alive.
+    wait_until(
+        Duration::from_secs(90),
+        "the worker says it still waits",
+        || sb.read("worker.log").contains("still waiting for it"),
+    );
+    assert!(
+        worker.try_wait().unwrap().is_none(),
+        "{}",
+        sb.read("worker.log")
+    );
+    assert_eq!(http_get(listener, "/healthz").map(|r| r.0), Some(200));
+    assert_eq!(http_get(listener, "/readyz").map(|r| r.0), Some(503));
+
+    kill(server, Signal::SIGCONT).expect("SIGCONT the cluster");
+    wait_until(Duration::from_secs(60), "the worker is ready", || {
+        http_get(listener, "/readyz").map(|r| r.0) == Some(200)
+    });
+    assert!(
+        sb.read("worker.log").contains("worker polling task queues"),
+        "{}",
+        sb.read("worker.log")
+    );
+    assert_eq!(stop(&mut worker), 0, "the worker stops cleanly on SIGTERM");
 }

@@ -85,6 +85,9 @@ tasks:
     timeout_seconds: -5
   - task_id: a
   - inputs: {q: 1}
+  - {task_id: c, colour: red}
+  - {task_id: d, colour: red}
+  - {task_id: e, colour: red}
 "#,
     );
     let o = sb.validate(&manifest);

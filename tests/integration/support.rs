@@ -508,7 +508,11 @@ pub struct Cluster {
 impl Cluster {
     /// Starts it and waits until its default namespace answers.
     pub fn start(sb: &Sandbox) -> Self {
-        let port = free_port();
+        Self::start_on(sb, free_port())
+    }
+
+    /// [`Cluster::start`] on a port chosen beforehand (one a worker already waits on).
+    pub fn start_on(sb: &Sandbox, port: u16) -> Self {
         let server = Command::new(temporal_bin())
             .args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
             .args(["--log-level", "error", "--port", &port.to_string()])
@@ -606,6 +610,36 @@ pub fn browser_or_skip(test: &str) -> Option<PathBuf> {
         eprintln!("SKIPPED {test}: no Chromium found (Debian: apt-get install chromium)");
     }
     found
+}
+
+/// The DOM of a page once headless Chromium has run its scripts and fetches: for pages built
+/// in the browser, such as Temporal's Web UI. Each call is a fresh browser with a profile of
+/// its own under `dir` (one still shutting down would hold a shared profile's lock, and a
+/// second browser on it hands the page over and prints nothing). The error says what the
+/// browser printed instead.
+pub fn dom_of(browser: &Path, url: &str, dir: &Path) -> Result<String, String> {
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let profile = dir.join(format!("chromium-dom-profile-{n}"));
+    let output = Command::new(browser)
+        .args(casebatch_demo::browser::headless_args(&profile))
+        // Virtual time runs ahead while the page is idle and waits while it fetches.
+        .arg("--virtual-time-budget=15000")
+        .arg("--dump-dom")
+        .arg(url)
+        .stdin(Stdio::null())
+        .output()
+        .expect("start chromium");
+    let _ = std::fs::remove_dir_all(&profile);
+    let dom = String::from_utf8_lossy(&output.stdout).into_owned();
+    if dom.is_empty() {
+        return Err(format!(
+            "{}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(dom)
 }
 
 /// A page rendered by headless Chromium: its screenshot's pixels, RGB.

@@ -319,9 +319,16 @@ fn completions_and_a_man_page_are_generated() {
         let o = sb.run(&["completions", shell]);
         assert_exit(&o, 0);
         let script = stdout(&o);
-        // Every subcommand group and a nested command's flag are completed.
+        // Every subcommand group and a nested command's flag are completed; hidden ones
+        // (`--history-budget`, `engine keep`'s `--state-dir`) are not.
         for word in ["batch", "worker", "retry-failed", "--metrics-bind"] {
             assert!(script.contains(word), "{shell} completion lacks {word}");
+        }
+        for hidden in ["history-budget", "state-dir"] {
+            assert!(
+                !script.contains(hidden),
+                "{shell} completion offers {hidden}"
+            );
         }
     }
     let o = sb.run(&["man"]);
@@ -332,4 +339,85 @@ fn completions_and_a_man_page_are_generated() {
         "{page}"
     );
     assert!(page.contains("completions"), "{page}");
+    assert!(page.contains(".SH \"EXIT STATUS\""), "{page}");
+
+    // One page per command: every page a SUBCOMMANDS section names is there, and each says
+    // every exit status.
+    let dir = sb.path("man");
+    let o = sb.run(&["man", "--dir", dir.to_str().unwrap()]);
+    assert_exit(&o, 0);
+    let pages: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(pages.len() > 30, "{pages:?}");
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        let name = page.file_name().unwrap().to_str().unwrap();
+        assert!(text.contains(".SH \"EXIT STATUS\""), "{name}: {text}");
+        for code in 0..=6 {
+            assert!(text.contains(&format!(".TP\n{code}\n")), "{name}: {text}");
+        }
+        for reference in text.split_whitespace().filter(|w| w.ends_with("(1)")) {
+            // roff writes `-` as `\-`.
+            let name = reference.trim_end_matches("(1)").replace("\\-", "-");
+            let target = dir.join(format!("{name}.1"));
+            assert!(
+                target.exists(),
+                "{name} names {reference}: no {}",
+                target.display()
+            );
+        }
+    }
+    assert!(dir.join("casebatch-batch-run.1").exists());
+    assert!(!dir.join("casebatch-engine-keep.1").exists(), "hidden");
+    // What man(1) shows of one, where groff is installed.
+    if let Ok(shown) = std::process::Command::new("groff")
+        .args(["-man", "-Tutf8", "-P", "-cbu"])
+        .arg(dir.join("casebatch-batch-run.1"))
+        .output()
+    {
+        let shown = String::from_utf8_lossy(&shown.stdout);
+        assert!(shown.contains("EXIT STATUS"), "{shown}");
+        assert!(shown.contains("terminated"), "{shown}");
+    }
+
+    // `--help` of a nested command lists every exit code too.
+    let o = sb.run(&["batch", "run", "--help"]);
+    assert_exit(&o, 0);
+    let help = stdout(&o);
+    let codes = help.split_once("Exit codes:").map_or("", |(_, c)| c);
+    for code in 0..=6 {
+        assert!(codes.contains(&format!("\n  {code}  ")), "{help}");
+    }
+}
+
+/// `--ui` serves the embedded engine's Web UI: asked for with a cluster, it is a usage error
+/// before anything is written.
+#[test]
+fn the_web_ui_is_refused_for_a_cluster() {
+    let sb = Sandbox::new();
+    let out = sb.out().display().to_string();
+    let m = sb.write(
+        "m.yaml",
+        "batch_id: c\ndefaults: {runtime: fake}\ntasks:\n  - task_id: a\n",
+    );
+    let o = sb.run(&[
+        "batch",
+        "run",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--output-dir",
+        &out,
+        "--address",
+        "127.0.0.1:1",
+        "--ui",
+    ]);
+    assert_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("--ui serves the Web UI of the embedded engine only"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!sb.bundle("c").join("batch_plan.json").exists());
 }

@@ -20,6 +20,9 @@ pub struct EngineStatus {
     pub users: Vec<u32>,
     /// Seconds unused before its keeper stops it, when one was set.
     pub idle_timeout_secs: Option<u64>,
+    /// Its Web UI (`http://127.0.0.1:PORT`, loopback only), when it serves one
+    /// (`casebatch engine ui`, or `--ui`).
+    pub ui_address: Option<String>,
     /// The engine's database file.
     pub db: String,
     /// The engine's log file.

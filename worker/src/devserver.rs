@@ -20,6 +20,13 @@
 //! without stopping it, its keeper after an idle timeout (see [`crate::keeper`]). Readiness
 //! here is only "the port accepts connections"; the first client connection waits for a real
 //! answer (`engine.rs`).
+//!
+//! The Web UI: the server runs headless unless a command asks for its UI
+//! ([`DevServer::ensure_with`]); then it serves the UI on a second loopback port, named in
+//! `engine.json` (`ui_address`). The UI is part of the server process, so a server found
+//! running headless is restarted with it (on its port and database, under the state lock, as
+//! after any death of the server: its other users' watchers find the new one). A restart keeps
+//! the UI of the server it replaces.
 
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
@@ -94,6 +101,9 @@ pub struct EngineRecord {
     pub keeper: Option<ProcessId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_secs: Option<u64>,
+    /// Its Web UI (`http://127.0.0.1:PORT`), when it serves one; always loopback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ui_address: Option<String>,
 }
 
 impl EngineRecord {
@@ -112,6 +122,10 @@ impl EngineRecord {
 
     fn port(&self) -> Option<u16> {
         self.address.rsplit(':').next()?.parse().ok()
+    }
+
+    fn ui_port(&self) -> Option<u16> {
+        self.ui_address.as_ref()?.rsplit(':').next()?.parse().ok()
     }
 }
 
@@ -167,6 +181,12 @@ impl DevServer {
     /// Finds the server for this output root or starts one on its database (on the port it
     /// had, when that port is free), and supervises it from then on.
     pub fn ensure(output_root: &Path) -> Result<Self, DevServerError> {
+        Self::ensure_with(output_root, false)
+    }
+
+    /// [`DevServer::ensure`], with the server's Web UI on a loopback port when `ui` (a server
+    /// found running without one is restarted with it).
+    pub fn ensure_with(output_root: &Path, ui: bool) -> Result<Self, DevServerError> {
         let dir = Self::state_dir(output_root);
         std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
         let bin = std::env::var(TEMPORAL_BIN_ENV).unwrap_or_else(|_| "temporal".into());
@@ -176,6 +196,32 @@ impl DevServer {
             let lease = Lease::take(&dir).map_err(|e| io_err(&dir, e))?;
             let (port, current) = match read_record(&dir) {
                 Some(rec) if rec.is_alive() => match rec.port() {
+                    Some(port) if ui && rec.ui_address.is_none() => {
+                        // Its users' watchers see it go and, once this lock is free, find
+                        // the new one in `engine.json`.
+                        stop_engine(&rec, None);
+                        // Its port, which its users know; only the UI's may change between
+                        // tries (the server picks more ports of its own, see below).
+                        let mut tries = 1;
+                        loop {
+                            let ui_port = free_port().map_err(|e| io_err(&dir, e))?;
+                            let never = AtomicBool::new(false);
+                            match start_server(&bin, port, Some(ui_port), &dir, &never, &lock) {
+                                Ok((child, record)) => {
+                                    break (port, Current::Started { child, record });
+                                }
+                                Err(DevServerError::NotReady { .. })
+                                    if tries < FRESH_START_TRIES =>
+                                {
+                                    tries += 1;
+                                }
+                                Err(e) => {
+                                    lease.release();
+                                    return Err(e);
+                                }
+                            }
+                        }
+                    }
                     Some(port) => (port, Current::Found(rec)),
                     None => {
                         return Err(DevServerError::NotReady {
@@ -194,18 +240,28 @@ impl DevServer {
                         Some(p) if port_is_free(p) => p,
                         _ => free_port().map_err(|e| io_err(&dir, e))?,
                     };
+                    // The UI's port it had, when free: a browser tab left open finds it again.
+                    let mut ui_port = match stale.as_ref().and_then(EngineRecord::ui_port) {
+                        Some(p) if ui && port_is_free(p) && p != port => Some(p),
+                        _ if ui => Some(free_port().map_err(|e| io_err(&dir, e))?),
+                        _ => None,
+                    };
                     // A fresh start may take any port. The server picks several more ports
                     // of its own at random while starting, and one may collide with ours:
                     // then it exits, and a new port is tried.
                     let mut tries = 1;
                     loop {
-                        match start_server(&bin, port, &dir, &AtomicBool::new(false), &lock) {
+                        let never = AtomicBool::new(false);
+                        match start_server(&bin, port, ui_port, &dir, &never, &lock) {
                             Ok((child, record)) => {
                                 break (port, Current::Started { child, record });
                             }
                             Err(DevServerError::NotReady { .. }) if tries < FRESH_START_TRIES => {
                                 tries += 1;
                                 port = free_port().map_err(|e| io_err(&dir, e))?;
+                                if ui_port.is_some() {
+                                    ui_port = Some(free_port().map_err(|e| io_err(&dir, e))?);
+                                }
                             }
                             Err(e) => {
                                 lease.release();
@@ -242,6 +298,11 @@ impl DevServer {
     /// stopped by `stop`).
     pub fn started_here(&self) -> bool {
         matches!(*self.sup.current(), Current::Started { .. })
+    }
+
+    /// Where the server supervised right now serves its Web UI, if it does.
+    pub fn ui_address(&self) -> Option<String> {
+        self.record()?.ui_address
     }
 
     /// The server supervised right now (`None` while it is being replaced).
@@ -355,7 +416,14 @@ impl Supervisor {
             "the embedded Temporal dev server at {} exited; starting a new one on the same port and database",
             address(self.port)
         );
-        let (child, record) = start_server(&self.bin, self.port, &self.dir, &self.stopping, &lock)?;
+        // With the UI the server it replaces had (on its port, when free).
+        let ui = match read_record(&self.dir).and_then(|r| r.ui_port()) {
+            Some(p) if port_is_free(p) => Some(p),
+            Some(_) => Some(free_port().map_err(|e| io_err(&self.dir, e))?),
+            None => None,
+        };
+        let (child, record) =
+            start_server(&self.bin, self.port, ui, &self.dir, &self.stopping, &lock)?;
         tracing::warn!(
             "the embedded Temporal dev server is back at {} (pid {})",
             record.address,
@@ -407,13 +475,14 @@ fn search_attribute_args() -> Vec<String> {
         .collect()
 }
 
-/// Spawns a server on `port` and the state dir's database, waits until the port accepts
-/// connections, and records it in `engine.json`. Called with the state lock held (the
-/// starter and every restart share this). The lock file is opened close-on-exec, so the
-/// server never inherits the lock.
+/// Spawns a server on `port` and the state dir's database (with its Web UI on `ui`, if
+/// given), waits until its ports accept connections, and records it in `engine.json`. Called
+/// with the state lock held (the starter and every restart share this). The lock file is
+/// opened close-on-exec, so the server never inherits the lock.
 fn start_server(
     bin: &str,
     port: u16,
+    ui: Option<u16>,
     dir: &Path,
     stopping: &AtomicBool,
     _held: &StateLock,
@@ -435,11 +504,16 @@ fn start_server(
     // Under a keeper (this very binary), so the server never outlives every user of it; where
     // no keeper can run, the server alone, as before keepers.
     let kept = std::env::current_exe().and_then(|exe| {
-        Command::new(exe)
+        let mut keeper = Command::new(exe);
+        keeper
             .args(["engine", "keep", "--port", &port.to_string()])
             .arg("--state-dir")
             .arg(dir)
-            .args(["--idle-secs", &idle.as_secs().to_string()])
+            .args(["--idle-secs", &idle.as_secs().to_string()]);
+        if let Some(ui) = ui {
+            keeper.args(["--ui-port", &ui.to_string()]);
+        }
+        keeper
             .env(TEMPORAL_BIN_ENV, bin)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -452,7 +526,7 @@ fn start_server(
             tracing::warn!(
                 "the engine keeper could not start ({e}): the dev server runs without one"
             );
-            let child = server_command(bin, port, dir)
+            let child = server_command(bin, port, ui, dir)
                 .stdout(log)
                 .stderr(log_err)
                 .spawn()
@@ -494,7 +568,11 @@ fn start_server(
         if stopping.load(Ordering::SeqCst) {
             return Err(fail(&mut child, "casebatch is stopping".into()));
         }
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        let open = |p: u16| TcpStream::connect(("127.0.0.1", p)).is_ok();
+        // The UI's port must answer as a UI: one picked free may be taken by another process
+        // before the server binds it (a server's own random ports), and then this server
+        // exits while that port still accepts connections.
+        if open(port) && ui.is_none_or(serves_ui) {
             break;
         }
         if Instant::now() > deadline {
@@ -529,6 +607,7 @@ fn start_server(
         db: db.display().to_string(),
         keeper,
         idle_timeout_secs: keeper.map(|_| idle.as_secs()),
+        ui_address: ui.map(self::address),
     };
     if let Err(e) = write_record(dir, &record) {
         let _ = child.kill();
@@ -539,17 +618,24 @@ fn start_server(
 }
 
 /// The dev server's command line, on `port` and the state dir's database.
-pub(crate) fn server_command(bin: &str, port: u16, dir: &Path) -> Command {
+pub(crate) fn server_command(bin: &str, port: u16, ui: Option<u16>, dir: &Path) -> Command {
     let mut cmd = Command::new(bin);
-    server_args(&mut cmd, port, dir);
+    server_args(&mut cmd, port, ui, dir);
     cmd
 }
 
-/// The dev server's arguments (after the binary).
-pub(crate) fn server_args(cmd: &mut Command, port: u16, dir: &Path) {
-    // Loopback only: the dev server has no authentication.
-    cmd.args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
-        .args(["--port", &port.to_string()])
+/// The dev server's arguments (after the binary): headless, or with its Web UI on `ui`.
+pub(crate) fn server_args(cmd: &mut Command, port: u16, ui: Option<u16>, dir: &Path) {
+    // Loopback only, the UI too: the dev server has no authentication.
+    cmd.args(["server", "start-dev", "--ip", "127.0.0.1"]);
+    match ui {
+        // No news feed: the UI fetches nothing from outside.
+        Some(ui) => cmd
+            .args(["--ui-ip", "127.0.0.1", "--ui-port", &ui.to_string()])
+            .arg("--ui-disable-news-fetch"),
+        None => cmd.arg("--headless"),
+    };
+    cmd.args(["--port", &port.to_string()])
         .arg("--db-filename")
         .arg(dir.join(DB_FILE))
         .args(["--log-level", "warn"])
@@ -569,8 +655,8 @@ pub(crate) fn server_args(cmd: &mut Command, port: u16, dir: &Path) {
 }
 
 /// `casebatch engine keep`: the keeper of the dev server of `state_dir` (see
-/// [`crate::keeper`]). Returns the exit code.
-pub fn keep(state_dir: &Path, port: u16, idle: Duration) -> i32 {
+/// [`crate::keeper`]), with its Web UI on `ui` if given. Returns the exit code.
+pub fn keep(state_dir: &Path, port: u16, ui: Option<u16>, idle: Duration) -> i32 {
     let bin = std::env::var(TEMPORAL_BIN_ENV).unwrap_or_else(|_| "temporal".into());
     // The server dies with its keeper: `setpriv` (util-linux) sets its parent-death signal
     // and execs it, same pid. Without setpriv, stopping the engine still kills the server
@@ -582,7 +668,7 @@ pub fn keep(state_dir: &Path, port: u16, idle: Duration) -> i32 {
     } else {
         Command::new(&bin)
     };
-    server_args(&mut server, port, state_dir);
+    server_args(&mut server, port, ui, state_dir);
     keeper::keep(state_dir, server, idle)
 }
 
@@ -642,6 +728,7 @@ impl DevServer {
                 .map(|k| k.pid),
             users: keeper::live_users(&dir),
             idle_timeout_secs: record.as_ref().and_then(|r| r.idle_timeout_secs),
+            ui_address: record.as_ref().and_then(|r| r.ui_address.clone()),
             db: dir.join(DB_FILE).display().to_string(),
             log: dir.join(LOG_FILE).display().to_string(),
         }
@@ -716,6 +803,32 @@ fn sleep_unless_stopping(total: Duration, stopping: &AtomicBool) {
     }
 }
 
+/// Whether the Web UI answers on `port`: its settings API, as JSON with a 200.
+fn serves_ui(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let timeout = Some(Duration::from_secs(2));
+    if stream.set_read_timeout(timeout).is_err() || stream.set_write_timeout(timeout).is_err() {
+        return false;
+    }
+    let request = "GET /api/v1/settings HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut answer = Vec::new();
+    let _ = stream.take(64 * 1024).read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    let ok = answer
+        .lines()
+        .next()
+        .is_some_and(|status| status.starts_with("HTTP/1.") && status.contains(" 200 "));
+    ok && answer
+        .split_once("\r\n\r\n")
+        .is_some_and(|(_, body)| body.trim_start().starts_with('{'))
+}
+
 fn port_is_free(port: u16) -> bool {
     TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).is_ok()
 }
@@ -743,6 +856,7 @@ mod tests {
             db: db.into(),
             keeper: None,
             idle_timeout_secs: None,
+            ui_address: None,
         };
         assert!(
             rec(&arg0, ticks).is_alive(),
@@ -754,6 +868,34 @@ mod tests {
         );
         assert!(!rec(&arg0, ticks + 1).is_alive(), "a recycled pid");
         assert_eq!(rec(&arg0, ticks).port(), Some(7233));
+    }
+
+    /// A port taken by something else (another server's internal port, say) is not the UI.
+    #[test]
+    fn only_a_port_answering_as_the_ui_counts_as_the_ui() {
+        use std::io::{Read, Write};
+        let answer = |reply: &'static str| {
+            let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+            let port = listener.local_addr().unwrap().port();
+            std::thread::spawn(move || {
+                let (mut conn, _) = listener.accept().unwrap();
+                let mut request = [0u8; 256];
+                let _ = conn.read(&mut request);
+                let _ = conn.write_all(reply.as_bytes());
+            });
+            serves_ui(port)
+        };
+        assert!(!answer("\x00\x01 tchannel"), "not HTTP");
+        assert!(!answer("HTTP/1.0 404 Not Found\r\n\r\n{}"), "not found");
+        assert!(
+            !answer("HTTP/1.0 200 OK\r\n\r\n<html>"),
+            "not the settings API"
+        );
+        assert!(answer(
+            "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{\"Auth\":{}}"
+        ));
+        let port = free_port().unwrap();
+        assert!(!serves_ui(port), "nothing listening");
     }
 
     #[test]

@@ -44,6 +44,16 @@ pub enum EngineError {
     Insecure { address: String },
     #[error("failed to connect to Temporal at {address}: {message}")]
     Connect { address: String, message: String },
+    /// Nothing final went wrong, but nothing answered within the bound either: a caller that
+    /// is a service (a worker replica) may wait longer.
+    #[error(
+        "failed to connect to Temporal at {address}: no answer within {secs}s (last error: {last}); check the address and that the server is up"
+    )]
+    Unreachable {
+        address: String,
+        secs: u64,
+        last: String,
+    },
     #[error(
         "failed to reach the embedded Temporal dev server at {address}: it did not answer within {secs}s (last error: {last}); its log is {log}"
     )]
@@ -58,8 +68,8 @@ pub enum EngineError {
 /// Where the engine is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineTarget {
-    /// The dev server under this output root.
-    Embedded { output_root: PathBuf },
+    /// The dev server under this output root, with its Web UI on a loopback port when `ui`.
+    Embedded { output_root: PathBuf, ui: bool },
     /// A cluster; `None` fields come from Temporal's environment/profile settings.
     Cluster {
         address: Option<String>,
@@ -88,6 +98,7 @@ impl EngineTarget {
         } else {
             EngineTarget::Embedded {
                 output_root: output_root.to_path_buf(),
+                ui: false,
             }
         }
     }
@@ -106,10 +117,10 @@ impl Engine {
     /// that is the target.
     pub async fn connect(target: &EngineTarget) -> Result<Self, EngineError> {
         match target {
-            EngineTarget::Embedded { output_root } => {
+            EngineTarget::Embedded { output_root, ui } => {
                 // Blocking: may wait for the state lock and for a new server's port to open.
-                let root = output_root.clone();
-                let server = tokio::task::spawn_blocking(move || DevServer::ensure(&root))
+                let (root, ui) = (output_root.clone(), *ui);
+                let server = tokio::task::spawn_blocking(move || DevServer::ensure_with(&root, ui))
                     .await
                     .map_err(|e| EngineError::Config(format!("engine start-up failed: {e}")))??;
                 let url: temporalio_client::Url = server
@@ -177,14 +188,15 @@ impl Engine {
                 }
                 let client = connect_until_serving(conn, &ns, Mode::Cluster)
                     .await
-                    .map_err(|f| EngineError::Connect {
-                        address: addr.clone(),
-                        message: match f {
-                            Failure::Fatal(m) => m,
-                            Failure::TimedOut(m) => format!(
-                                "no answer within {}s (last error: {m}); check the address and that the server is up",
-                                CONNECT_WAIT.as_secs()
-                            ),
+                    .map_err(|f| match f {
+                        Failure::Fatal(message) => EngineError::Connect {
+                            address: addr.clone(),
+                            message,
+                        },
+                        Failure::TimedOut(last) => EngineError::Unreachable {
+                            address: addr.clone(),
+                            secs: CONNECT_WAIT.as_secs(),
+                            last,
                         },
                     })?;
                 Ok(Self {

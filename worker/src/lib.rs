@@ -11,8 +11,10 @@ pub mod engine;
 pub mod keeper;
 pub mod worker;
 
-/// Where a worker serves its metrics and probes.
-pub use casebatch_telemetry::Listen;
+/// Where a worker serves its metrics and probes, and that listener once it serves.
+pub use casebatch_telemetry::{Listen, Telemetry};
 pub use devserver::{DevServer, DevServerError, EngineStatus, StopRefused};
 pub use engine::{Engine, EngineError, EngineTarget};
-pub use worker::{Workers, build_worker, host_until, run_worker_until, worker_runtime};
+pub use worker::{
+    Workers, build_worker, host_served_until, host_until, run_worker_until, worker_runtime,
+};

@@ -34,23 +34,17 @@ pub struct Workers {
     stopping: Stopping,
 }
 
-/// The SDK runtime workers run on. With `metrics`, its worker metrics and casebatch's own are
-/// served there with `/healthz` and `/readyz` ([`Telemetry`]).
-pub async fn worker_runtime(
-    metrics: Option<&Listen>,
-) -> anyhow::Result<(Runtime, Option<Telemetry>)> {
-    let telemetry = match metrics {
-        Some(listen) => Some(Telemetry::serve(listen).await?),
-        None => None,
-    };
+/// The SDK runtime workers run on. With `telemetry`, its worker metrics land there, beside
+/// casebatch's own, served with `/healthz` and `/readyz`.
+pub fn worker_runtime(telemetry: Option<&Telemetry>) -> anyhow::Result<Runtime> {
     let mut options = RuntimeOptions::default();
-    if let Some(t) = &telemetry {
+    if let Some(t) = telemetry {
         options = RuntimeOptions::builder()
             .telemetry_options(TelemetryOptions::builder().metrics(t.meter.clone()).build())
             .build()
             .map_err(anyhow::Error::msg)?;
     }
-    Ok((Runtime::from_current_tokio(options)?, telemetry))
+    Ok(Runtime::from_current_tokio(options)?)
 }
 
 /// Builds the workers for the casebatch task queue and this host's queue, recording into
@@ -104,8 +98,26 @@ pub async fn host_until<F, T>(
 where
     F: Future<Output = T>,
 {
-    let (runtime, telemetry) = worker_runtime(metrics).await?;
-    let mut workers = build_worker(&runtime, client, telemetry.as_ref())?;
+    let telemetry = match metrics {
+        Some(listen) => Some(Telemetry::serve(listen).await?),
+        None => None,
+    };
+    host_served_until(client, telemetry.as_ref(), until).await
+}
+
+/// [`host_until`] with a listener already serving: a worker replica starts it before it
+/// connects, so `/healthz` answers from its first moment while `/readyz` waits for the
+/// engine.
+pub async fn host_served_until<F, T>(
+    client: Client,
+    telemetry: Option<&Telemetry>,
+    until: F,
+) -> anyhow::Result<T>
+where
+    F: Future<Output = T>,
+{
+    let runtime = worker_runtime(telemetry)?;
+    let mut workers = build_worker(&runtime, client, telemetry)?;
     run_worker_until(&mut workers, until).await
 }
 

@@ -1,11 +1,11 @@
 //! `casebatch config schema`, `casebatch completions`, `casebatch man`: what describes the CLI
 //! and its input rather than running anything.
 
-use clap::CommandFactory;
+use std::path::Path;
 
+use casebatch_cli::manual;
 use casebatch_views::ViewKind;
 
-use crate::cli::Cli;
 use crate::exit::{CliError, CliResult, Exit};
 
 pub fn schema(kind: ViewKind) -> CliResult {
@@ -18,14 +18,21 @@ pub fn schema(kind: ViewKind) -> CliResult {
 }
 
 pub fn completions(shell: clap_complete::Shell) -> CliResult {
-    let mut command = Cli::command();
-    clap_complete::generate(shell, &mut command, "casebatch", &mut std::io::stdout());
+    manual::completions(shell, &mut std::io::stdout());
     Ok(Exit::Success)
 }
 
-pub fn man() -> CliResult {
-    clap_mangen::Man::new(Cli::command())
-        .render(&mut std::io::stdout())
-        .map_err(|e| CliError::usage(format!("failed to write the man page: {e}")))?;
+/// The top page on stdout, or every command's page into `dir` (each file named on stderr).
+pub fn man(dir: Option<&Path>) -> CliResult {
+    let Some(dir) = dir else {
+        manual::man_page(&mut std::io::stdout())
+            .map_err(|e| CliError::usage(format!("failed to write the man page: {e}")))?;
+        return Ok(Exit::Success);
+    };
+    let written = manual::man_pages(dir).map_err(|e| CliError {
+        exit: Exit::Output,
+        message: format!("failed to write the man pages into {}: {e}", dir.display()),
+    })?;
+    eprintln!("{} man pages in {}", written.len(), dir.display());
     Ok(Exit::Success)
 }

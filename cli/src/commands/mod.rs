@@ -71,12 +71,14 @@ pub async fn dispatch(command: Command) -> CliResult {
             engine::status(&output_dir, json)
         }
         Command::Engine(EngineCommand::Stop { output_dir }) => engine::stop(&output_dir),
+        Command::Engine(EngineCommand::Ui { output_dir }) => engine::ui(&output_dir).await,
         Command::Engine(EngineCommand::Keep {
             state_dir,
             port,
             idle_secs,
-        }) => engine::keep(&state_dir, port, idle_secs),
+            ui_port,
+        }) => engine::keep(&state_dir, port, idle_secs, ui_port),
         Command::Completions { shell } => config::completions(shell),
-        Command::Man => config::man(),
+        Command::Man { dir } => config::man(dir.as_deref()),
     }
 }

@@ -1,7 +1,7 @@
 //! `batch run`, `batch resume`, `batch rerun` and `run --case`: one library call each, with
 //! live progress drawn while the batch runs.
 
-use casebatch_control::{DriveOptions, Requeue, ResumeRequest, RunRequest};
+use casebatch_control::{DriveOptions, EngineChoice, Requeue, ResumeRequest, RunRequest};
 
 use crate::cli::{RerunArgs, ResumeArgs, RunArgs, SingleRunArgs};
 use crate::exit::{CliResult, Exit};
@@ -28,7 +28,10 @@ pub async fn run(args: RunArgs) -> CliResult {
     let request = RunRequest {
         manifest,
         output_dir: args.output_dir,
-        engine: args.engine.choice(),
+        engine: EngineChoice {
+            ui: args.ui,
+            ..args.engine.choice()
+        },
         drive: DriveOptions {
             without_worker: args.no_worker,
             history_budget: args.history_budget,
@@ -57,7 +60,10 @@ pub async fn run_one(args: SingleRunArgs) -> CliResult {
     let request = RunRequest {
         manifest: args.manifest.input()?,
         output_dir: args.output_dir,
-        engine: args.engine.choice(),
+        engine: EngineChoice {
+            ui: args.ui,
+            ..args.engine.choice()
+        },
         drive: DriveOptions::default(),
     };
     let mut progress = Progress::default();
@@ -87,6 +93,7 @@ pub async fn rerun(args: RerunArgs) -> CliResult {
         batch: args.batch,
         no_worker: args.no_worker,
         retry_failed: false,
+        ui: false,
     };
     resume_with(resume, requeue).await
 }
@@ -94,7 +101,10 @@ pub async fn rerun(args: RerunArgs) -> CliResult {
 async fn resume_with(args: ResumeArgs, requeue: Requeue) -> CliResult {
     let request = ResumeRequest {
         location: args.batch.location()?,
-        engine: args.batch.engine.choice(),
+        engine: EngineChoice {
+            ui: args.ui,
+            ..args.batch.engine.choice()
+        },
         drive: DriveOptions {
             without_worker: args.no_worker,
             requeue,

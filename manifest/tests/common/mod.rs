@@ -20,13 +20,41 @@ pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     path
 }
 
+/// An executable stub at `dir/rel`: a program a manifest names by path must exist and be
+/// executable (the harness preflight), as it would in a real workspace.
+pub fn program(dir: &Path, rel: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = write(dir, rel, "#!/bin/sh\n");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// The programs the manifests of these tests name by relative path, next to them.
+pub const PROGRAMS: &[&str] = &["run.sh", "run", "x", "manifest.sh", "own.sh"];
+
+/// Stubs of [`PROGRAMS`] in `dir`.
+pub fn programs(dir: &Path) {
+    for name in PROGRAMS {
+        program(dir, name);
+    }
+}
+
+/// A fresh temp dir holding [`PROGRAMS`], for a test that writes its manifests there.
+pub fn workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    programs(dir.path());
+    dir
+}
+
 pub fn load(path: &Path) -> Result<Plan, ManifestError> {
     load_plan(path, &LoadOptions::default())
 }
 
-/// A manifest in a fresh temp dir, loaded with default options; must be refused.
+/// A manifest in a fresh temp dir (with [`PROGRAMS`]), loaded with default options; must be
+/// refused.
 pub fn refuse(name: &str, text: &str) -> ManifestError {
     let dir = tempfile::tempdir().unwrap();
+    programs(dir.path());
     let path = write(dir.path(), name, text);
     match load(&path) {
         Ok(plan) => panic!("{name} was accepted: {plan:#?}"),
@@ -34,9 +62,11 @@ pub fn refuse(name: &str, text: &str) -> ManifestError {
     }
 }
 
-/// A manifest in a fresh temp dir, loaded with default options; must be accepted.
+/// A manifest in a fresh temp dir (with [`PROGRAMS`]), loaded with default options; must be
+/// accepted.
 pub fn accept(name: &str, text: &str) -> Plan {
     let dir = tempfile::tempdir().unwrap();
+    programs(dir.path());
     let path = write(dir.path(), name, text);
     load(&path).unwrap_or_else(|e| panic!("{e}"))
 }
