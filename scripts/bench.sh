@@ -305,8 +305,14 @@ huge_batch() {
 containers_vs_podman_run() {
   : "${DOCKER_HOST:?export DOCKER_HOST=\$(bash scripts/container-engine.sh)}"
   local image=localhost/casebatch-test-busybox:1
+  # The same limits casebatch gives its containers (the engine process's own): these
+  # machines refuse podman's defaults.
+  local service limits
+  service=$(pgrep -f "podman system service" | head -1)
+  limits=$(awk '/^Max open files/ {printf "--ulimit nofile=%s:%s ", $4, $5}
+                /^Max processes/ {printf "--ulimit nproc=%s:%s ", $3, $4}' "/proc/$service/limits")
   SANDBOX_IMAGE=$image C=16 scenario "container sandbox, trivial command (true)" local-process \
-    'true' "${N_CONTAINERS:-200}" "podman --url $DOCKER_HOST run --rm $image true"
+    'true' "${N_CONTAINERS:-200}" "podman --url $DOCKER_HOST run --rm $limits $image true"
 }
 
 if [ "${ONLY:-}" = huge ]; then huge_batch; exit 0; fi

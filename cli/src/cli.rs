@@ -269,6 +269,18 @@ pub enum BatchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Plan the batch and write its bundle as `run` does, then print its next run as a start
+    /// request (JSON: workflow id and type, task queue, memo, search attributes, input) for any
+    /// Temporal SDK to send; the run so started is a normal batch. Refused while it runs.
+    Prepare {
+        #[command(flatten)]
+        manifest: ManifestArgs,
+        /// Root of result bundles (`<output-dir>/<batch_id>/`).
+        #[arg(long, default_value = "logs/batch")]
+        output_dir: PathBuf,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
     /// Run a batch to the end (or until drained), writing the result bundle as cases finish.
     Run(RunArgs),
     /// Continue a drained, paused or interrupted batch; a completed batch is left as is.

@@ -51,7 +51,9 @@ pub use options::DriveOptions;
 pub use replica::Replica;
 pub use requeue::Requeue;
 pub use retry_failed::{PreparedRetry, RetryRequest};
-pub use run::{ManifestInput, Planned, ResumeRequest, RunRequest, plan, resume, run, run_case};
+pub use run::{
+    ManifestInput, Planned, ResumeRequest, RunRequest, plan, prepare_start, resume, run, run_case,
+};
 pub use run_history::{
     HISTORY_DB_ENV, HistoryView, index_path as history_index_path, show as history_view,
 };

@@ -7,13 +7,16 @@ use std::path::{Path, PathBuf};
 use casebatch_bundle::Bundle;
 use casebatch_manifest::{LoadOptions, Plan, load_plan};
 
+use crate::carry::carried;
 use crate::drive::drive;
 use crate::error::{ControlError, Result};
 use crate::events::Observer;
 use crate::finish::RunReport;
 use crate::location::{BatchLocation, EngineChoice, absolute};
 use crate::options::DriveOptions;
-use crate::{prepare, run_history, workflow};
+use crate::workflow::Presence;
+use crate::{prepare, run_history, start, workflow};
+use casebatch_views::StartRequest;
 
 /// A manifest and how to read it.
 #[derive(Debug, Clone)]
@@ -118,6 +121,32 @@ async fn launch(req: RunRequest, mut plan: Plan, observer: &mut dyn Observer) ->
     prepare::write_run_config(&bundle, &plan, &engine, &choice)?;
     // Start or attach, follow, finish.
     drive(engine, bundle, plan, req.drive, observer).await
+}
+
+/// `batch prepare`: plans the batch and writes its bundle as `run` does, then returns its next
+/// run as a start request for another client to send (the ownership checks come first, and a
+/// running batch is refused: its next run can only start once it has ended).
+pub async fn prepare_start(req: RunRequest) -> Result<(Bundle, StartRequest)> {
+    let mut plan = req.manifest.load()?;
+    let root = absolute(&req.output_dir)?;
+    let bundle = Bundle::new(&root, &plan.batch_id);
+    prepare::check_same_task_list(&bundle, &plan)?;
+    run_history::weigh(&mut plan, &bundle, req.drive.history_db.as_deref());
+    let choice = req.engine.for_batch(&bundle)?;
+    let engine = choice.connect(&root).await?;
+    let handle = workflow::handle(&engine.client, &plan);
+    let found = workflow::claim(&engine.client, &bundle, &plan).await?;
+    if found == Presence::Running {
+        return Err(ControlError::StillRunning {
+            batch_id: plan.batch_id.clone(),
+            action: "prepare a start of",
+        });
+    }
+    prepare::write_plan(&bundle, &plan, &req.manifest.path)?;
+    prepare::write_run_config(&bundle, &plan, &engine, &choice)?;
+    let carried = carried(&handle, found, &bundle, &plan).await?;
+    let request = start::request(&handle, &bundle, &plan, carried, &req.drive).await?;
+    Ok((bundle, request))
 }
 
 /// Continues a batch from its bundle's saved plan (never a re-read manifest).

@@ -1,6 +1,7 @@
 //! Starting a new run of the batch's workflow: its input, its memo (who started what, from
 //! where) and its first search attributes, where the namespace has them.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use casebatch_bundle::Bundle;
@@ -8,6 +9,7 @@ use casebatch_manifest::Plan;
 use casebatch_proto::visibility::{memo, outcome, search_attr};
 use casebatch_proto::{BatchInput, Carried, Counts, TASK_QUEUE};
 use casebatch_runtime::local_process::hostname;
+use casebatch_views::StartRequest;
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::{Client, WorkflowIdConflictPolicy, WorkflowStartOptions, tonic};
 use temporalio_common::MemoValues;
@@ -20,6 +22,10 @@ use crate::events::{DriveEvent, Observer};
 use crate::input::batch_input;
 use crate::options::DriveOptions;
 use crate::workflow::Handle;
+use serde_json::json;
+
+/// The batch workflow's type name as the SDK registers it (the struct's name).
+pub(crate) const WORKFLOW_TYPE: &str = "BatchWorkflow";
 
 /// Starts a new run carrying `carried`. A run that appeared since the ownership check is
 /// refused by the engine (the id conflict policy), never attached to silently.
@@ -60,17 +66,11 @@ fn start_options(
     input: &BatchInput,
 ) -> WorkflowStartOptions {
     let mut memo = MemoValues::new();
-    memo.insert(memo::MANIFEST, plan.provenance.manifest_path.clone())
-        .insert(memo::OWNER, user_at_host())
-        .insert(memo::CASES, plan.cases.len())
-        .insert(memo::FINGERPRINT, plan.fingerprint.clone())
-        .insert(memo::BUNDLE_DIR, bundle.root().display().to_string());
+    for (key, value) in memo_fields(bundle, plan) {
+        memo.insert(key, value);
+    }
     let attributes = input.search_attributes.then(|| {
-        let counts = input
-            .carried
-            .as_ref()
-            .map(|c| Counts::of(&c.slots))
-            .unwrap_or_default();
+        let counts = first_counts(input);
         SearchAttributes::new([
             SearchAttributeKey::keyword(search_attr::BATCH_ID).value_set(plan.batch_id.clone()),
             SearchAttributeKey::keyword(search_attr::OUTCOME).value_set(outcome::RUNNING.into()),
@@ -84,6 +84,64 @@ fn start_options(
         .memo(memo)
         .maybe_search_attributes(attributes)
         .build()
+}
+
+/// The memo of a run: who started what, from where.
+fn memo_fields(bundle: &Bundle, plan: &Plan) -> BTreeMap<String, serde_json::Value> {
+    BTreeMap::from([
+        (memo::MANIFEST.into(), json!(plan.provenance.manifest_path)),
+        (memo::OWNER.into(), json!(user_at_host())),
+        (memo::CASES.into(), json!(plan.cases.len())),
+        (memo::FINGERPRINT.into(), json!(plan.fingerprint)),
+        (
+            memo::BUNDLE_DIR.into(),
+            json!(bundle.root().display().to_string()),
+        ),
+    ])
+}
+
+/// The counts a new run starts from: those it carries.
+fn first_counts(input: &BatchInput) -> Counts {
+    input
+        .carried
+        .as_ref()
+        .map(|c| Counts::of(&c.slots))
+        .unwrap_or_default()
+}
+
+/// The next run of the batch as a start request any Temporal SDK can send (`batch prepare`):
+/// the same input, memo and search attributes as [`start`] would use.
+pub(crate) async fn request(
+    handle: &Handle,
+    bundle: &Bundle,
+    plan: &Plan,
+    carried: Option<Carried>,
+    opts: &DriveOptions,
+) -> Result<StartRequest> {
+    let client = handle.client();
+    let visible = search_attributes_registered(client).await;
+    let input = batch_input(bundle, plan, carried, opts, visible)?;
+    let search_attributes = if visible {
+        let counts = first_counts(&input);
+        BTreeMap::from([
+            (search_attr::BATCH_ID.into(), json!(plan.batch_id)),
+            (search_attr::OUTCOME.into(), json!(outcome::RUNNING)),
+            (search_attr::SUCCEEDED.into(), json!(counts.succeeded)),
+            (search_attr::FAILED.into(), json!(counts.failed)),
+        ])
+    } else {
+        BTreeMap::new()
+    };
+    Ok(StartRequest {
+        namespace: client.options().namespace.clone(),
+        workflow_id: handle.info().workflow_id.clone(),
+        workflow_type: WORKFLOW_TYPE.into(),
+        task_queue: TASK_QUEUE.into(),
+        id_conflict_policy: "fail".into(),
+        memo: memo_fields(bundle, plan),
+        search_attributes,
+        input,
+    })
 }
 
 /// `user@host` of this process: `USER`, else `LOGNAME`, else the passwd name of its uid.

@@ -63,6 +63,12 @@ tasks: [{task_id: good}, {task_id: bad}]
             "--json",
         ]),
     );
+    // The start request (and in it the workflow's input) `batch prepare` prints, before the run.
+    conforms(
+        &sb,
+        "start-request",
+        &sb.run(&["batch", "prepare", "--manifest", m, "--output-dir", out]),
+    );
     let run = sb.run(&[
         "batch",
         "run",

@@ -27,6 +27,7 @@ mod replicas;
 mod reports;
 mod result_files;
 mod retry;
+mod sdk_start;
 mod shared_cluster;
 mod snapshots;
 mod stalls;

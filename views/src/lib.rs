@@ -13,6 +13,7 @@ pub mod manifest;
 pub mod operate;
 pub mod run;
 pub mod run_history;
+pub mod start;
 
 use schemars::{JsonSchema, generate::SchemaSettings};
 use serde_json::Value;
@@ -24,6 +25,7 @@ pub use manifest::{PlanView, ValidateView};
 pub use operate::{ControlView, Effect};
 pub use run::{RunEnd, RunView};
 pub use run_history::HistoryView;
+pub use start::StartRequest;
 
 const SCHEMA_BASE: &str = "https://casebatch.dev/schemas";
 
@@ -57,11 +59,15 @@ pub enum ViewKind {
     History,
     /// `engine status --json`.
     EngineStatus,
+    /// `batch prepare --json`: a start request for any Temporal SDK.
+    StartRequest,
+    /// The batch workflow's input (`input` of a start request).
+    WorkflowInput,
 }
 
 impl ViewKind {
     /// Every kind, in the order of `--kind`'s help.
-    pub const ALL: [ViewKind; 12] = [
+    pub const ALL: [ViewKind; 14] = [
         ViewKind::Batch,
         ViewKind::Validate,
         ViewKind::Plan,
@@ -74,6 +80,8 @@ impl ViewKind {
         ViewKind::BatchHistory,
         ViewKind::History,
         ViewKind::EngineStatus,
+        ViewKind::StartRequest,
+        ViewKind::WorkflowInput,
     ];
 
     /// The kebab-case name `--kind` takes.
@@ -91,6 +99,8 @@ impl ViewKind {
             ViewKind::BatchHistory => "batch-history",
             ViewKind::History => "history",
             ViewKind::EngineStatus => "engine-status",
+            ViewKind::StartRequest => "start-request",
+            ViewKind::WorkflowInput => "workflow-input",
         }
     }
 
@@ -109,6 +119,8 @@ impl ViewKind {
             ViewKind::BatchHistory => schema_of::<BatchHistoryView>(self),
             ViewKind::History => schema_of::<HistoryView>(self),
             ViewKind::EngineStatus => schema_of::<EngineStatus>(self),
+            ViewKind::StartRequest => schema_of::<StartRequest>(self),
+            ViewKind::WorkflowInput => schema_of::<casebatch_proto::BatchInput>(self),
         }
     }
 }

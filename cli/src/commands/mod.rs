@@ -27,6 +27,11 @@ pub async fn dispatch(command: Command) -> CliResult {
                 output_dir,
                 json,
             } => manifest::plan(&manifest, &output_dir, json),
+            BatchCommand::Prepare {
+                manifest,
+                output_dir,
+                engine,
+            } => run::prepare(&manifest, output_dir, &engine).await,
             BatchCommand::Run(args) => run::run(args).await,
             BatchCommand::Resume(args) => run::resume(args).await,
             BatchCommand::Rerun(args) => run::rerun(args).await,

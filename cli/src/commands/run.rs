@@ -3,7 +3,9 @@
 
 use casebatch_control::{DriveOptions, EngineChoice, Requeue, ResumeRequest, RunRequest};
 
-use crate::cli::{RerunArgs, ResumeArgs, RunArgs, SingleRunArgs};
+use std::path::PathBuf;
+
+use crate::cli::{EngineArgs, ManifestArgs, RerunArgs, ResumeArgs, RunArgs, SingleRunArgs};
 use crate::exit::{CliResult, Exit};
 use crate::render::{self, Progress};
 
@@ -70,6 +72,31 @@ pub async fn run_one(args: SingleRunArgs) -> CliResult {
     let report = casebatch_control::run_case(request, &args.case_id, &mut progress).await;
     progress.finish();
     Ok(render::run_report(&report?))
+}
+
+/// `batch prepare`: the bundle written, the start request on stdout.
+pub async fn prepare(
+    manifest: &ManifestArgs,
+    output_dir: PathBuf,
+    engine: &EngineArgs,
+) -> CliResult {
+    let request = RunRequest {
+        manifest: manifest.input()?,
+        output_dir,
+        engine: engine.choice(),
+        drive: DriveOptions::default(),
+    };
+    let (bundle, start) = casebatch_control::prepare_start(request).await?;
+    render::json(&start);
+    // stdout is the request alone, for a program to read.
+    eprintln!(
+        "prepared batch {} in {}: start it with the request printed (workflow {} on task queue {})",
+        start.input.batch_id,
+        bundle.root().display(),
+        start.workflow_id,
+        start.task_queue
+    );
+    Ok(Exit::Success)
 }
 
 pub async fn resume(args: ResumeArgs) -> CliResult {
