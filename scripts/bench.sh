@@ -83,8 +83,28 @@ run_batch() {
   done
   wait "$pid" || { echo "batch $name failed:"; cat "$WORK/$name.log"; exit 1; }
   t1=$(now)
+  local cost
+  cost=$(bundle_cost "$(ls -d "$out"/*/ | head -1)")
   [ -n "${KEEP_OUT:-}" ] || rm -rf "$out"
-  echo "$(calc "$t1 - $t0") $cpu $ecpu $peak"
+  echo "$(calc "$t1 - $t0") $cpu $ecpu $peak $cost"
+}
+
+# "actions-per-case inodes-per-attempt" of a finished bundle: the Temporal actions its
+# workflow counted, and the files and directories its attempts made.
+bundle_cost() {
+  python3 - "$1" <<'PY'
+import json, os, sys
+root = sys.argv[1]
+s = json.load(open(os.path.join(root, "batch_summary.json")))
+actions = sum((s.get("temporal_actions") or {}).values())
+inodes = 0
+cases = os.path.join(root, "cases")
+for case in os.listdir(cases):
+    attempts = os.path.join(cases, case, "attempts")
+    for _, dirs, files in os.walk(attempts):
+        inodes += len(dirs) + len(files)
+print(f"{actions / max(s['total'], 1):.2f} {inodes / max(s['attempts_total'], 1):.1f}")
+PY
 }
 
 xargs_run() { # count concurrency command
@@ -98,12 +118,13 @@ xargs_run() { # count concurrency command
 # scenario label runtime harness count [baseline command]: RUNS rounds, medians printed;
 # the median cases/s is left in $RATE for comparisons.
 scenario() {
-  local label=$1 runtime=$2 harness=$3 count=$4 base_cmd=${5:-} f r walls="" ratios="" cpus="" ecpus="" peaks=""
+  local label=$1 runtime=$2 harness=$3 count=$4 base_cmd=${5:-} f r walls="" ratios="" cpus="" ecpus="" peaks="" acts="" inodes=""
   f=$(manifest "b$RANDOM" "$runtime" "$harness" "$count" "$C")
   for _ in $(seq 1 "$RUNS"); do
     r=$(run_batch "$(basename "$f" .yaml)" "$f")
     set -- $r
     walls+="$1"$'\n'; cpus+="$2"$'\n'; ecpus+="$3"$'\n'; peaks+="$4"$'\n'
+    acts+="$5"$'\n'; inodes+="$6"$'\n'
     if [ -n "$base_cmd" ]; then
       ratios+="$(calc "$1 / $(xargs_run "$count" "$C" "$base_cmd")")"$'\n'
     fi
@@ -114,8 +135,11 @@ scenario() {
   RATE=$(calc "$count / $wall")
   printf "%-40s %6d cases %7.2fs %7.1f cases/s" "$label" "$count" "$wall" "$RATE"
   [ -n "$ratios" ] && printf " · %.2fx xargs -P %s" "$(printf "%s" "$ratios" | median)" "$C"
-  printf " · CPU runner %.1fs (%.1f ms/case), server %.1fs · peak %d MB\n" \
-    "$cpu" "$(calc "1000 * $cpu / $count")" "$ecpu" "$(calc "int($peak / 1024)")"
+  printf " · CPU runner %.1fs (%.1f ms/case), server %.1fs (%.1f ms/case) · peak %d MB" \
+    "$cpu" "$(calc "1000 * $cpu / $count")" "$ecpu" "$(calc "1000 * $ecpu / $count")" \
+    "$(calc "int($peak / 1024)")"
+  printf " · %.2f actions/case · %.1f inodes/attempt\n" \
+    "$(printf "%s" "$acts" | median)" "$(printf "%s" "$inodes" | median)"
 }
 
 # Starts `casebatch agent` NAME on a free loopback port; prints "pid address". A restart on
