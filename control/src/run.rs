@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use casebatch_bundle::Bundle;
 use casebatch_manifest::{LoadOptions, Plan, load_plan};
+use casebatch_views::StartRequest;
+use casebatch_worker::Engine;
 
 use crate::carry::carried;
 use crate::drive::drive;
@@ -16,7 +18,6 @@ use crate::location::{BatchLocation, EngineChoice, absolute};
 use crate::options::DriveOptions;
 use crate::workflow::Presence;
 use crate::{prepare, run_history, start, workflow};
-use casebatch_views::StartRequest;
 
 /// A manifest and how to read it.
 #[derive(Debug, Clone)]
@@ -105,7 +106,46 @@ fn one_case(mut plan: Plan, case_id: &str, manifest: &Path) -> Result<Plan> {
 
 /// A batch from a manifest. Another task list under its id, or someone else's workflow, is
 /// refused before anything is written.
-async fn launch(req: RunRequest, mut plan: Plan, observer: &mut dyn Observer) -> Result<RunReport> {
+async fn launch(req: RunRequest, plan: Plan, observer: &mut dyn Observer) -> Result<RunReport> {
+    let claimed = claim(&req, plan, false).await?;
+    // Start or attach, follow, finish.
+    drive(
+        claimed.engine,
+        claimed.bundle,
+        claimed.plan,
+        req.drive,
+        observer,
+    )
+    .await
+}
+
+/// `batch prepare`: plans the batch and writes its bundle as `run` does, then returns its next
+/// run as a start request for another client to send (the ownership checks come first, and a
+/// running batch is refused: its next run can only start once it has ended).
+pub async fn prepare_start(req: RunRequest) -> Result<(Bundle, StartRequest)> {
+    let Claimed {
+        bundle,
+        plan,
+        engine,
+        found,
+    } = claim(&req, req.manifest.load()?, true).await?;
+    let handle = workflow::handle(&engine.client, &plan);
+    let carried = carried(&handle, found, &bundle, &plan).await?;
+    let request = start::request(&handle, &bundle, &plan, carried, &req.drive).await?;
+    Ok((bundle, request))
+}
+
+/// A batch from a manifest, its bundle's input files written, on the engine it runs on.
+struct Claimed {
+    bundle: Bundle,
+    plan: Plan,
+    engine: Engine,
+    /// Its workflow, proven to be this batch's.
+    found: Presence,
+}
+
+/// What `launch` and `prepare_start` do before the start: locate, plan, claim, write.
+async fn claim(req: &RunRequest, mut plan: Plan, refuse_running: bool) -> Result<Claimed> {
     // Locate the bundle; another task list under its id is refused first.
     let root = absolute(&req.output_dir)?;
     let bundle = Bundle::new(&root, &plan.batch_id);
@@ -115,38 +155,22 @@ async fn launch(req: RunRequest, mut plan: Plan, observer: &mut dyn Observer) ->
     // Locate the engine the batch runs on; someone else's workflow under its id is refused.
     let choice = req.engine.for_batch(&bundle)?;
     let engine = choice.connect(&root).await?;
-    workflow::claim(&engine.client, &bundle, &plan).await?;
-    // Prepare the bundle: its input files.
-    prepare::write_plan(&bundle, &plan, &req.manifest.path)?;
-    prepare::write_run_config(&bundle, &plan, &engine, &choice)?;
-    // Start or attach, follow, finish.
-    drive(engine, bundle, plan, req.drive, observer).await
-}
-
-/// `batch prepare`: plans the batch and writes its bundle as `run` does, then returns its next
-/// run as a start request for another client to send (the ownership checks come first, and a
-/// running batch is refused: its next run can only start once it has ended).
-pub async fn prepare_start(req: RunRequest) -> Result<(Bundle, StartRequest)> {
-    let mut plan = req.manifest.load()?;
-    let root = absolute(&req.output_dir)?;
-    let bundle = Bundle::new(&root, &plan.batch_id);
-    prepare::check_same_task_list(&bundle, &plan)?;
-    run_history::weigh(&mut plan, &bundle, req.drive.history_db.as_deref());
-    let choice = req.engine.for_batch(&bundle)?;
-    let engine = choice.connect(&root).await?;
-    let handle = workflow::handle(&engine.client, &plan);
     let found = workflow::claim(&engine.client, &bundle, &plan).await?;
-    if found == Presence::Running {
+    if refuse_running && found == Presence::Running {
         return Err(ControlError::StillRunning {
             batch_id: plan.batch_id.clone(),
             action: "prepare a start of",
         });
     }
+    // Prepare the bundle: its input files.
     prepare::write_plan(&bundle, &plan, &req.manifest.path)?;
     prepare::write_run_config(&bundle, &plan, &engine, &choice)?;
-    let carried = carried(&handle, found, &bundle, &plan).await?;
-    let request = start::request(&handle, &bundle, &plan, carried, &req.drive).await?;
-    Ok((bundle, request))
+    Ok(Claimed {
+        bundle,
+        plan,
+        engine,
+        found,
+    })
 }
 
 /// Continues a batch from its bundle's saved plan (never a re-read manifest).
