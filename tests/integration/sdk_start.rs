@@ -49,19 +49,7 @@ tasks:
     );
     // A worker holds the embedded engine: the request is sent to it from outside casebatch.
     let mut worker = sb.spawn(&["worker", "--output-dir", &out], "worker.log");
-    let mut address = String::new();
-    wait_until(
-        Duration::from_secs(90),
-        "the embedded engine runs",
-        || match engine_record(&sb.out()) {
-            Some(r) if engine_alive(&r) => {
-                address = r["address"].as_str().unwrap_or_default().to_string();
-                true
-            }
-            _ => false,
-        },
-    );
-    let address = address.trim_start_matches("http://").to_string();
+    let address = engine_address(&sb.out());
 
     let prepared = sb.run(&[
         "batch",

@@ -722,3 +722,20 @@ pub fn freeze(pid: u32, secs: u64, during: impl FnOnce()) {
     std::thread::sleep(thaw.saturating_duration_since(Instant::now()));
     kill(pid, Signal::SIGCONT).expect("SIGCONT");
 }
+
+/// The embedded engine's address, once `engine.json` names a live server.
+pub fn engine_address(out: &Path) -> String {
+    let mut address = String::new();
+    wait_until(
+        Duration::from_secs(60),
+        "a live embedded engine",
+        || match engine_record(out) {
+            Some(r) if engine_alive(&r) => {
+                address = r["address"].as_str().unwrap_or_default().to_string();
+                true
+            }
+            _ => false,
+        },
+    );
+    address.trim_start_matches("http://").to_string()
+}

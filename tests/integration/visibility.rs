@@ -2,7 +2,6 @@
 //! the `Casebatch*` search attributes (kept up to date while the batch runs and set to its
 //! outcome at the end), the memo says who started what, and activity summaries name the case.
 
-use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
@@ -24,23 +23,6 @@ tasks:
   - task_id: broken
     harness: 'exit 3'
 "#;
-
-/// The embedded engine's address, once `engine.json` names a live server.
-fn engine_address(out: &Path) -> String {
-    let mut address = String::new();
-    wait_until(
-        Duration::from_secs(60),
-        "a live embedded engine",
-        || match engine_record(out) {
-            Some(r) if engine_alive(&r) => {
-                address = r["address"].as_str().unwrap_or_default().to_string();
-                true
-            }
-            _ => false,
-        },
-    );
-    address.trim_start_matches("http://").to_string()
-}
 
 fn temporal(address: &str, args: &[&str]) -> Output {
     let bin = std::env::var("CASEBATCH_TEMPORAL_BIN").unwrap_or_else(|_| "temporal".into());
