@@ -8,7 +8,8 @@
 #   SKIP_10K=1 scripts/bench.sh # without the 10,000-case fake batch
 #   ONLY=agent scripts/bench.sh # only the agent-vs-local-process comparison
 #   ONLY=tail scripts/bench.sh  # only the uniform-vs-weighted split over a fast and a slow agent
-#   ONLY=local scripts/bench.sh # only the local-process cost per case (sleep 1, true, 256 wide)
+#   ONLY=local scripts/bench.sh # only the local-process cost per case (sleep 1, true, 256 wide;
+#                               # WIDE=1 adds 2,048 x sleep 10 at 512)
 #   ONLY=prepare scripts/bench.sh # only provision-ahead against provisioning at dispatch
 #   ONLY=aged scripts/bench.sh  # only an agent with 300,000 ended jobs against a fresh one
 #   ONLY=huge scripts/bench.sh  # only 100,000 simulated cases (HUGE=N): completes, peak RSS,
@@ -217,11 +218,15 @@ tail_vs_uniform() {
 
 # The local runtime's cost per case: N x `sleep 1` and N x `true` at C in flight against
 # `xargs -P C`, then 1,024 x `sleep 1` at 256 in flight (the runner's CPU per case should not
-# grow with the width).
+# grow with the width). WIDE=1 adds 2,048 x `sleep 10` at 512 in flight (the seeds' widest
+# batches; about four minutes a round).
 local_cost() {
   scenario "local-process, sleep 1" local-process 'sleep 1' "$N" 'sleep 1'
   scenario "local-process, trivial command (true)" local-process 'true' "$N" 'true'
   C=256 scenario "local-process, sleep 1, 256 in flight" local-process 'sleep 1' 1024 'sleep 1'
+  if [ -n "${WIDE:-}" ]; then
+    C=512 scenario "local-process, sleep 10, 512 in flight" local-process 'sleep 10' 2048 'sleep 10'
+  fi
 }
 
 # An agent that has run for months keeps every ended job's row: the same `true` batch through

@@ -68,8 +68,9 @@ finished_cases=$(cd "$WORK/side" && ls kill.*.done | sed 's/\.done$//')
 lost=""
 for f in "$WORK"/side/kill.*.started; do
   case_id=$(basename "$f" .started); case_id=${case_id#kill.}
-  if [ ! -f "$WORK/side/kill.$case_id.done" ] && [ -f "$WORK/out/kill/cases/$case_id/attempts/1/job.json" ]; then
-    pid=$(python3 -c "import json; print(json.load(open('$WORK/out/kill/cases/$case_id/attempts/1/job.json'))['pid'])")
+  job=$(python3 scripts/journal.py job "$WORK/out/kill/cases/$case_id/attempts/1")
+  if [ ! -f "$WORK/side/kill.$case_id.done" ] && [ -n "$job" ]; then
+    pid=$(echo "$job" | python3 -c "import json,sys; print(json.load(sys.stdin)['pid'])")
     kill -9 -- "-$pid" 2>/dev/null || true
     lost=$case_id
     break
@@ -174,13 +175,12 @@ fo_skipped=$(field "s['counters']['circuit_skips']")
 fo_width=$(field "s['counters']['width_changes']")
 fo_opened=$(field "any('box-a: circuit open' in t['message'] for t in s['timeline'])")
 fo_halved=$(field "any('concurrency 4 → 2: circuit open on box-a' in t['message'] for t in s['timeline'])")
-fo_dead=$(python3 - "$WORK/failover-out/failover" <<'PY'
-import glob, json, sys
-records = [json.load(open(p)) for p in glob.glob(sys.argv[1] + "/cases/*/attempts/*/attempt.json")]
+fo_dead=$(python3 scripts/journal.py record "$WORK"/failover-out/failover/cases/*/attempts/* | python3 -c '
+import json, sys
+records = [json.loads(l) for l in sys.stdin]
 print(sum(1 for r in records if r.get("runtime_name") == "box-a"
           and (r["summary"].get("failure") or {}).get("stage") == "submit"))
-PY
-)
+')
 [ "$fo_succeeded" -eq "$FO_N" ] || fail "failover: $fo_succeeded of $FO_N succeeded"
 [ "$fo_spilled" -ge 1 ] || fail "failover: nothing spilled over"
 [ "$fo_opened" = True ] || fail "failover: box-a's circuit never opened"
@@ -200,13 +200,12 @@ status=$("$BIN" batch status --batch-id left --output-dir "$WORK/left-out" --jso
 left_succeeded=$(field "s['counts']['succeeded']")
 left_spilled=$(field "s['counters']['spillovers']")
 left_retries=$(field "s['counters']['retries']")
-read -r left_dead left_probes <<<"$(python3 - "$WORK/left-out/left" <<'PY'
-import glob, json, sys
-records = [json.load(open(p)) for p in glob.glob(sys.argv[1] + "/cases/*/attempts/*/attempt.json")]
+read -r left_dead left_probes <<<"$(python3 scripts/journal.py record "$WORK"/left-out/left/cases/*/attempts/* | python3 -c '
+import json, sys
+records = [json.loads(l) for l in sys.stdin]
 dead = [r for r in records if r.get("runtime_name") == "box-a"]
 print(len(dead), sum(1 for r in dead if r["summary"].get("probe")))
-PY
-)"
+')"
 [ "$left_succeeded" -eq 8 ] || fail "dead runtime left down: $left_succeeded of 8 succeeded"
 [ "$left_retries" -eq 0 ] || fail "dead runtime left down: $left_retries retries spent"
 awk "BEGIN { exit !($one_down_s < 3 * $both_up_s) }" \

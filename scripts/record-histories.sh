@@ -33,14 +33,11 @@ show() { # batch-id run-id name (the SDK's own JSON format, which its replayer r
 }
 done_cases() { ls "$WORK/out/$1"/cases/*/result.json 2>/dev/null | wc -l; }
 first_run() { temporal workflow list --address "$ADDR" --query "WorkflowId='$1'" -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)[-1]["execution"]["runId"])'; }
-
-# 1. A completed local-process batch with an evaluator.
-cb batch run --manifest examples/batch-local.yaml --output-dir "$WORK/out" > /dev/null
-show local-example "" completed-local
-
-# 2. Retries by class: infra retried, harness/agent not.
-cat > "$WORK/mixed.yaml" <<'YAML'
-batch_id: mixed
+# The retries batch `$1` (simulated): an infra failure retried, a harness crash and a failed
+# verdict not, a success.
+mixed_manifest() {
+  cat > "$WORK/$1.yaml" <<YAML
+batch_id: $1
 defaults: {runtime: fake, max_retries: 2, concurrency: 3}
 tasks:
   - {task_id: flaky, fake: {infra_failures_first: 1}}
@@ -48,6 +45,53 @@ tasks:
   - {task_id: verdict-fail, fake: {outcome: fail}}
   - {task_id: ok}
 YAML
+}
+# The crashed-runner batch `$1`: 18 local-process cases of 1-3 s at 6 in flight, the runner
+# SIGKILLed after 2, 6 and 11 cases ended and resumed each time, then run to the end. The
+# binary itself runs in the background (not through `cb`, a function: its subshell would
+# take the SIGKILL and leave the runner alive).
+crash_batch() {
+  python3 - "$WORK/$1.yaml" "$1" <<'PY'
+import sys
+with open(sys.argv[1], "w") as f:
+    f.write(f"batch_id: {sys.argv[2]}\ndefaults: {{runtime: local-process, concurrency: 6, max_retries: 1}}\ntasks:\n")
+    for i in range(18):
+        f.write(f"  - {{task_id: c{i}, harness: 'sleep {1 + i % 3}; echo {{}} > \"$CASEBATCH_RESULT\"'}}\n")
+PY
+  "$BIN" batch run --manifest "$WORK/$1.yaml" --output-dir "$WORK/out" --address "$ADDR" \
+    > "$WORK/$1-0.log" 2>&1 & RUNNER=$!
+  for kill_at in 2 6 11; do
+    for _ in $(seq 1 600); do [ "$(done_cases "$1")" -ge "$kill_at" ] && break; sleep 0.1; done
+    kill -9 "$RUNNER"; wait "$RUNNER" 2>/dev/null || true
+    "$BIN" batch resume --batch-id "$1" --output-dir "$WORK/out" --address "$ADDR" \
+      > "$WORK/$1-$kill_at.log" 2>&1 & RUNNER=$!
+  done
+  wait "$RUNNER"
+  grep -q "18 succeeded" "$WORK/$1-11.log" || { cat "$WORK/$1-11.log"; exit 1; }
+}
+# Fails unless the recorded history `$1` (a name as `show` takes it) holds the patch marker
+# `$2` (its id is inside a base64 payload).
+has_patch() {
+  python3 - "$OUT/activities-$1.json" "$2" <<'PY' || { echo "no $2 patch marker in $1"; exit 1; }
+import base64, json, sys
+events = json.load(open(sys.argv[1]))["events"]
+ids = [json.loads(base64.b64decode(p["data"]))["id"]
+       for e in events
+       for p in e["attributes"].get("MarkerRecordedEventAttributes", {}).get("details", {}).get("patch-data", {}).get("payloads", [])]
+sys.exit(0 if sys.argv[2] in ids else 1)
+PY
+}
+
+# STEP=18 records only step 18 (each step before it runs whole batches again just to keep
+# the files it finds).
+if [ "${STEP:-all}" = all ]; then
+
+# 1. A completed local-process batch with an evaluator.
+cb batch run --manifest examples/batch-local.yaml --output-dir "$WORK/out" > /dev/null
+show local-example "" completed-local
+
+# 2. Retries by class: infra retried, harness/agent not.
+mixed_manifest mixed
 cb batch run --manifest "$WORK/mixed.yaml" --output-dir "$WORK/out" > /dev/null || true
 show mixed "" retries
 
@@ -104,25 +148,7 @@ show boost "" oom-auto-boost
 # 7. Crashed runs: the runner SIGKILLed three times mid-batch (cases' activities in flight,
 # its status queries arriving), resumed after each kill, then run to the end. The whole
 # history, with every crash in it, must replay.
-python3 - "$WORK/crash.yaml" <<'PY'
-import sys
-with open(sys.argv[1], "w") as f:
-    f.write("batch_id: crashed\ndefaults: {runtime: local-process, concurrency: 6, max_retries: 1}\ntasks:\n")
-    for i in range(18):
-        f.write(f"  - {{task_id: c{i}, harness: 'sleep {1 + i % 3}; echo {{}} > \"$CASEBATCH_RESULT\"'}}\n")
-PY
-# The binary itself runs in the background (not through `cb`, a function: its subshell would
-# take the SIGKILL and leave the runner alive).
-"$BIN" batch run --manifest "$WORK/crash.yaml" --output-dir "$WORK/out" --address "$ADDR" \
-  > "$WORK/crash-0.log" 2>&1 & RUNNER=$!
-for kill_at in 2 6 11; do
-  for _ in $(seq 1 600); do [ "$(done_cases crashed)" -ge "$kill_at" ] && break; sleep 0.1; done
-  kill -9 "$RUNNER"; wait "$RUNNER" 2>/dev/null || true
-  "$BIN" batch resume --batch-id crashed --output-dir "$WORK/out" --address "$ADDR" \
-    > "$WORK/crash-$kill_at.log" 2>&1 & RUNNER=$!
-done
-wait "$RUNNER"
-grep -q "18 succeeded" "$WORK/crash-11.log" || { cat "$WORK/crash-11.log"; exit 1; }
+crash_batch crashed
 show crashed "" crashed-runner
 
 # 8. Search attributes: everything above ran on a namespace without the Casebatch* attributes
@@ -324,29 +350,9 @@ show tail "" speculated
 sed 's/^batch_id: mixed/batch_id: closed-mixed/' "$WORK/mixed.yaml" > "$WORK/closed-mixed.yaml"
 cb batch run --manifest "$WORK/closed-mixed.yaml" --output-dir "$WORK/out" > /dev/null || true
 show closed-mixed "" closed-on-settle
-sed 's/^batch_id: crashed/batch_id: closed-crashed/' "$WORK/crash.yaml" > "$WORK/closed-crash.yaml"
-"$BIN" batch run --manifest "$WORK/closed-crash.yaml" --output-dir "$WORK/out" --address "$ADDR" \
-  > "$WORK/closed-crash-0.log" 2>&1 & RUNNER=$!
-for kill_at in 2 6 11; do
-  for _ in $(seq 1 600); do [ "$(done_cases closed-crashed)" -ge "$kill_at" ] && break; sleep 0.1; done
-  kill -9 "$RUNNER"; wait "$RUNNER" 2>/dev/null || true
-  "$BIN" batch resume --batch-id closed-crashed --output-dir "$WORK/out" --address "$ADDR" \
-    > "$WORK/closed-crash-$kill_at.log" 2>&1 & RUNNER=$!
-done
-wait "$RUNNER"
-grep -q "18 succeeded" "$WORK/closed-crash-11.log" || { cat "$WORK/closed-crash-11.log"; exit 1; }
+crash_batch closed-crashed
 show closed-crashed "" closed-crashed-runner
-# The patch id is inside a base64 payload of the history.
-for f in closed-on-settle closed-crashed-runner; do
-  python3 - "$OUT/activities-$f.json" <<'PY' || { echo "no settle-closes patch marker in $f"; exit 1; }
-import base64, json, sys
-events = json.load(open(sys.argv[1]))["events"]
-ids = [json.loads(base64.b64decode(p["data"]))["id"]
-       for e in events
-       for p in e["attributes"].get("MarkerRecordedEventAttributes", {}).get("details", {}).get("patch-data", {}).get("payloads", [])]
-sys.exit(0 if "settle-closes-final-attempts" in ids else 1)
-PY
-done
+for f in closed-on-settle closed-crashed-runner; do has_patch "$f" settle-closes-final-attempts; done
 
 # 16. Provision ahead (`prepare_ahead`): a batch of slow-to-provision simulated sandboxes run
 # one at a time with two provisioned ahead (granted slots as they free up); then the same
@@ -359,7 +365,7 @@ YAML
 cb batch run --manifest "$WORK/ahead.yaml" --output-dir "$WORK/out" > "$WORK/ahead.log"
 grep -q "provisioned ahead 4 · released unused 0" "$WORK/ahead.log" || { cat "$WORK/ahead.log"; exit 1; }
 show ahead "" prepared-ahead
-prepared() { ls "$WORK/out/$1"/cases/*/attempts/1/prepared.json 2>/dev/null | wc -l; }
+prepared() { python3 scripts/journal.py prepared "$WORK/out/$1"/cases/*/attempts/1 | wc -l; }
 for end in drain cancel; do
   sed -e "s/^batch_id: ahead/batch_id: ahead-$end/" -e 's/duration_ms: 300/duration_ms: 4000/' \
     "$WORK/ahead.yaml" > "$WORK/ahead-$end.yaml"
@@ -387,7 +393,7 @@ with open(sys.argv[1], "w") as f:
 PY
 cb batch run --manifest "$WORK/outage-dead.yaml" --output-dir "$WORK/out" > "$WORK/outage-dead.log"
 grep -q "16 succeeded" "$WORK/outage-dead.log" || { cat "$WORK/outage-dead.log"; exit 1; }
-grep -q '"probe": true' "$WORK"/out/outage-dead/cases/*/attempts/*/attempt.json \
+python3 scripts/journal.py record "$WORK"/out/outage-dead/cases/*/attempts/* | grep -q '"probe": true' \
   || { echo "no probe in outage-dead"; exit 1; }
 show outage-dead "" outage-probes-spill
 # b. The agent frozen (SIGSTOP) past its grace under a batch with nowhere else to go: each
@@ -418,13 +424,21 @@ grep -q "jobs asked about again [1-9]" "$WORK/outage-frozen.log" || { cat "$WORK
 grep -q "attempts stranded 2" "$WORK/outage-stranded.log" || { cat "$WORK/outage-stranded.log"; exit 1; }
 show outage-frozen "" outage-reattached
 show outage-stranded "" outage-stranded
-for f in outage-probes-spill outage-reattached outage-stranded; do
-  python3 - "$OUT/activities-$f.json" <<'PY' || { echo "no runtime-outage-rules patch marker in $f"; exit 1; }
-import base64, json, sys
-events = json.load(open(sys.argv[1]))["events"]
-ids = [json.loads(base64.b64decode(p["data"]))["id"]
-       for e in events
-       for p in e["attributes"].get("MarkerRecordedEventAttributes", {}).get("details", {}).get("patch-data", {}).get("payloads", [])]
-sys.exit(0 if "runtime-outage-rules" in ids else 1)
-PY
-done
+for f in outage-probes-spill outage-reattached outage-stranded; do has_patch "$f" runtime-outage-rules; done
+
+fi
+
+# 18. `start` settles short jobs (the `start-settles-short-jobs` patch): simulated outcomes
+# that all settle in `start` (success, harness crash and verdict fail closed there; the infra
+# failure settled there, then a `cleanup` and its retry) beside a job past the watch (started,
+# then settled as ever); then local processes of 1-3 s with the runner SIGKILLed three times,
+# so kills land while `start`s watch their jobs.
+if [ "${STEP:-all}" = all ] || [ "${STEP:-}" = 18 ]; then
+mixed_manifest short-mixed
+echo "  - {task_id: long, fake: {duration_ms: 3500}}" >> "$WORK/short-mixed.yaml"
+cb batch run --manifest "$WORK/short-mixed.yaml" --output-dir "$WORK/out" > /dev/null || true
+show short-mixed "" start-settled
+crash_batch short-crashed
+show short-crashed "" start-settled-crashed-runner
+for f in start-settled start-settled-crashed-runner; do has_patch "$f" start-settles-short-jobs; done
+fi

@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use casebatch_bundle::{
-    AttemptRecord, Bundle, BundleError, CaseResult, CleanupReceipt, EvaluationRecord, Event,
+    AttemptJournal, AttemptRecord, Bundle, BundleError, CaseResult, CleanupReceipt, Entry, Event,
     PreparedRecord, RECORD_SCHEMA_VERSION, ReleasedRecord, append_jsonl, layout::attempt_files,
     read_json, write_final_batch_files, write_json_atomic,
 };
@@ -16,8 +16,8 @@ use casebatch_manifest::model::{Plan, RuntimeKind, RuntimeSpec};
 use casebatch_proto::{
     ActorReport, ActorStatus, AttemptKey, AttemptSummary, AwaitInput, CleanupInput, CleanupReport,
     Evaluation, Failure, FailureCode, FinalizeInput, JobRef, Prepared, ReleaseInput, SettleInput,
-    Settled, Stage, StageResult, StartResult, SubmitResult, SweepInput, SweepReport,
-    UNANSWERED_WAIT_S, host_task_queue,
+    SettleShort, Settled, Stage, StageResult, StartInput, StartResult, SubmitResult, SweepInput,
+    SweepReport, UNANSWERED_WAIT_S, host_task_queue,
 };
 use casebatch_workflows::{contracts, decide};
 use temporalio_macros::activities;
@@ -30,7 +30,6 @@ use crate::breakers::{BreakerOf, Breakers};
 use crate::timings::StageTimings;
 use casebatch_container::ContainerRuntime;
 use casebatch_runtime::agent::AgentRuntime;
-use casebatch_runtime::attempt_io;
 use casebatch_runtime::evaluator;
 use casebatch_runtime::fake::Fake;
 use casebatch_runtime::harness;
@@ -87,6 +86,40 @@ impl Liveness for ActivityLiveness<'_> {
     // The SDK does not say why a wait was cancelled (a batch cancel, the worker stopping, or
     // heartbeats a stalled engine did not answer in time), and none of them is a reason to
     // kill the job: the default `OnCancel::EndWait` leaves it to cleanup or to the retry.
+}
+
+/// `start`'s liveness while it watches its job: the wait ends at `until` (or on cancel),
+/// leaving the job running.
+struct Watching<'a> {
+    ctx: &'a StageContext,
+    until: Instant,
+}
+
+impl Liveness for Watching<'_> {
+    async fn heartbeat(&self, job: &JobRef) {
+        self.ctx.heartbeat(job.clone()).await;
+    }
+    fn is_cancelled(&self) -> bool {
+        self.ctx.is_cancelled() || Instant::now() >= self.until
+    }
+}
+
+/// A job that ended, as the stages after its wait see it.
+struct Ended {
+    job: JobRef,
+    actor: ActorReport,
+    close_from: Option<AttemptSummary>,
+}
+
+/// Whether `start` may settle the job it started: where the job runs on this worker's host
+/// (a local process, whose wait hands the child back when it ends early) or is simulated, and
+/// nothing long follows the actor (no evaluator, whose own timeout `start`'s would cut).
+fn settles_at_start(env: &AttemptEnv) -> bool {
+    match env.case.runtime {
+        RuntimeKind::Fake => true,
+        RuntimeKind::LocalProcess => env.job.sandbox.is_none() && env.case.evaluator.is_none(),
+        RuntimeKind::Agent => false,
+    }
 }
 
 fn now_ms() -> u64 {
@@ -336,6 +369,25 @@ async fn bundle_write<T>(
 }
 
 /// Creates a directory of the bundle, its error the write error it is.
+/// The attempt's journal, read on a blocking thread. One that cannot be read (replaced by
+/// the attempt's processes, an I/O error) reads as empty, named in the log: what it would
+/// have said is done again (an evaluation) or left out (timings).
+async fn journal_of(env: &AttemptEnv) -> AttemptJournal {
+    let dir = env.dir.clone();
+    let read = tokio::task::spawn_blocking(move || AttemptJournal::read(&dir)).await;
+    match read {
+        Ok(Ok(journal)) => journal,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "the attempt's journal is unreadable");
+            AttemptJournal::default()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the attempt's journal failed");
+            AttemptJournal::default()
+        }
+    }
+}
+
 fn make_dir(dir: &Path) -> Result<(), BundleError> {
     std::fs::create_dir_all(dir).map_err(|source| BundleError::Write {
         path: dir.display().to_string(),
@@ -368,16 +420,13 @@ impl CaseActivities {
                 None => Err(BundleError::Write { path, source }.into()),
             };
         }
-        let spec = serde_json::json!({
+        let spec = [Entry::Spec(serde_json::json!({
             "schema_version": RECORD_SCHEMA_VERSION,
             "key": env.key,
             "case": env.case,
             "simulated": env.case.runtime == RuntimeKind::Fake,
-        });
-        bundle_write(ctx, Stage::Provision, || {
-            write_json_atomic(&env.file(attempt_files::SPEC), &spec)
-        })
-        .await?;
+        }))];
+        bundle_write(ctx, Stage::Provision, || env.record(&spec)).await?;
         let result = with_runtime!(self, env, |rt| rt.provision(env).await);
         Ok(match result {
             Ok(()) => StageResult::Ok,
@@ -443,12 +492,8 @@ impl CaseActivities {
         env: &AttemptEnv,
         job: &JobRef,
     ) -> Result<Evaluation, ActivityError> {
-        let path = env.file(attempt_files::EVALUATION);
         // Run again after a crash: the verdict already written stands.
-        if let Ok(Some(done)) =
-            attempt_io::read_json::<EvaluationRecord>(path.clone(), attempt_io::max_result_bytes())
-                .await
-        {
+        if let Some(done) = journal_of(env).await.evaluation {
             return Ok(evaluator::to_evaluation(&done));
         }
         let record = match (&env.case.runtime, &env.case.evaluator) {
@@ -458,8 +503,10 @@ impl CaseActivities {
             }
             (_, None) => evaluator::not_configured(),
         };
-        bundle_write(ctx, Stage::Evaluate, || write_json_atomic(&path, &record)).await?;
-        Ok(evaluator::to_evaluation(&record))
+        let evaluation = evaluator::to_evaluation(&record);
+        let entry = [Entry::Evaluation(record)];
+        bundle_write(ctx, Stage::Evaluate, || env.record(&entry)).await?;
+        Ok(evaluation)
     }
 
     /// Artifacts written to CASEBATCH_OUTPUT_DIR are already in the bundle; a trace the
@@ -473,6 +520,97 @@ impl CaseActivities {
         crate::trace::collect(&trace, &env.file(attempt_files::TRACE))
             .await
             .err()
+    }
+
+    /// What `settle` does once the job ended: evaluate and collect for a finished actor, and
+    /// close a final attempt as `cleanup` would (one round trip less). Shared by `settle` and
+    /// by a `start` that saw its job end ([`Self::settle_short`]).
+    async fn settle_ended(
+        &self,
+        ctx: &StageContext,
+        env: &AttemptEnv,
+        ended: Ended,
+        mut timings: StageTimings,
+    ) -> Result<Settled, ActivityError> {
+        let Ended {
+            job,
+            actor,
+            close_from,
+        } = ended;
+        tracing::info!(status = ?actor.status, exit_code = ?actor.exit_code, "job ended");
+        let finished = actor.status == ActorStatus::Finished && actor.failure.is_none();
+        let (evaluation, collect_failure) = if finished && !ctx.is_cancelled() {
+            // Heartbeating the job: a retry after a crash here re-attaches to it.
+            let judged = self.judge(ctx, env, &job, &mut timings);
+            let (evaluation, collect_failure) = heartbeating(ctx, job.clone(), judged).await;
+            (Some(evaluation), collect_failure)
+        } else {
+            (None, None)
+        };
+        let mut settled = Settled {
+            key: env.key.clone(),
+            actor,
+            evaluation,
+            collect_failure,
+            closed: None,
+            heartbeats: 0,
+        };
+        if let Some(mut summary) = close_from {
+            summary.apply_settled(&settled);
+            if decide::is_final_when_settled(&summary) {
+                summary.ended_at_ms = Some(now_ms());
+                let timings = std::mem::take(&mut timings);
+                let closing = Closing::of_final();
+                let report = self.close(ctx, env, &summary, closing, timings).await?;
+                summary.cleanup_confirmed = Some(report.cleanup_confirmed);
+                settled.closed = Some(summary);
+            }
+        }
+        timings.append_to(env);
+        settled.heartbeats = ctx.sent();
+        Ok(settled)
+    }
+
+    /// `start`'s watch of a job it started: up to `short.within_ms`, then either the job
+    /// ended (settled here, no `settle` follows) or it runs on (`Started`, as ever). The
+    /// wait only ends, never kills: a job still running is awaited by `settle` next, and a
+    /// retry of this `start` after a crash finds the job by its key and watches it again.
+    async fn settle_short(
+        &self,
+        ctx: &StageContext,
+        env: &AttemptEnv,
+        job: JobRef,
+        short: &SettleShort,
+    ) -> Result<StartResult, ActivityError> {
+        let mut timings = StageTimings::default();
+        let live = Watching {
+            ctx,
+            until: Instant::now() + Duration::from_millis(short.within_ms),
+        };
+        let awaiting = self.metrics.awaiting(env.case.runtime.as_str());
+        let watched = timings.time(Stage::Await, async {
+            with_runtime!(self, env, |rt| rt.await_job(env, &job, &live).await)
+        });
+        let actor = watched.await;
+        drop(awaiting);
+        if actor.status == ActorStatus::Cancelled {
+            if ctx.is_cancelled() {
+                return Err(ActivityError::cancelled());
+            }
+            // Still running: its wait so far is not a stage of its own (settle's await is).
+            let heartbeats = ctx.sent();
+            return Ok(StartResult::Watched { job, heartbeats });
+        }
+        let ended = Ended {
+            job: job.clone(),
+            actor,
+            close_from: Some(short.close_from.clone()),
+        };
+        let settled = self.settle_ended(ctx, env, ended, timings).await?;
+        Ok(StartResult::Settled {
+            job,
+            settled: Box::new(settled),
+        })
     }
 
     /// Provision, then submit. A full runtime is waited out here, so a busy agent does not
@@ -491,7 +629,7 @@ impl CaseActivities {
             job_may_exist: n.job_may_exist,
         };
         // Provisioned ahead (`prepare`, which kept its own timing): ready as it is.
-        if !env.file(attempt_files::PREPARED).exists() {
+        if journal_of(env).await.prepared.is_none() {
             let provisioned = timings
                 .time(Stage::Provision, self.provision_stage(ctx, env))
                 .await?;
@@ -601,11 +739,11 @@ impl CaseActivities {
     pub async fn start(
         self: Arc<Self>,
         ctx: ActivityContext,
-        key: AttemptKey,
+        input: StartInput,
     ) -> Result<StartResult, ActivityError> {
         let ctx = StageContext::new(ctx, &self.metrics);
         let began = Instant::now();
-        let env = self.env(&key)?;
+        let env = self.env(input.key())?;
         let span = attempt_span(&env);
         async move {
             let mut timings = StageTimings::default();
@@ -638,15 +776,29 @@ impl CaseActivities {
                         } if decide::spills(failure) => {
                             *circuit = self.breakers.after(of, pass, false).await;
                         }
-                        StartResult::Failed { .. } | StartResult::Skipped { .. } => {}
+                        StartResult::Failed { .. }
+                        | StartResult::Skipped { .. }
+                        | StartResult::Watched { .. }
+                        | StartResult::Settled { .. } => {}
                     }
                 }
                 Ok(result)
             };
             let started = heartbeating(&ctx, (), start).await;
             timings.append_to(&env);
+            let started = match (started, input.settle()) {
+                (Ok(StartResult::Started(job)), Some(short)) if settles_at_start(&env) => {
+                    self.settle_short(&ctx, &env, job, short).await
+                }
+                (started, _) => started,
+            };
             match &started {
-                Ok(StartResult::Started(job)) => tracing::info!(job = %job.marker, "started"),
+                Ok(StartResult::Started(job) | StartResult::Watched { job, .. }) => {
+                    tracing::info!(job = %job.marker, "started")
+                }
+                Ok(StartResult::Settled { job, .. }) => {
+                    tracing::info!(job = %job.marker, "started and settled")
+                }
                 Ok(StartResult::Failed { failure, .. }) => {
                     tracing::info!(%failure, "start failed")
                 }
@@ -676,39 +828,13 @@ impl CaseActivities {
             let awaited = timings.time(Stage::Await, self.await_stage(&ctx, &env, input.job));
             let (job, actor) = awaited.await?;
             drop(awaiting);
-            tracing::info!(status = ?actor.status, exit_code = ?actor.exit_code, "job ended");
-            let finished = actor.status == ActorStatus::Finished && actor.failure.is_none();
-            let (evaluation, collect_failure) = if finished && !ctx.is_cancelled() {
-                // Heartbeating the job: a retry after a crash here re-attaches to it.
-                let judged = self.judge(&ctx, &env, &job, &mut timings);
-                let (evaluation, collect_failure) = heartbeating(&ctx, job.clone(), judged).await;
-                (Some(evaluation), collect_failure)
-            } else {
-                (None, None)
-            };
-            let mut settled = Settled {
-                key: input.key,
+            let ended = Ended {
+                job,
                 actor,
-                evaluation,
-                collect_failure,
-                closed: None,
-                heartbeats: 0,
+                close_from: input.close_from,
             };
-            // A final attempt is closed here, as `cleanup` would close it: one round trip less.
-            if let Some(mut summary) = input.close_from {
-                summary.apply_settled(&settled);
-                if decide::is_final_when_settled(&summary) {
-                    summary.ended_at_ms = Some(now_ms());
-                    let timings = std::mem::take(&mut timings);
-                    let closing = Closing::of_final();
-                    let report = self.close(&ctx, &env, &summary, closing, timings).await?;
-                    summary.cleanup_confirmed = Some(report.cleanup_confirmed);
-                    settled.closed = Some(summary);
-                }
-            }
-            timings.append_to(&env);
+            let settled = self.settle_ended(&ctx, &env, ended, timings).await?;
             self.metrics.stage("settle", began.elapsed());
-            settled.heartbeats = ctx.sent();
             Ok(settled)
         }
         .instrument(span)
@@ -741,7 +867,7 @@ impl CaseActivities {
                         marker: env.marker(),
                         prepared_at_ms: now_ms(),
                     };
-                    write_json_atomic(&env.file(attempt_files::PREPARED), &record)?;
+                    env.record(&[Entry::Prepared(Some(record))])?;
                     None
                 }
                 StageResult::Failed(f) => Some(f),
@@ -806,7 +932,7 @@ impl CaseActivities {
                 std::fs::remove_dir_all(&env.dir)?;
             } else {
                 // Kept as evidence; the attempt provisions afresh when it runs.
-                let _ = std::fs::remove_file(env.file(attempt_files::PREPARED));
+                let _ = env.record(&[Entry::Prepared(None)]);
             }
             tracing::info!(why = %input.why, cleanup_confirmed = confirmed, "released unused");
             self.metrics.released(env.case.runtime.as_str());
@@ -1100,10 +1226,6 @@ impl CaseActivities {
         let cleaned = timings.time(Stage::Cleanup, self.runtime_cleanup(env, closing));
         let receipt = heartbeating(ctx, (), cleaned).await;
         let held_job = receipt.held_job == Some(true);
-        bundle_write(ctx, Stage::Cleanup, || {
-            write_json_atomic(&env.file(attempt_files::CLEANUP), &receipt)
-        })
-        .await?;
         let confirmed = receipt.cleanup_confirmed;
 
         let record = AttemptRecord {
@@ -1120,25 +1242,21 @@ impl CaseActivities {
         // Cleanup can run more than once for an attempt (an activity retry, or a local
         // activity re-run on replay): log an attempt only once per distinct record (its
         // timings aside: each run of cleanup has its own).
-        let previous: Option<AttemptRecord> =
-            attempt_io::read_json(env.file(attempt_files::RECORD), attempt_io::RECORD_LIMIT)
-                .await
-                .ok()
-                .flatten();
-        let already_logged = previous.is_some_and(|p| {
+        let journal = journal_of(env).await;
+        let already_logged = journal.record.is_some_and(|p| {
             AttemptRecord {
                 stages: Vec::new(),
                 ..p
             } == record
         });
         let record = AttemptRecord {
-            stages: timings.with_recorded(env),
+            stages: timings.with_recorded(journal.stages),
             ..record
         };
-        bundle_write(ctx, Stage::Cleanup, || {
-            write_json_atomic(&env.file(attempt_files::RECORD), &record)
-        })
-        .await?;
+        // The receipt and the record, in one write.
+        let unconfirmed_why = receipt.message.clone();
+        let closed = [Entry::Cleanup(receipt), Entry::Record(record)];
+        bundle_write(ctx, Stage::Cleanup, || env.record(&closed)).await?;
         let end = |outcome| AttemptEnd {
             outcome,
             failure_class: s.failure.as_ref().map(|f| f.class.as_str()),
@@ -1192,13 +1310,7 @@ impl CaseActivities {
                 .ok()
                 .flatten()
                 .unwrap_or_default();
-        let eval: Option<EvaluationRecord> = attempt_io::read_json(
-            env.file(attempt_files::EVALUATION),
-            attempt_io::max_result_bytes(),
-        )
-        .await
-        .ok()
-        .flatten();
+        let eval = journal.evaluation;
         let mut scores = harness_result.scores;
         if let Some(e) = eval {
             scores.extend(e.scores);
@@ -1223,7 +1335,7 @@ impl CaseActivities {
             failure: s.failure.clone().or_else(|| s.collect_failure.clone()),
             collect_failure: s.collect_failure.clone(),
             adopted: s.adopted,
-            // An agent's job.json is fetched with the attempt's files.
+            // An agent's job record is fetched with the attempt's files.
             job_starts: match env.case.runtime {
                 RuntimeKind::LocalProcess | RuntimeKind::Agent => {
                     LocalProcess::recorded_starts(env)
@@ -1283,7 +1395,7 @@ impl CaseActivities {
                 Failure::infra(
                     Stage::Cleanup,
                     FailureCode::CleanupUnconfirmed,
-                    receipt.message.clone(),
+                    unconfirmed_why.clone(),
                 )
             }),
         })

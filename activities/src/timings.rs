@@ -1,12 +1,11 @@
 //! Per-stage wall-clock timings of an attempt. The stages of one attempt run in different
 //! activities, possibly on different workers, so each activity appends its stages to the
-//! attempt's `stages.jsonl` (one write) and cleanup folds them into `attempt.json`.
+//! attempt's journal (one write) and cleanup folds them into the attempt's record.
 
 use std::future::Future;
-use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use casebatch_bundle::{StageTiming, layout::attempt_files};
+use casebatch_bundle::{Entry, StageTiming};
 use casebatch_proto::Stage;
 use casebatch_runtime::AttemptEnv;
 
@@ -36,36 +35,22 @@ impl StageTimings {
         out
     }
 
-    /// Appends the stages to the attempt's file in one write. Timings are evidence, not
+    /// Appends the stages to the attempt's journal in one write. Timings are evidence, not
     /// outcome: a failure to keep them is logged, never raised.
     pub fn append_to(&self, env: &AttemptEnv) {
         if self.0.is_empty() {
             return;
         }
-        let mut lines = Vec::new();
-        for t in &self.0 {
-            serde_json::to_writer(&mut lines, t).expect("timings always serialize");
-            lines.push(b'\n');
-        }
-        let path = env.file(attempt_files::STAGES);
-        let written = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| f.write_all(&lines));
-        if let Err(e) = written {
-            tracing::warn!(path = %path.display(), error = %e, "stage timings not kept");
+        let entries: Vec<Entry> = self.0.iter().cloned().map(Entry::Stage).collect();
+        if let Err(e) = env.record(&entries) {
+            tracing::warn!(error = %e, "stage timings not kept");
         }
     }
 
-    /// The attempt's timings so far (from its file) followed by these: the order they ran in.
-    /// A torn last line (a worker killed mid-write) is skipped.
-    pub fn with_recorded(self, env: &AttemptEnv) -> Vec<StageTiming> {
-        let recorded = std::fs::read_to_string(env.file(attempt_files::STAGES)).unwrap_or_default();
-        let mut all: Vec<StageTiming> = recorded
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
+    /// The attempt's timings so far (from its journal) followed by these: the order they ran
+    /// in.
+    pub fn with_recorded(self, recorded: Vec<StageTiming>) -> Vec<StageTiming> {
+        let mut all = recorded;
         all.extend(self.0);
         all
     }

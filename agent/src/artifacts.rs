@@ -25,7 +25,7 @@ fn files(dir: &Path, set: ArtifactSet) -> Vec<(String, PathBuf)> {
             attempt_files::RESULT,
             attempt_files::STDOUT,
             attempt_files::STDERR,
-            attempt_files::JOB,
+            attempt_files::legacy::JOB,
         ],
         // Only the evaluator's own files: the actor's were fetched when it ended.
         ArtifactSet::Evaluator => &[
@@ -141,6 +141,27 @@ fn send_file(
     }
 }
 
+/// Sends the job entry of the attempt's journal under its wire name, `job.json` (the name
+/// the file had before journals; the worker appends it to its own journal). `false`: the
+/// receiver is gone.
+fn send_job(dir: &Path, tx: &mpsc::Sender<Result<ArtifactChunk, Status>>) -> bool {
+    let job = match casebatch_runtime::AttemptJournal::read(dir) {
+        Ok(j) => j.job,
+        Err(e) => {
+            tracing::warn!("artifacts: the job record left out: {e}");
+            None
+        }
+    };
+    let Some(job) = job else {
+        return true;
+    };
+    let chunk = ArtifactChunk {
+        path: attempt_files::legacy::JOB.to_string(),
+        data: serde_json::to_vec(&job).expect("job records always serialize"),
+    };
+    tx.blocking_send(Ok(chunk)).is_ok()
+}
+
 /// Streams the attempt's files of `set` into `tx` from a blocking thread.
 pub(crate) fn stream(
     dir: PathBuf,
@@ -150,7 +171,12 @@ pub(crate) fn stream(
     let limit = attempt_io::max_result_bytes();
     tokio::task::spawn_blocking(move || {
         for (rel, path) in files(&dir, set) {
-            if !send_file(&rel, &path, limit, &tx) {
+            let sent = if rel == attempt_files::legacy::JOB {
+                send_job(&dir, &tx)
+            } else {
+                send_file(&rel, &path, limit, &tx)
+            };
+            if !sent {
                 return;
             }
         }

@@ -9,9 +9,7 @@
 use casebatch_container::ContainerRuntime;
 use casebatch_proto::{ActorReport, Failure, JobRef};
 use casebatch_runtime::local_process::LocalProcess;
-use casebatch_runtime::{
-    Attempt, CleanupReceipt, EvaluationRecord, Liveness, NotStarted, attempt_files,
-};
+use casebatch_runtime::{Attempt, CleanupReceipt, EvaluationRecord, Liveness, NotStarted};
 
 pub(crate) enum Exec<'a> {
     Host,
@@ -28,13 +26,11 @@ impl<'a> Exec<'a> {
     }
 
     /// Whether a start of the job was attempted (its intent is recorded): a process's
-    /// `job.json`, a container's record once submit stamped it.
+    /// job entry, a container's record once submit stamped it.
     pub(crate) fn start_attempted(&self, env: &Attempt) -> bool {
         match self {
-            Exec::Host => !matches!(
-                std::fs::symlink_metadata(env.file(attempt_files::JOB)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound
-            ),
+            // An unreadable journal: only the attempt's processes replace it, so it started.
+            Exec::Host => env.journal().map_or(true, |j| j.job.is_some()),
             Exec::Container(c) => c.start_attempted(env),
         }
     }

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! Submit ─admit (one lock: envelope, insert row `starting`, live entry)─► task:
-//!    provision (unless job.json exists) → LocalProcess::submit → row `running` (pid, ticks)
+//!    provision (unless a job is recorded) → LocalProcess::submit → row `running` (pid, ticks)
 //!    → LocalProcess::await_job (kill flag = Liveness::is_cancelled) → row `ended` (report)
 //!    → live entry removed; reads go to the table from then on
 //! restart: every row not `ended` gets the same task again (submit is idempotent by the
@@ -597,7 +597,7 @@ impl Jobs {
         let runtime = self.exec(&env);
         let (job_ref, starts) = if row.state == RowState::Running {
             // Its process was known to an earlier life: await it by its identity and files,
-            // never submit again (a lost job.json must not start a second process).
+            // never submit again (a lost job record must not start a second process).
             let job_ref = JobRef {
                 marker: key.clone(),
                 pid: row.pid,

@@ -5,8 +5,8 @@
 //! Owns the server side of the runtime protocol: the job table (SQLite, [`table`]), the
 //! envelope (max concurrent jobs, declared-memory budget), authentication (a bearer token,
 //! TLS), the data directory's lock and readiness file. Jobs run with exactly the
-//! `local-process` machinery of `casebatch-runtime` (wrapper, process group, `job.json`
-//! intents, memory limits, cleanup): this crate never starts or signals a process itself.
+//! `local-process` machinery of `casebatch-runtime` (wrapper, process group, job intents in
+//! the attempt's journal, memory limits, cleanup): this crate never starts or signals a process itself.
 //! What reaches it is proto's (a submit is an attempt key and a `JobSpec`, contract v2; a
 //! request of another contract version is refused naming both), what runs it is the
 //! runtime's: it depends on neither the manifest nor the bundle crate. It must not know
@@ -23,8 +23,9 @@
 //! `starting` inserted), a task provisions and submits it with `LocalProcess` (row `running`
 //! with the wrapper's pid and start time), then awaits it (row `ended` with the actor's
 //! report). An agent that restarts on the same data directory gives every row not `ended`
-//! its task again: `LocalProcess` finds what the earlier life started by `job.json`,
-//! `wrapper.pid`, `exit_status` and `/proc`, so nothing is lost and nothing runs twice.
+//! its task again: `LocalProcess` finds what the earlier life started by the attempt's
+//! journal (job, wrapper and exit entries) and `/proc`, so nothing is lost and nothing runs
+//! twice.
 //! An ended job is evaluated on request (Evaluate: the job's evaluator, run once inside the
 //! job's cgroup and recorded in its row; `evaluations.rs`). An ended job's row and attempt
 //! directory are removed `--keep-ended` after it ended (`retention.rs`), cleaned up first when

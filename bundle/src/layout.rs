@@ -86,40 +86,37 @@ impl Bundle {
 
 /// Files inside one attempt directory.
 pub mod attempt_files {
-    pub const SPEC: &str = "spec.json";
+    /// Everything the engine records about the attempt, one entry per line
+    /// ([`crate::journal`]): spec, job, timings, evaluation, cleanup receipt, the record.
+    pub const JOURNAL: &str = "attempt.jsonl";
     /// Written by the harness (`CASEBATCH_RESULT`).
     pub const RESULT: &str = "result.json";
     pub const STDOUT: &str = "stdout.log";
     pub const STDERR: &str = "stderr.log";
-    pub const EVALUATION: &str = "evaluation.json";
-    pub const CLEANUP: &str = "cleanup.json";
-    /// Present when the environment was provisioned ahead of need (`prepare_ahead`).
-    pub const PREPARED: &str = "prepared.json";
     /// The trace pulled by the collect stage.
     pub const TRACE: &str = "trace.json";
-    /// The engine's record of the attempt.
-    pub const RECORD: &str = "attempt.json";
-    /// Stage timings appended as the stages end, folded into the record at cleanup.
-    pub const STAGES: &str = "stages.jsonl";
-    /// The runtime's job identity (pid, start time, marker).
-    pub const JOB: &str = "job.json";
-    /// The container runtime's record of the attempt's container (name, image, creation),
-    /// written before the container is created: a container of the attempt exists only if
-    /// this file does.
-    pub const CONTAINER: &str = "container.json";
-    /// The harness's exit status, written by the wrapper that outlives a worker crash.
-    pub const EXIT: &str = "exit_status";
-    /// `<pid> <start ticks>` of the wrapper, written as its first act, before the harness runs:
-    /// a start that left no such file (and no exit status, and no marked process) never ran
-    /// the harness.
-    pub const WRAPPER_PID: &str = "wrapper.pid";
-    /// Held (flock) by whoever decides whether to start the attempt's process.
-    pub const JOB_LOCK: &str = "job.lock";
-    /// The harness's working directory (fresh per attempt).
-    pub const WORKDIR: &str = "work";
     pub const OUTPUT: &str = "output";
+    /// A container's working directory and input, inside the attempt directory it mounts
+    /// (a local process has both in its scratch directory, outside the bundle).
+    pub const WORKDIR: &str = "work";
     pub const INPUT: &str = "input.json";
     pub const EVAL_STDOUT: &str = "evaluator.stdout.log";
     pub const EVAL_STDERR: &str = "evaluator.stderr.log";
     pub const EVAL_RESULT: &str = "evaluator_result.json";
+
+    /// The files an attempt kept before its records moved into [`JOURNAL`]: still read in
+    /// older bundles (and for jobs older workers started).
+    pub mod legacy {
+        pub const SPEC: &str = "spec.json";
+        pub const EVALUATION: &str = "evaluation.json";
+        pub const CLEANUP: &str = "cleanup.json";
+        pub const PREPARED: &str = "prepared.json";
+        pub const RECORD: &str = "attempt.json";
+        pub const STAGES: &str = "stages.jsonl";
+        /// The runtime's job record; also the name an agent streams its job record under.
+        pub const JOB: &str = "job.json";
+        pub const CONTAINER: &str = "container.json";
+        pub const EXIT: &str = "exit_status";
+        pub const WRAPPER_PID: &str = "wrapper.pid";
+    }
 }

@@ -10,16 +10,19 @@
 //!   manifest.json  run_config.json  batch_plan.json  events.jsonl
 //!   batch_results.json  batch_attempts.json  batch_summary.json  [batch_summary.csv]
 //!   cases/<case_dir>/result.json                 current outcome of the case
-//!   cases/<case_dir>/attempts/<n>/               spec.json result.json stdout.log stderr.log
-//!                                                evaluation.json cleanup.json attempt.json
+//!   cases/<case_dir>/attempts/<n>/               attempt.jsonl result.json stdout.log stderr.log
+//!                                                output/   (attempt.jsonl: spec, job, timings,
+//!                                                evaluation, cleanup receipt, record)
 //! ```
 
+pub mod journal;
 pub mod layout;
 pub mod records;
 pub mod stats;
 pub mod summary;
 mod write;
 
+pub use journal::{AttemptJournal, Entry};
 pub use layout::Bundle;
 pub use records::*;
 pub use summary::{

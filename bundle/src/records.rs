@@ -137,7 +137,7 @@ impl CaseRecordState {
     }
 }
 
-/// `attempts/<n>/attempt.json`: the engine's record of one attempt.
+/// The engine's record of one attempt (its journal's `record` entry; `attempt.json` before).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttemptRecord {
     pub schema_version: String,
@@ -169,7 +169,7 @@ pub struct StageTiming {
     pub duration_ms: u64,
 }
 
-/// `attempts/<n>/prepared.json`: the attempt's environment was provisioned ahead of need
+/// The journal's `prepared` entry: the attempt's environment was provisioned ahead of need
 /// (`prepare_ahead`); its `start` only submits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreparedRecord {
@@ -192,7 +192,7 @@ pub struct ReleasedRecord {
     pub receipt: CleanupReceipt,
 }
 
-/// `attempts/<n>/cleanup.json`: the cleanup receipt.
+/// The cleanup receipt (the journal's `cleanup` entry).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CleanupReceipt {
     pub schema_version: String,
@@ -243,7 +243,7 @@ pub struct ContainerFacts {
     pub removed: bool,
 }
 
-/// `attempts/<n>/evaluation.json`.
+/// The attempt's evaluation (the journal's `evaluation` entry).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvaluationRecord {
     pub schema_version: String,

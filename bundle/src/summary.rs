@@ -9,7 +9,7 @@ use std::path::Path;
 use casebatch_manifest::model::Plan;
 use serde::{Deserialize, Serialize};
 
-use crate::layout::attempt_files;
+use crate::journal::AttemptJournal;
 use crate::records::{AttemptRecord, CaseRecordState, CaseResult, RECORD_SCHEMA_VERSION};
 use crate::{Bundle, BundleError, read_json_if_present, write_json_atomic};
 
@@ -290,7 +290,7 @@ fn read_attempts(bundle: &Bundle, case_dir: &str) -> Result<Vec<AttemptRecord>, 
             Ok(_) => {}
         }
         // Absent while the attempt runs: its record is written when it is cleaned up.
-        if let Some(record) = read_json_if_present(&dir.join(attempt_files::RECORD))? {
+        if let Some(record) = AttemptJournal::read_strict(&dir)?.record {
             out.push(record);
         }
     }

@@ -2,7 +2,7 @@
 //! will clean up any more. A dry run by default (a maintenance operation lists first).
 //!
 //! A container is garbage when its bundle directory is gone, or its attempt is closed (its
-//! `cleanup.json` exists: cleanup ran and could not remove it). Anything else may still be
+//! journal has a cleanup receipt: cleanup ran and could not remove it). Anything else may still be
 //! waited on or adopted, and is kept. Only containers labelled with this user as their owner
 //! are ever removed: on a shared host, another user's are listed and left alone.
 
@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use bollard::query_parameters::ListContainersOptions;
-use casebatch_runtime::attempt_files;
+use casebatch_runtime::AttemptJournal;
 use serde::Serialize;
 
 use crate::engine;
@@ -45,7 +45,7 @@ fn verdict(labels: &HashMap<String, String>, me: &str) -> &'static str {
         return "bundle_gone";
     }
     let dir = Path::new(get(label::ATTEMPT_DIR));
-    if dir.join(attempt_files::CLEANUP).exists() {
+    if AttemptJournal::read(dir).is_ok_and(|j| j.cleanup.is_some()) {
         return "attempt_closed";
     }
     "in_use"

@@ -4,9 +4,9 @@
 //!
 //! Durable the way the local-process runtime is, by names instead of pids:
 //! - an attempt's container is named from the attempt ([`names::container_name`]) and labelled
-//!   with its identity; `container.json` is written before the create, so a container of the
-//!   attempt exists only if that file does;
-//! - `submit` decides under the attempt's `job.lock`: a container it finds (or a create that
+//!   with its identity; its record (a `container` entry of the attempt's journal) is written
+//!   before the create, so a container of the attempt exists only if that entry does;
+//! - `submit` decides under the attempt's lock (the flock on its journal): a container it finds (or a create that
 //!   meets a name conflict) is adopted, never doubled; one that was created and never started
 //!   is started, since it never ran;
 //! - `await` re-attaches by name from any worker process on the host, and harvests the logs
@@ -37,13 +37,13 @@ use bollard::models::{ContainerInspectResponse, ContainerStateStatusEnum as Stat
 use bollard::query_parameters::{
     CreateContainerOptions, CreateImageOptions, RemoveContainerOptions,
 };
-use casebatch_bundle::{ContainerFacts, RECORD_SCHEMA_VERSION, write_json_atomic};
+use casebatch_bundle::{ContainerFacts, Entry, RECORD_SCHEMA_VERSION, write_json_atomic};
 use casebatch_proto::runtime_v1::{Command, Sandbox};
 use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
-use casebatch_runtime::local_process::{LocalProcess, hostname, lock_attempt};
+use casebatch_runtime::local_process::{hostname, lock_attempt};
 use casebatch_runtime::{
     Attempt, AttemptEnv, CleanupReceipt, EvaluationRecord, Liveness, NotStarted, OnCancel, Runtime,
-    attempt_files, attempt_io, evaluator, harness,
+    attempt_files, evaluator, harness,
 };
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -60,7 +60,7 @@ pub struct ContainerRuntime {
     started: Mutex<HashSet<String>>,
 }
 
-/// `container.json`: written before the attempt's container is created.
+/// The journal's `container` entry: written before the attempt's container is created.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct ContainerRecord {
     name: String,
@@ -105,14 +105,28 @@ fn new_record(a: &Attempt, provisioned: bool) -> ContainerRecord {
 }
 
 fn write_record(a: &Attempt, record: &ContainerRecord, stage: Stage) -> Result<(), Failure> {
-    write_json_atomic(&a.file(attempt_files::CONTAINER), record)
+    let value = serde_json::to_value(record).expect("container records always serialize");
+    a.record(&[Entry::Container(value)])
         .map_err(|e| Failure::infra(stage, FailureCode::SpawnFailed, e.to_string()))
 }
 
 fn read_record(a: &Attempt) -> Option<ContainerRecord> {
-    attempt_io::read_json_now(&a.file(attempt_files::CONTAINER), 64 * 1024)
-        .ok()
-        .flatten()
+    serde_json::from_value(a.journal().ok()?.container?).ok()
+}
+
+/// `output/`, a fresh `work/` and `input.json` in the attempt directory, which its containers
+/// mount (a container sees nothing of the host's scratch space).
+fn mount_dirs(a: &Attempt) -> Result<(), Failure> {
+    let fail = |e: String| Failure::infra(Stage::Provision, FailureCode::ProvisionIo, e);
+    let input = a.job.input().map_err(fail)?;
+    let work = a.file(attempt_files::WORKDIR);
+    if work.exists() {
+        std::fs::remove_dir_all(&work).map_err(|e| fail(format!("{}: {e}", work.display())))?;
+    }
+    for dir in [work, a.file(attempt_files::OUTPUT)] {
+        std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
+    }
+    write_json_atomic(&a.file(attempt_files::INPUT), &input).map_err(|e| fail(e.to_string()))
 }
 
 fn sandbox(a: &Attempt, stage: Stage) -> Result<&Sandbox, Failure> {
@@ -288,11 +302,12 @@ impl ContainerRuntime {
         Ok(job_ref(a))
     }
 
-    /// The attempt's directories and input, as for a local process; then the image, and the
-    /// actor's container, created and not started (so `prepare_ahead` readies containers of
-    /// the next cases while others run; `submit` starts it).
+    /// The attempt's directories and input, inside the attempt directory the containers
+    /// mount; then the image, and the actor's container, created and not started (so
+    /// `prepare_ahead` readies containers of the next cases while others run; `submit`
+    /// starts it).
     pub async fn provision(&self, a: &Attempt) -> Result<(), Failure> {
-        LocalProcess.provision(a).await?;
+        mount_dirs(a)?;
         let harness = a.harness()?.clone();
         let s = sandbox(a, Stage::Provision)?;
         let docker = self.engine.get(Stage::Provision).await?;
@@ -315,7 +330,7 @@ impl ContainerRuntime {
             Err(f) => return failed(f, a),
         };
         let Some(record) = read_record(a) else {
-            return failed(lost(a, "its container.json is missing"), a);
+            return failed(lost(a, "its container record is missing"), a);
         };
         let name = container_name(a, Role::Actor);
         let adopted = !self.started.lock().expect("lock").contains(&name);

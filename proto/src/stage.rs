@@ -292,6 +292,57 @@ pub enum StartResult {
     /// The runtime's circuit is open: nothing was provisioned or started, and nothing needs
     /// cleaning up. The attempt goes elsewhere (or waits for the circuit).
     Skipped { circuit: Circuit },
+    /// `start` watched the job ([`SettleShort`]) and it still runs: as `Started`, with the
+    /// heartbeats the watch sent (Temporal actions).
+    Watched { job: JobRef, heartbeats: u32 },
+    /// The job ended while `start` watched it ([`SettleShort`]), and `start` settled it as
+    /// `settle` would have (closed too, when final): no `settle` follows.
+    Settled { job: JobRef, settled: Box<Settled> },
+}
+
+/// Input of `start`. A run that lets `start` settle a short job sends [`StartInput::Settling`];
+/// runs recorded before that, and dispatches that may not settle, send the bare key (which is
+/// what every `start` input was before).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum StartInput {
+    Settling {
+        key: AttemptKey,
+        settle: Box<SettleShort>,
+    },
+    Key(AttemptKey),
+}
+
+impl StartInput {
+    pub fn key(&self) -> &AttemptKey {
+        match self {
+            StartInput::Settling { key, .. } | StartInput::Key(key) => key,
+        }
+    }
+
+    /// How `start` may settle its job, if it may.
+    pub fn settle(&self) -> Option<&SettleShort> {
+        match self {
+            StartInput::Settling { settle, .. } => Some(settle),
+            StartInput::Key(_) => None,
+        }
+    }
+}
+
+impl From<AttemptKey> for StartInput {
+    fn from(key: AttemptKey) -> Self {
+        StartInput::Key(key)
+    }
+}
+
+/// `start` may wait up to `within_ms` for the job it started; a job that ends by then is
+/// settled (and, when final, closed from `close_from`) by `start` itself: one engine round
+/// trip for a short case instead of two.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct SettleShort {
+    pub within_ms: u64,
+    /// The attempt's summary so far, as for [`SettleInput::close_from`].
+    pub close_from: AttemptSummary,
 }
 
 /// What `prepare` (provision ahead of need) reports: where the environment was made, so the

@@ -2,9 +2,9 @@
 //! replace: the harness knows the directory (`CASEBATCH_RESULT` lives in it) and runs as the
 //! worker's user, so every file there is untrusted input.
 //!
-//! Rules, for every read of an attempt file (harness result, evaluator result, and the
-//! engine's own records there: `job.json`, `exit_status`, `wrapper.pid`, `evaluation.json`,
-//! `attempt.json`):
+//! Rules, for every read of an attempt file (harness result, evaluator result, logs; the
+//! engine's own journal, `attempt.jsonl`, is read by `casebatch_bundle::journal` under the
+//! same rules):
 //! - regular files only: `symlink_metadata` first, so a FIFO, device, socket, directory or
 //!   symbolic link is refused without ever being opened (a symlink is refused whatever it
 //!   points at: nothing read from an attempt comes from outside its directory);

@@ -12,9 +12,9 @@
 //! 4. none writable: the `/proc` scan for the allocation marker in each process's environment
 //!    (which an environment-clearing descendant escapes).
 //!
-//! The method is recorded in `job.json` and named in the cleanup receipt. A cgroup is named
+//! The method is recorded in the job record and named in the cleanup receipt. A cgroup is named
 //! after its attempt (see [`name_for`]), so after a crash the attempt's cgroup is found again
-//! by name even when its `job.json` was lost.
+//! by name even when its job record was lost.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! The evaluator: a command that observes the actor's effect and writes
 //! `{"verdict": "pass"|"fail", "scores": {...}}` to `CASEBATCH_RESULT`. It runs where the actor
 //! ran and under the attempt's control, like the actor: it joins the attempt's cgroups (the
-//! tracking one and the memory one, named in `job.json`) before it runs, so cleanup's kill and
+//! tracking one and the memory one, named in the job record) before it runs, so cleanup's kill and
 //! receipt cover it and everything it starts, and its memory counts against the attempt's
 //! limit; it runs in the attempt's working directory with the harness's environment allowlist
 //! ([`crate::case_env`]). On an agent, the agent runs it with this same code.
@@ -24,6 +24,7 @@ use tokio::process::{Child, Command};
 
 use crate::local_process::{JobRecord, LocalProcess};
 use crate::memlimit::MemoryLimit;
+use crate::scratch::Scratch;
 use crate::{Attempt, Liveness, OnCancel, attempt_io, cgroup::Tracking, procfs};
 
 /// Joins the attempt's cgroups (`:`-separated `cgroup.procs` files), then becomes the
@@ -151,16 +152,20 @@ pub fn from_wire(e: wire::Evaluation) -> Result<EvaluationRecord, String> {
     })
 }
 
-/// The attempt's cgroups and memory limit, as its job record names them; without a record
-/// (a start known only by its traces), its cgroup found by name and no memory limit.
-fn controls(env: &Attempt) -> (Tracking, MemoryLimit) {
-    match LocalProcess::read_job(env) {
+/// The attempt's cgroups, memory limit and scratch space, as its job record names them;
+/// without a record (a start known only by its traces), its cgroup found by name, no memory
+/// limit and this host's scratch path.
+fn controls(env: &Attempt) -> (Tracking, MemoryLimit, Scratch) {
+    let job = LocalProcess::read_job(env);
+    let scratch = JobRecord::scratch_of(job.as_ref(), env);
+    match job {
         Some(JobRecord {
             tracking, memory, ..
-        }) => (tracking, memory),
+        }) => (tracking, memory, scratch),
         None => (
             crate::local_process::tracking_of(env, None),
             MemoryLimit::None,
+            scratch,
         ),
     }
 }
@@ -186,8 +191,8 @@ pub(crate) async fn run_local<L: Liveness>(
     if stopping() {
         return failed(stopped_by_cleanup());
     }
-    let (tracking, memory) = controls(env);
-    let mut child = match spawn(env, command, &tracking, &memory) {
+    let (tracking, memory, scratch) = controls(env);
+    let mut child = match spawn(env, command, &tracking, &memory, &scratch) {
         Ok(c) => c,
         Err(f) => return failed(f),
     };
@@ -288,6 +293,7 @@ fn spawn(
     command: &casebatch_proto::runtime_v1::Command,
     tracking: &Tracking,
     memory: &MemoryLimit,
+    scratch: &Scratch,
 ) -> Result<Child, Failure> {
     // Appended, and only as regular files: the harness ran before and could have planted a
     // FIFO or a symlink at these paths.
@@ -307,8 +313,8 @@ fn spawn(
         .map_err(|m| Failure::config(Stage::Evaluate, FailureCode::PassEnvUnset, m))?;
     let result_path = env.file(attempt_files::EVAL_RESULT);
     let _ = fs::remove_file(&result_path);
-    let workdir = env.file(attempt_files::WORKDIR);
-    if let Err(e) = fs::create_dir_all(&workdir) {
+    let workdir = &scratch.workdir;
+    if let Err(e) = fs::create_dir_all(workdir) {
         return Err(eval_failure(format!(
             "cannot create the evaluator's working directory {}: {e}",
             workdir.display()
@@ -326,6 +332,7 @@ fn spawn(
     cmd.current_dir(workdir)
         .env_clear()
         .envs(case_env)
+        .env("CASEBATCH_INPUT", &scratch.input)
         .env("CASEBATCH_ACTOR_RESULT", env.file(attempt_files::RESULT))
         .env("CASEBATCH_RESULT", &result_path)
         .env("CASEBATCH_CGROUP_PROCS", procs.join(":"))

@@ -4,9 +4,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use casebatch_bundle::{
-    CleanupReceipt, EvaluationRecord, RECORD_SCHEMA_VERSION, layout::attempt_files,
-};
+use casebatch_bundle::{CleanupReceipt, Entry, EvaluationRecord, RECORD_SCHEMA_VERSION};
 use casebatch_manifest::model::{FakeOutcome, FakeScript};
 use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
 
@@ -88,17 +86,17 @@ impl Runtime for Fake {
 
     async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, NotStarted> {
         // The "job" is the time it started, kept so a re-attached await only waits the rest.
-        let path = env.file(attempt_files::JOB);
-        if !path.exists() {
+        let fail = |e: casebatch_bundle::BundleError| {
+            Failure::infra(Stage::Submit, FailureCode::SpawnFailed, e.to_string())
+        };
+        if env.journal().map_err(fail)?.job.is_none() {
             let rec = serde_json::json!({
                 "schema_version": RECORD_SCHEMA_VERSION,
                 "simulated": true,
                 "marker": env.marker(),
                 "started_at_ms": now_ms(),
             });
-            casebatch_bundle::write_json_atomic(&path, &rec).map_err(|e| {
-                Failure::infra(Stage::Submit, FailureCode::SpawnFailed, e.to_string())
-            })?;
+            env.record(&[Entry::Job(rec)]).map_err(fail)?;
         }
         Ok(JobRef {
             marker: env.marker(),
@@ -116,11 +114,11 @@ impl Runtime for Fake {
         live: &L,
     ) -> ActorReport {
         let script = script(env);
-        let started =
-            casebatch_bundle::read_json::<serde_json::Value>(&env.file(attempt_files::JOB))
-                .ok()
-                .and_then(|v| v["started_at_ms"].as_u64())
-                .unwrap_or_else(now_ms);
+        let started = env
+            .journal()
+            .ok()
+            .and_then(|j| j.job?["started_at_ms"].as_u64())
+            .unwrap_or_else(now_ms);
         let end = started + script.duration_ms;
         loop {
             let now = now_ms();
@@ -153,7 +151,8 @@ impl Runtime for Fake {
     }
 
     fn adopt(&self, env: &AttemptEnv) -> Option<JobRef> {
-        env.file(attempt_files::JOB).exists().then(|| JobRef {
+        let started = env.journal().is_ok_and(|j| j.job.is_some());
+        started.then(|| JobRef {
             marker: env.marker(),
             pid: None,
             start_ticks: None,

@@ -17,6 +17,7 @@ pub mod job_spec;
 pub mod local_process;
 pub mod memlimit;
 pub mod procfs;
+pub mod scratch;
 pub mod token;
 
 use std::collections::BTreeMap;
@@ -33,7 +34,7 @@ use casebatch_proto::{ActorReport, AttemptKey, Failure, JobRef};
 // directory: re-exported so that the agent, which serves attempt directories this machinery
 // made, sees them here and needs nothing of the bundle crate.
 pub use casebatch_bundle::layout::attempt_files;
-pub use casebatch_bundle::{CleanupReceipt, EvaluationRecord};
+pub use casebatch_bundle::{AttemptJournal, CleanupReceipt, EvaluationRecord};
 
 /// One attempt as the local machinery runs it (on a worker's host or on an agent's): its
 /// key, its job, and where its files go. Nothing of the manifest.
@@ -67,6 +68,26 @@ impl Attempt {
         self.dir.join(name)
     }
 
+    /// The attempt's working directory and input file on this host, outside the bundle.
+    pub fn scratch(&self) -> scratch::Scratch {
+        scratch::Scratch::for_attempt(&self.marker(), &self.dir)
+    }
+
+    /// Reads the attempt's journal (its engine records).
+    pub fn journal(
+        &self,
+    ) -> Result<casebatch_bundle::AttemptJournal, casebatch_bundle::BundleError> {
+        casebatch_bundle::AttemptJournal::read(&self.dir)
+    }
+
+    /// Appends to the attempt's journal.
+    pub fn record(
+        &self,
+        entries: &[casebatch_bundle::Entry],
+    ) -> Result<(), casebatch_bundle::BundleError> {
+        casebatch_bundle::journal::append(&self.dir, entries)
+    }
+
     /// Memory limit for this attempt: the job's declared one, or the boosted one.
     pub fn memory_mb(&self) -> Option<u64> {
         self.key.memory_boost_mb.or(self.job.memory_mb())
@@ -98,7 +119,10 @@ impl Attempt {
         env.insert("CASEBATCH_BATCH_ID".into(), self.key.batch_id.clone());
         env.insert("CASEBATCH_CASE_ID".into(), self.job.case_id.clone());
         env.insert("CASEBATCH_ATTEMPT".into(), self.key.attempt.to_string());
-        env.insert("CASEBATCH_INPUT".into(), path(attempt_files::INPUT));
+        env.insert(
+            "CASEBATCH_INPUT".into(),
+            self.scratch().input.display().to_string(),
+        );
         env.insert("CASEBATCH_OUTPUT_DIR".into(), path(attempt_files::OUTPUT));
         env.insert("CASEBATCH_RESULT".into(), path(attempt_files::RESULT));
         env.insert(crate::procfs::MARKER_ENV.into(), self.marker());
@@ -211,7 +235,7 @@ pub trait Runtime: Send + Sync {
     /// Run the job's evaluator (`env.job.evaluator`) for an attempt whose actor ended, where
     /// the actor ran and under the attempt's control: its cgroup (so cleanup's kill and
     /// receipt cover it), its memory limit, its working directory, the harness's environment
-    /// allowlist; heartbeating `job` while it waits. Returns the record for `evaluation.json`.
+    /// allowlist; heartbeating `job` while it waits. Returns the attempt's evaluation record.
     fn evaluate<L: Liveness>(
         &self,
         env: &AttemptEnv,

@@ -2,28 +2,30 @@
 //!
 //! The harness runs under a small `sh` wrapper that leads its own process group, joins the
 //! attempt's cgroups (the one that tracks its processes, see [`crate::cgroup`], and the memory
-//! one), runs the harness, and writes the exit status to a file with an atomic rename. The wrapper does not die with the worker, so after a worker crash the
+//! one), runs the harness, and appends the exit status to the attempt's journal
+//! (`attempt.jsonl`, [`casebatch_bundle::journal`]). The wrapper does not die with the worker, so after a worker crash the
 //! attempt's job is still running (or has left its exit status behind) and the retried
 //! `await` adopts it. Identity is pid + start time, and membership of the attempt's cgroup
 //! (or, where no cgroup is writable, the allocation marker in the environment); a pid from old
 //! state alone is never signalled.
 //!
 //! Exactly one start per attempt, across crashes (the submit window):
-//! 1. `submit` holds the attempt's `job.lock` (flock: released when its holder dies) while it
-//!    decides, so two submits of one attempt never both start it.
-//! 2. Before anything is spawned, `job.json` is written as an intent (`state: starting`,
+//! 1. `submit` holds a flock on the attempt's journal (released when its holder dies) while
+//!    it decides, so two submits of one attempt never both start it.
+//! 2. Before anything is spawned, a `job` entry is appended as an intent (`state: starting`,
 //!    `starts: n`, the memory limit, the deadline's start, the owner: this worker process).
-//! 3. The wrapper's first act, before the harness can run, is writing `wrapper.pid`
-//!    (`<pid> <start ticks>`); then `job.json` is completed (`state: running`, pid, ticks).
+//! 3. The wrapper's first act, before the harness can run, is appending its `wrapper` entry
+//!    (`[pid, start ticks]`); then the job is recorded again, completed (`state: running`,
+//!    pid, ticks).
 //! 4. A submit (or adopt, or await) that finds an intent looks for the start's own traces: a
-//!    child this process holds, `wrapper.pid`, `exit_status`, a live process carrying the
-//!    marker. Any of them means the start happened: the record is completed from them and the
-//!    job adopted, never started again.
+//!    child this process holds, the `wrapper` entry, an `exit` entry, a live process carrying
+//!    the marker. Any of them means the start happened: the record is completed from them and
+//!    the job adopted, never started again.
 //! 5. None of them, [`SPAWN_GRACE`] after the intent was written, proves the harness never ran
-//!    (it only runs after `wrapper.pid` exists, and a wrapper that has not written it yet is a
-//!    live marked process). Only then is the attempt started again, as `starts: n + 1` with a
-//!    `job_restarted` event: visible in `job.json`, the case's `result.json` (`job_starts`) and
-//!    `events.jsonl`, never hidden behind `attempts: 1`.
+//!    (it only runs after the `wrapper` entry is written, and a wrapper that has not written it
+//!    yet is a live marked process). Only then is the attempt started again, as `starts: n + 1`
+//!    with a `job_restarted` event: visible in the job entry, the case's `result.json`
+//!    (`job_starts`) and `events.jsonl`, never hidden behind `attempts: 1`.
 //!
 //! Logs are opened for appending, so no later start can truncate an earlier one's output.
 //! An attempt reports `adopted` only when its result was harvested from a process started by
@@ -33,13 +35,14 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use casebatch_bundle::{
-    CleanupReceipt, EvaluationRecord, Event, RECORD_SCHEMA_VERSION, append_jsonl,
-    layout::attempt_files, write_json_atomic,
+    CleanupReceipt, Entry, EvaluationRecord, Event, RECORD_SCHEMA_VERSION, append_jsonl,
+    layout::attempt_files,
 };
 use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
 use nix::fcntl::{Flock, FlockArg};
@@ -51,25 +54,27 @@ use crate::cgroup::{self, Tracking};
 use crate::harness;
 use crate::memlimit::MemoryLimit;
 use crate::procfs;
+use crate::scratch::Scratch;
 use crate::{Attempt, AttemptEnv, Liveness, NotStarted, OnCancel, Runtime};
 
-/// Records its own pid and start time (`$1`: the `wrapper.pid` path; before anything else, so
-/// the harness never runs unrecorded), joins the cgroups (`:`-separated `cgroup.procs` files),
-/// runs the harness, and records its exit status in one write whose newline marks it complete
-/// (no rename: that cost a process and a temporary file per case). Field 22 of
+/// Appends its own pid and start time to the attempt's journal (`$1`; before anything else,
+/// so the harness never runs unrecorded), joins the cgroups (`:`-separated `cgroup.procs`
+/// files), runs the harness, and appends its exit status. Each entry is one `printf` to a file
+/// opened for appending: one write, whole, whose newline marks it complete. Field 22 of
 /// `/proc/$$/stat` is the start time, counted after the command name's closing parenthesis.
 const WRAPPER: &str = r#"
-pidfile=$1; shift
+journal=$1; shift
 stat=; read -r stat < /proc/$$/stat
 ticks=; field22() { shift 19; ticks=$1; }; field22 ${stat##*') '}
-printf '%s %s\n' "$$" "$ticks" > "$pidfile" || exit 95
+case $ticks in ''|*[!0-9]*) ticks=null ;; esac
+printf '{"wrapper":[%s,%s]}\n' "$$" "$ticks" >> "$journal" || exit 95
 if [ -n "$CASEBATCH_CGROUP_PROCS" ]; then
   IFS=:; for procs in $CASEBATCH_CGROUP_PROCS; do echo $$ > "$procs" || exit 96; done; unset IFS
 fi
 unset CASEBATCH_CGROUP_PROCS
 "$@"
 code=$?
-printf '%s\n' "$code" > "$CASEBATCH_EXIT_FILE"
+printf '{"exit":%s}\n' "$code" >> "$journal"
 exit $code
 "#;
 
@@ -99,7 +104,8 @@ fn one() -> u32 {
     1
 }
 
-/// `job.json`: the runtime's record of the job it starts (an intent first, then the process).
+/// The journal's `job` entry: the runtime's record of the job it starts (an intent first,
+/// then the process).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobRecord {
     pub schema_version: String,
@@ -127,6 +133,21 @@ pub struct JobRecord {
     /// the submit window).
     #[serde(default)]
     pub recovered: bool,
+    /// The harness's working directory (its input file beside it), outside the bundle
+    /// ([`crate::scratch`]). Absent in records from before scratch space, and in records
+    /// rebuilt from traces: then this host's own path for the attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scratch: Option<PathBuf>,
+}
+
+impl JobRecord {
+    /// The attempt's scratch space, as recorded (else where this host puts it).
+    pub fn scratch_of(job: Option<&JobRecord>, env: &Attempt) -> Scratch {
+        match job.and_then(|j| j.scratch.clone()) {
+            Some(workdir) => Scratch::at(workdir),
+            None => env.scratch(),
+        }
+    }
 }
 
 /// Children this process spawned, by marker: awaited directly instead of polled. Process-wide
@@ -163,23 +184,30 @@ impl LocalProcess {
         Self::read_job_checked(env).ok().flatten()
     }
 
-    /// `Err`: a `job.json` is there but unusable (replaced by the attempt's processes, or an
-    /// I/O error): not the same as no record at all.
-    fn read_job_checked(env: &Attempt) -> Result<Option<JobRecord>, attempt_io::FileError> {
-        attempt_io::read_json_now(&env.file(attempt_files::JOB), attempt_io::RECORD_LIMIT)
+    /// `Err`: a job record is there but unusable (the journal replaced by the attempt's
+    /// processes, an I/O error, an entry of another shape): not the same as no record.
+    fn read_job_checked(env: &Attempt) -> Result<Option<JobRecord>, String> {
+        let journal = env.journal().map_err(|e| e.to_string())?;
+        journal
+            .job
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|e| format!("its job entry is not a job record: {e}"))
     }
 
-    /// The harness's exit status, once the wrapper has written all of it (the newline).
+    /// The harness's exit status, once the wrapper has written it.
     fn exit_status(env: &Attempt) -> Option<i32> {
-        attempt_io::read_text_now(&env.file(attempt_files::EXIT), 64)
-            .ok()??
-            .strip_suffix('\n')?
-            .trim()
-            .parse()
-            .ok()
+        env.journal().ok()?.exit
     }
 
-    /// How many processes were started for the attempt (`job.json`'s `starts`).
+    /// Records the job (an intent, or its completion).
+    fn write_job(env: &Attempt, record: &JobRecord) -> Result<(), Failure> {
+        let value = serde_json::to_value(record).expect("job records always serialize");
+        env.record(&[Entry::Job(value)])
+            .map_err(|e| submit_failure(e.to_string()))
+    }
+
+    /// How many processes were started for the attempt (the job record's `starts`).
     pub fn recorded_starts(env: &Attempt) -> Option<u32> {
         Self::read_job(env).map(|r| r.starts)
     }
@@ -202,9 +230,9 @@ impl LocalProcess {
             starts,
             owner: ProcessId::this(),
             recovered: false,
+            scratch: Some(env.scratch().workdir),
         };
-        write_json_atomic(&env.file(attempt_files::JOB), &intent)
-            .map_err(|e| submit_failure(e.to_string()))?;
+        Self::write_job(env, &intent)?;
         Ok(intent)
     }
 
@@ -229,12 +257,11 @@ impl LocalProcess {
         // process's page tables) to search it; with a path it uses posix_spawn (vfork).
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c").arg(WRAPPER).arg("casebatch-wrapper");
-        cmd.arg(env.file(attempt_files::WRAPPER_PID));
+        cmd.arg(casebatch_bundle::journal::path(&env.dir));
         cmd.args(&harness.argv);
-        cmd.current_dir(env.file(attempt_files::WORKDIR))
+        cmd.current_dir(JobRecord::scratch_of(Some(intent), env).workdir)
             .env_clear()
             .envs(case_env)
-            .env("CASEBATCH_EXIT_FILE", env.file(attempt_files::EXIT))
             .env("CASEBATCH_CGROUP_PROCS", procs.join(":"))
             .stdin(Stdio::null())
             .stdout(stdout)
@@ -269,8 +296,7 @@ impl LocalProcess {
             recovered,
             ..intent.clone()
         };
-        write_json_atomic(&env.file(attempt_files::JOB), &record)
-            .map_err(|e| submit_failure(e.to_string()))?;
+        Self::write_job(env, &record)?;
         Ok(record)
     }
 
@@ -387,16 +413,22 @@ impl LocalProcess {
                 format!("{}: {e}", env.dir.display()),
             )
         };
-        for sub in [attempt_files::WORKDIR, attempt_files::OUTPUT] {
-            fs::create_dir_all(env.file(sub)).map_err(fail)?;
-        }
+        fs::create_dir_all(env.file(attempt_files::OUTPUT)).map_err(fail)?;
         let input = env
             .job
             .input()
             .map_err(|m| Failure::infra(Stage::Provision, FailureCode::ProvisionIo, m))?;
-        write_json_atomic(&env.file(attempt_files::INPUT), &input).map_err(|e| {
-            Failure::infra(Stage::Provision, FailureCode::ProvisionIo, e.to_string())
-        })?;
+        let scratch = env.scratch();
+        let scratch_fail = |e: std::io::Error| {
+            Failure::infra(
+                Stage::Provision,
+                FailureCode::ProvisionIo,
+                format!("{}: {e}", scratch.workdir.display()),
+            )
+        };
+        scratch.create().map_err(scratch_fail)?;
+        let bytes = serde_json::to_vec(&input).expect("inputs always serialize");
+        fs::write(&scratch.input, bytes).map_err(scratch_fail)?;
         Ok(())
     }
 
@@ -420,7 +452,7 @@ impl LocalProcess {
                 recovered: true,
                 ..r
             }),
-            // job.json lost but the heartbeat named the process: trust it only if the
+            // The job record lost but the heartbeat named the process: trust it only if the
             // marker still identifies it.
             None => job.pid.zip(job.start_ticks).and_then(|(pid, ticks)| {
                 members(env, &tracking_of(env, None))
@@ -437,7 +469,7 @@ impl LocalProcess {
             }),
         };
         let Some(record) = record else {
-            return lost(env, "its job.json is missing or its start left no trace");
+            return lost(env, "its job record is missing or its start left no trace");
         };
         let child = CHILDREN.lock().expect("lock").remove(&record.marker);
         // Adopted: harvested from a process another worker process started and is gone.
@@ -564,6 +596,8 @@ impl LocalProcess {
         if let Some(job) = &job {
             job.memory.remove();
         }
+        // Its processes are gone: nothing uses the scratch space any more.
+        JobRecord::scratch_of(job.as_ref(), env).remove();
         killed.sort_unstable();
         killed.dedup();
         let confirmed = remaining.is_empty() && escaped.is_empty();
@@ -658,8 +692,7 @@ impl LocalProcess {
                     return Err(submit_failure(format!("job record unusable: {e}")));
                 };
                 let record = recovered_record(env, t);
-                write_json_atomic(&env.file(attempt_files::JOB), &record)
-                    .map_err(|e| submit_failure(e.to_string()))?;
+                Self::write_job(env, &record)?;
                 return Ok(job_ref(&record));
             }
         };
@@ -668,8 +701,7 @@ impl LocalProcess {
             // from an older version: adopt it rather than start another.
             if let Some(t) = find_marked(env) {
                 let record = recovered_record(env, t);
-                write_json_atomic(&env.file(attempt_files::JOB), &record)
-                    .map_err(|e| submit_failure(e.to_string()))?;
+                Self::write_job(env, &record)?;
                 return Ok(job_ref(&record));
             }
             return self.start(env, 1).await;
@@ -689,7 +721,7 @@ impl LocalProcess {
                 return Self::complete(env, &record, t.pid, t.ticks, true).map(|r| job_ref(&r));
             }
         }
-        // Provably never ran: no wrapper.pid (written before the harness runs), no exit
+        // Provably never ran: no wrapper entry (written before the harness runs), no exit
         // status, no live marked process, SPAWN_GRACE after the intent. Start again, visibly.
         let starts = record.starts + 1;
         tracing::warn!(
@@ -705,7 +737,7 @@ impl LocalProcess {
                 case_id: Some(env.job.case_id.clone()),
                 attempt: Some(env.key.attempt),
                 message: format!(
-                    "start {starts} of attempt {}: start {} left no wrapper.pid, no exit status and no live process {}s after its intent, so the harness never ran",
+                    "start {starts} of attempt {}: start {} left no wrapper entry, no exit status and no live process {}s after its intent, so the harness never ran",
                     env.key.attempt,
                     record.starts,
                     SPAWN_GRACE.as_secs()
@@ -866,7 +898,7 @@ struct Trace {
 }
 
 /// The traces of the attempt's latest start, if it happened: the child this process holds,
-/// the wrapper's `wrapper.pid` (written before the harness runs), the exit status, or a live
+/// the wrapper's entry (written before the harness runs), the exit status, or a live
 /// process carrying the marker. `None` means the harness of that start never ran (once
 /// [`SPAWN_GRACE`] has passed since the intent; before, a wrapper may still be on its way).
 fn start_traces(env: &Attempt) -> Option<Trace> {
@@ -881,24 +913,21 @@ fn start_traces(env: &Attempt) -> Option<Trace> {
             ticks: procfs::start_ticks(pid),
         });
     }
-    let pid_file = env.file(attempt_files::WRAPPER_PID);
-    match attempt_io::read_text_now(&pid_file, 256) {
-        Ok(Some(text)) => {
-            let mut words = text.split_whitespace();
-            let pid = words.next().and_then(|w| w.parse::<u32>().ok());
-            let ticks = words
-                .next()
-                .and_then(|w| w.parse::<u64>().ok())
-                .or_else(|| pid.and_then(procfs::start_ticks));
-            return Some(Trace { pid, ticks });
+    match env.journal() {
+        Ok(journal) => {
+            if let Some((pid, ticks)) = journal.wrapper {
+                return Some(Trace {
+                    pid: Some(pid),
+                    ticks: ticks.or_else(|| procfs::start_ticks(pid)),
+                });
+            }
+            if journal.exit.is_some() {
+                return Some(Trace::default());
+            }
         }
-        Ok(None) => {}
-        // There, but not a readable regular file: the wrapper ran (and something replaced
-        // the file since). It started; its process is unknown.
+        // There, but not a readable regular file: only the attempt's processes replace it,
+        // so it started; its process is unknown.
         Err(_) => return Some(Trace::default()),
-    }
-    if std::fs::symlink_metadata(env.file(attempt_files::EXIT)).is_ok() {
-        return Some(Trace::default());
     }
     find_marked(env)
 }
@@ -919,6 +948,7 @@ fn recovered_record(env: &Attempt, t: Trace) -> JobRecord {
         starts: 1,
         owner: None,
         recovered: true,
+        scratch: None,
     }
 }
 
@@ -941,12 +971,11 @@ fn find_marked(env: &Attempt) -> Option<Trace> {
     })
 }
 
-/// Takes the attempt's `job.lock` (flock), waiting for a holder that is still alive. The
+/// Takes the flock on the attempt's journal, waiting for a holder that is still alive. The
 /// container runtime decides its starts under the same lock.
 pub async fn lock_attempt(env: &Attempt) -> Result<Flock<std::fs::File>, Failure> {
-    let path = env.file(attempt_files::JOB_LOCK);
-    let mut file = attempt_io::open_log(&path)
-        .map_err(|e| submit_failure(format!("failed to open {}: {e}", path.display())))?;
+    let mut file = casebatch_bundle::journal::open_for_append(&env.dir)
+        .map_err(|e| submit_failure(e.to_string()))?;
     loop {
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => return Ok(lock),
@@ -957,7 +986,7 @@ pub async fn lock_attempt(env: &Attempt) -> Result<Flock<std::fs::File>, Failure
             Err((_, e)) => {
                 return Err(submit_failure(format!(
                     "failed to lock {}: {e}",
-                    path.display()
+                    casebatch_bundle::journal::path(&env.dir).display()
                 )));
             }
         }
@@ -1014,23 +1043,21 @@ mod tests {
     #[test]
     fn the_wrapper_records_its_own_identity_before_the_harness_runs() {
         let dir = tempfile::tempdir().unwrap();
-        let pid_file = dir.path().join("wrapper.pid");
-        let exit_file = dir.path().join("exit_status");
+        let journal = casebatch_bundle::journal::path(dir.path());
         let seen = dir.path().join("seen");
-        // The harness checks that the pid file already exists when it runs.
+        // The harness checks that the wrapper's entry is already there when it runs.
         let mut child = std::process::Command::new("sh")
             .arg("-c")
             .arg(WRAPPER)
             .arg("casebatch-wrapper")
-            .arg(&pid_file)
+            .arg(&journal)
             .args([
                 "sh",
                 "-c",
-                r#"test -s "$0" && echo yes > "$1"; sleep 1; exit 3"#,
+                r#"grep -q '"wrapper"' "$0" && echo yes > "$1"; sleep 1; exit 3"#,
             ])
-            .arg(&pid_file)
+            .arg(&journal)
             .arg(&seen)
-            .env("CASEBATCH_EXIT_FILE", &exit_file)
             .env("CASEBATCH_CGROUP_PROCS", "")
             .spawn()
             .unwrap();
@@ -1039,12 +1066,14 @@ mod tests {
         while !seen.exists() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        let text = std::fs::read_to_string(&pid_file).unwrap();
         let ticks = procfs::start_ticks(pid).unwrap();
-        assert_eq!(text.trim(), format!("{pid} {ticks}"));
+        let read = || casebatch_bundle::AttemptJournal::read(dir.path()).unwrap();
+        assert_eq!(read().wrapper, Some((pid, Some(ticks))));
+        assert_eq!(read().exit, None, "not before the harness ends");
         assert_eq!(std::fs::read_to_string(&seen).unwrap().trim(), "yes");
         assert_eq!(child.wait().unwrap().code(), Some(3));
-        assert_eq!(std::fs::read_to_string(&exit_file).unwrap().trim(), "3");
+        assert_eq!(read().exit, Some(3));
+        assert!(read().unreadable_lines.is_empty());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! Preference order: a cgroup v1 memory controller (`memory.limit_in_bytes`,
 //! `memory.oom_control`), then cgroup v2 (`memory.max`, `memory.events`), then polling the
-//! resident memory of the attempt's processes. The mechanism used is recorded in `job.json`.
+//! resident memory of the attempt's processes. The mechanism used is recorded in the job record.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -431,8 +431,7 @@ fn cancelling_a_batch_on_an_agent_kills_its_jobs_and_confirms_their_cleanup() {
     let summary = sb.json(&sb.bundle("cancel-agent").join("batch_summary.json"));
     assert_eq!(summary["counts"]["cancelled"], 3, "{summary:#}");
     for i in 0..3 {
-        let receipt =
-            sb.json(&sb.attempt_file("cancel-agent", &format!("c{i}"), 1, "cleanup.json"));
+        let receipt = sb.recorded("cancel-agent", &format!("c{i}"), 1, "cleanup");
         assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
     }
     assert!(
@@ -470,7 +469,7 @@ fn an_evaluator_runs_on_the_agent_in_the_jobs_cgroup_and_its_detached_process_di
         (&"succeeded".into(), &"pass".into()),
         "{result:#}"
     );
-    let evaluation = sb.json(&sb.attempt_file("eval-agent", "c0", 1, "evaluation.json"));
+    let evaluation = sb.recorded("eval-agent", "c0", 1, "evaluation");
     assert_eq!(evaluation["scores"]["n"], 1, "{evaluation:#}");
     assert_eq!(evaluation["exit_code"], 0, "{evaluation:#}");
     // The evaluator's files came back into the bundle.
@@ -480,7 +479,7 @@ fn an_evaluator_runs_on_the_agent_in_the_jobs_cgroup_and_its_detached_process_di
         sb.attempt_file("eval-agent", "c0", 1, "evaluator_result.json")
             .exists()
     );
-    let receipt = sb.json(&sb.attempt_file("eval-agent", "c0", 1, "cleanup.json"));
+    let receipt = sb.recorded("eval-agent", "c0", 1, "cleanup");
     assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
     assert!(
         !receipt["killed"].as_array().unwrap().is_empty(),
@@ -529,9 +528,8 @@ fn failover_manifest(batch: &str, agents: &[&Agent], cases: usize, harness: &str
 /// Every attempt record of a case, in order.
 fn attempts(sb: &Sandbox, batch: &str, case: &str) -> Vec<serde_json::Value> {
     (1..)
-        .map(|n| sb.attempt_file(batch, case, n, "attempt.json"))
-        .take_while(|p| p.exists())
-        .map(|p| sb.json(&p))
+        .map(|n| sb.recorded(batch, case, n, "record"))
+        .take_while(|r| !r.is_null())
         .collect()
 }
 
@@ -737,7 +735,7 @@ fn supersede_kills_a_stale_batch_s_running_jobs_and_a_new_run_replaces_it() {
     );
     for c in ["c1", "c2", "c3"] {
         assert_eq!(started.iter().filter(|l| *l == c).count(), 2, "{started:?}");
-        let receipt = sb.json(&sb.attempt_file("stale", c, 1, "cleanup.json"));
+        let receipt = sb.recorded("stale", c, 1, "cleanup");
         assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
     }
     let summary = sb.json(&sb.bundle("stale").join("batch_summary.json"));
@@ -1078,7 +1076,7 @@ fn check_dead_runtime_drill(
             );
             // Nothing reached the dead agent, so its cleanup asked nothing of it.
             let n = t["summary"]["attempt"].as_u64().unwrap() as u32;
-            let receipt = sb.json(&sb.attempt_file(batch, &case, n, "cleanup.json"));
+            let receipt = sb.recorded(batch, &case, n, "cleanup");
             assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
             assert_eq!(receipt["method"], "not_submitted", "{receipt:#}");
         }
@@ -1204,10 +1202,10 @@ fn an_agent_frozen_in_a_list_strands_its_jobs_and_stops_them_once_it_answers() {
             "box-b",
             "{case}"
         );
-        let first = sb.json(&sb.attempt_file("strand", &case, 1, "attempt.json"));
+        let first = sb.recorded("strand", &case, 1, "record");
         assert_eq!(first["summary"]["stranded"], true, "{first:#}");
         assert_eq!(first["runtime_name"], "box-a", "{first:#}");
-        let receipt = sb.json(&sb.attempt_file("strand", &case, 1, "cleanup.json"));
+        let receipt = sb.recorded("strand", &case, 1, "cleanup");
         assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
         assert_eq!(receipt["held_job"], true, "{receipt:#}");
     }
@@ -1284,7 +1282,7 @@ fn an_agent_with_container_sandboxes_outlives_a_sigkill_and_re_attaches_to_its_c
             !stdout.trim().is_empty() && stdout.trim() != host_name.trim(),
             "ran in a container, not on the agent's host: {stdout}"
         );
-        let receipt = sb.json(&sb.attempt_file("aboxed", case, 1, "cleanup.json"));
+        let receipt = sb.recorded("aboxed", case, 1, "cleanup");
         assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
         assert_eq!(receipt["method"], "container", "{receipt:#}");
     }

@@ -61,7 +61,10 @@ fn a_sigkilled_runner_s_browsers_are_cleaned_up_on_resume_and_no_click_repeats()
     let mut fixture = serve_fixture(&sb, "fx", "2");
     let manifest = sb.path("fx/batch.yaml");
     let out = sb.out();
-    let mut runner = sb.spawn(
+    // The harnesses' working directories go here (the resume's worker uses its default:
+    // adopted jobs are evaluated and cleaned up where their job record says).
+    let scratch = sb.path("scratch");
+    let mut runner = sb.spawn_env(
         &[
             "batch",
             "run",
@@ -73,12 +76,20 @@ fn a_sigkilled_runner_s_browsers_are_cleaned_up_on_resume_and_no_click_repeats()
             "1",
         ],
         "run.log",
+        &[("CASEBATCH_SCRATCH_DIR", scratch.to_str().unwrap())],
     );
-    let second_browser = sb.attempt_file("local-web", "web-2", 1, "work/browser.json");
+    // The second task (plan index 1, attempt 1) names its browser in its working directory.
+    let second_browser = || {
+        std::fs::read_dir(&scratch).ok()?.flatten().find_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let browser = e.path().join("browser.json");
+            (name.starts_with("local-web_1_1-") && browser.exists()).then_some(browser)
+        })
+    };
     wait_until(
         Duration::from_secs(120),
         "the second task's browser runs",
-        || second_browser.exists(),
+        || second_browser().is_some(),
     );
     runner.kill().unwrap(); // SIGKILL
     runner.wait().unwrap();
@@ -115,7 +126,7 @@ fn a_sigkilled_runner_s_browsers_are_cleaned_up_on_resume_and_no_click_repeats()
         "the in-flight attempt was adopted"
     );
     for task in ["web-1", "web-2", "web-3"] {
-        let receipt = sb.json(&sb.attempt_file("local-web", task, 1, "cleanup.json"));
+        let receipt = sb.recorded("local-web", task, 1, "cleanup");
         assert_eq!(receipt["cleanup_confirmed"], true, "{task}: {receipt:#}");
         let killed = receipt["killed"].as_array().unwrap().len();
         assert!(
@@ -127,6 +138,12 @@ fn a_sigkilled_runner_s_browsers_are_cleaned_up_on_resume_and_no_click_repeats()
         sandbox_browsers(&sb).is_empty(),
         "no Chromium process is left: {:?}",
         sandbox_browsers(&sb)
+    );
+    // The adopted attempt's cleanup removed the working directory its job record named,
+    // though the resume's own scratch root is elsewhere.
+    assert!(
+        second_browser().is_none(),
+        "the second task's working directory outlived its cleanup"
     );
     stop(&mut fixture);
 }

@@ -17,7 +17,9 @@ use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use casebatch_proto::{AttemptKey, AwaitInput, CleanupInput, ReleaseInput, SettleInput};
+use casebatch_proto::{
+    AttemptKey, AwaitInput, CleanupInput, ReleaseInput, SettleInput, StartInput,
+};
 use casebatch_workflows::BatchWorkflow;
 use serde_json::Value;
 use temporalio_client::WorkflowHistory;
@@ -665,6 +667,7 @@ impl WorkflowInterceptor for ActivityRecorder {
     ) -> CancellableWorkflowOutboundFuture<ScheduleActivityResult> {
         let key = input
             .input_ref::<AttemptKey>()
+            .or_else(|| input.input_ref::<StartInput>().map(StartInput::key))
             .or_else(|| input.input_ref::<SettleInput>().map(|i| &i.key))
             .or_else(|| input.input_ref::<CleanupInput>().map(|i| &i.key))
             .or_else(|| input.input_ref::<AwaitInput>().map(|i| &i.key))

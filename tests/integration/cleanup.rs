@@ -21,10 +21,7 @@ tasks:
     );
     let o = sb.run_batch(&manifest);
     assert_exit(&o, 0);
-    let receipt = sb.json(
-        &sb.bundle("leak")
-            .join("cases/leaky/attempts/1/cleanup.json"),
-    );
+    let receipt = journal_at(&sb.bundle("leak").join("cases/leaky/attempts/1"))["cleanup"].clone();
     assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
     assert!(
         !receipt["killed"].as_array().unwrap().is_empty(),
@@ -68,7 +65,7 @@ tasks:
     let o = sb.run_batch(&manifest);
     assert_exit(&o, 0);
     let attempt = sb.bundle("envless").join("cases/hidden/attempts/1");
-    let receipt = sb.json(&attempt.join("cleanup.json"));
+    let receipt = journal_at(&attempt)["cleanup"].clone();
     assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
     let method = receipt["method"].as_str().unwrap_or_default();
     assert!(method.starts_with("cgroup_"), "{receipt:#}");
@@ -78,10 +75,10 @@ tasks:
     );
     assert!(no_process_matches("sleep 371"), "a survivor: sleep 371");
     // The cgroup is removed with the attempt's processes.
-    let job = sb.json(&attempt.join("job.json"));
+    let job = journal_at(&attempt)["job"].clone();
     let dir = job["tracking"]["dir"]
         .as_str()
-        .expect("a cgroup dir in job.json");
+        .expect("a cgroup dir in the job record");
     assert!(!std::path::Path::new(dir).exists(), "{dir} is left behind");
 }
 
@@ -116,7 +113,7 @@ tasks:
         casebatch_runtime::procfs::kill_pid(*pid);
     }
     assert_exit(&o, 0);
-    let receipt = sb.json(&sb.attempt_file("escape", "escapes", 1, "cleanup.json"));
+    let receipt = sb.recorded("escape", "escapes", 1, "cleanup");
     assert_eq!(receipt["cleanup_confirmed"], false, "{receipt:#}");
     let escaped = receipt["escaped"].as_array().cloned().unwrap_or_default();
     assert_eq!(escaped.len(), 1, "{receipt:#}");
@@ -136,7 +133,7 @@ tasks:
         describe_processes(&survivors)
     );
     // The other case's cleanup is confirmed by the same checks, and both cases ran on.
-    let other = sb.json(&sb.attempt_file("escape", "stays", 1, "cleanup.json"));
+    let other = sb.recorded("escape", "stays", 1, "cleanup");
     assert_eq!(other["cleanup_confirmed"], true, "{other:#}");
     assert_eq!(other["checks"], receipt["checks"], "{other:#}");
     for case in ["escapes", "stays"] {

@@ -56,7 +56,7 @@ pub(crate) fn running_of(host: &str, batch: &str) -> Vec<String> {
 }
 
 fn receipt(sb: &Sandbox, batch: &str, case_dir: &str, attempt: u32) -> Value {
-    sb.json(&sb.attempt_file(batch, case_dir, attempt, "cleanup.json"))
+    sb.recorded(batch, case_dir, attempt, "cleanup")
 }
 
 #[test]
@@ -587,7 +587,7 @@ tasks: [{{task_id: p1}}, {{task_id: p2}}]
         assert_eq!(receipt["held_job"], true, "{receipt:#}");
         assert_eq!(receipt["containers"][0]["exit_code"], 0, "{receipt:#}");
     }
-    let p2 = sb.json(&sb.attempt_file("cahead", "p2", 1, "container.json"));
+    let p2 = sb.recorded("cahead", "p2", 1, "container");
     assert_eq!(p2["provisioned"], true, "{p2:#}");
     assert!(
         p2["started_at_ms"].as_u64().unwrap() > p2["created_at_ms"].as_u64().unwrap(),

@@ -189,9 +189,9 @@ fn the_tutorial_runs_step_by_step_with_one_click_per_task() {
         "casebatch batch run --manifest logs/batch-drain/batch.yaml --output-dir logs/batch-drain/batches --parallelism 1",
         "drain-run.log",
     );
-    let first = sb.path("logs/batch-drain/batches/local-web/cases/web-1/attempts/1/job.json");
+    let first = sb.path("logs/batch-drain/batches/local-web/cases/web-1/attempts/1");
     wait_until(Duration::from_secs(60), "the first task runs", || {
-        first.exists()
+        !journal_at(&first)["job"].is_null()
     });
     t.run(
         "casebatch batch drain --batch-id local-web --output-dir logs/batch-drain/batches",

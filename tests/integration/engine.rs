@@ -251,10 +251,7 @@ tasks: [{task_id: k1}, {task_id: k2}, {task_id: k3}, {task_id: k4}, {task_id: k5
         "the cases in flight were adopted: {summary:#}"
     );
     for case in ["k1", "k2", "k3", "k4", "k5", "k6"] {
-        let receipt = sb.json(
-            &sb.bundle("crash-cg")
-                .join(format!("cases/{case}/attempts/1/cleanup.json")),
-        );
+        let receipt = sb.recorded("crash-cg", case, 1, "cleanup");
         assert_eq!(receipt["cleanup_confirmed"], true, "{case}: {receipt:#}");
         assert_eq!(receipt["method"], "cgroup_v2", "{case}: {receipt:#}");
     }
@@ -464,9 +461,7 @@ fn engine_ui_turns_the_ui_on_under_a_running_batch_which_still_finishes() {
     let bundle = sb.bundle("ui-engine");
     wait_until(Duration::from_secs(90), "both cases run", || {
         ["a", "b"].iter().all(|c| {
-            bundle
-                .join(format!("cases/{c}/attempts/1/wrapper.pid"))
-                .exists()
+            !journal_at(&bundle.join(format!("cases/{c}/attempts/1")))["wrapper"].is_null()
         })
     });
     let headless = engine_record(&sb.out()).expect("engine.json");

@@ -23,7 +23,7 @@ tasks:
     );
     let o = sb.run_batch(&manifest);
     assert_exit(&o, 0);
-    let receipt = sb.json(&sb.attempt_file("eval-leak", "judged", 1, "cleanup.json"));
+    let receipt = sb.recorded("eval-leak", "judged", 1, "cleanup");
     assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
     assert!(
         !receipt["killed"].as_array().unwrap().is_empty(),
@@ -70,7 +70,7 @@ tasks:
     );
     assert_eq!(r["failure"]["retryable"], false, "{r:#}");
     assert_eq!(r["attempts"], 1, "fatal at the same size: not retried");
-    let evaluation = sb.json(&sb.attempt_file("eval-oom", "hog", 1, "evaluation.json"));
+    let evaluation = sb.recorded("eval-oom", "hog", 1, "evaluation");
     assert_eq!(
         evaluation["verdict"],
         serde_json::Value::Null,

@@ -125,7 +125,7 @@ tasks: [{task_id: good}, {task_id: bad}]
     );
     let mut runner = sb.spawn_batch(&slow, "slow.log");
     wait_until(Duration::from_secs(60), "the slow batch runs", || {
-        sb.attempt_file("slow", "s", 1, "job.json").exists()
+        !sb.recorded("slow", "s", 1, "job").is_null()
     });
     let cancel = sb.run(&[
         "batch",

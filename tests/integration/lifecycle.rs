@@ -8,6 +8,83 @@ fn example(name: &str) -> String {
     format!("{}/../examples/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
+/// An attempt that ran and succeeded is six inodes in the bundle (its directory, the journal,
+/// both logs, the result, `output/`): every engine record is a line of `attempt.jsonl`, and the
+/// working directory and input file are scratch outside the bundle, removed by cleanup.
+#[test]
+fn a_succeeded_attempt_is_six_inodes_and_leaves_no_scratch() {
+    let sb = Sandbox::engine();
+    let manifest = sb.write(
+        "lean.yaml",
+        r#"batch_id: lean
+defaults:
+  runtime: local-process
+  concurrency: 2
+  harness: 'test "$(cat "$CASEBATCH_INPUT")" = "{\"query\":\"q\",\"task_id\":\"$CASEBATCH_CASE_ID\"}" && touch scratch-file && echo "{}" > "$CASEBATCH_RESULT"'
+tasks:
+  - {task_id: a, query: q}
+  - {task_id: b, query: q}
+"#,
+    );
+    let scratch = sb.path("scratch");
+    let mut runner = sb.spawn_batch_with_env(
+        &manifest,
+        "run.log",
+        &[("CASEBATCH_SCRATCH_DIR", scratch.to_str().unwrap())],
+    );
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(120)),
+        0,
+        "{}",
+        tail(&sb.path("run.log"), 20)
+    );
+    for case in ["a", "b"] {
+        let dir = sb.attempt_file("lean", case, 1, "");
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "attempt.jsonl",
+                "output",
+                "result.json",
+                "stderr.log",
+                "stdout.log"
+            ],
+            "{case}: the attempt directory and these five"
+        );
+        let journal = journal_at(&dir);
+        for kind in ["spec", "job", "wrapper", "exit", "cleanup", "record"] {
+            assert!(!journal[kind].is_null(), "{case}: no {kind}: {journal:#}");
+        }
+        assert_eq!(journal["spec"]["case"]["input"]["query"], "q");
+        let stages: Vec<&str> = journal["record"]["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["stage"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            stages,
+            [
+                "provision",
+                "submit",
+                "await",
+                "evaluate",
+                "collect",
+                "cleanup"
+            ],
+            "{case}"
+        );
+    }
+    let left: Vec<_> = std::fs::read_dir(&scratch).unwrap().collect();
+    assert!(left.is_empty(), "scratch left behind: {left:?}");
+    assert_exit(&sb.op("report", "lean"), 0);
+}
+
 #[test]
 fn run_writes_the_bundle_and_resume_of_a_completed_batch_changes_nothing() {
     let sb = Sandbox::engine();
@@ -37,16 +114,19 @@ fn run_writes_the_bundle_and_resume_of_a_completed_batch_changes_nothing() {
         let dir = row["case_dir"].as_str().unwrap();
         let attempt = b.join("cases").join(dir).join("attempts/1");
         for f in [
-            "spec.json",
+            "attempt.jsonl",
             "result.json",
             "stdout.log",
             "stderr.log",
-            "evaluation.json",
-            "cleanup.json",
+            "evaluator_result.json",
         ] {
             assert!(attempt.join(f).exists(), "{dir}: {f} missing");
         }
-        let cleanup = sb.json(&attempt.join("cleanup.json"));
+        let journal = journal_at(&attempt);
+        for kind in ["spec", "job", "evaluation", "cleanup", "record"] {
+            assert!(!journal[kind].is_null(), "{dir}: no {kind} recorded");
+        }
+        let cleanup = &journal["cleanup"];
         assert_eq!(cleanup["cleanup_confirmed"], true, "{cleanup:#}");
         let result = sb.case_result("local-example", dir);
         assert_eq!(result["verdict"], "pass");
@@ -208,10 +288,7 @@ fn cancel_stops_in_flight_cases_and_still_cleans_them_up() {
         "queued cases were never started: {summary:#}"
     );
     for case in ["a", "b"] {
-        let receipt = sb.json(
-            &sb.bundle("cancelme")
-                .join(format!("cases/{case}/attempts/1/cleanup.json")),
-        );
+        let receipt = sb.recorded("cancelme", case, 1, "cleanup");
         assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
     }
     assert!(
@@ -255,10 +332,7 @@ fn native_temporal_cancel_ends_the_batch_like_casebatch_cancel() {
     let summary = sb.json(&sb.bundle("nativecancel").join("batch_summary.json"));
     assert_eq!(summary["counts"]["cancelled"], 2, "{summary:#}");
     for case in ["a", "b"] {
-        let receipt = sb.json(
-            &sb.bundle("nativecancel")
-                .join(format!("cases/{case}/attempts/1/cleanup.json")),
-        );
+        let receipt = sb.recorded("nativecancel", case, 1, "cleanup");
         assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
     }
     assert!(
@@ -307,7 +381,7 @@ fn large_fake_batch_continues_as_new_and_says_it_is_a_simulation() {
         "--output-dir",
         &out,
         "--history-budget",
-        "600",
+        "300",
     ]);
     assert_exit(&o, 0);
     assert!(

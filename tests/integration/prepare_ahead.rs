@@ -20,9 +20,7 @@ fn case_dirs(sb: &Sandbox, batch: &str) -> Vec<String> {
 }
 
 fn prepared_at_ms(sb: &Sandbox, batch: &str, case_dir: &str) -> Option<u64> {
-    let path = sb.attempt_file(batch, case_dir, 1, "prepared.json");
-    path.exists()
-        .then(|| sb.json(&path)["prepared_at_ms"].as_u64().unwrap())
+    sb.recorded(batch, case_dir, 1, "prepared")["prepared_at_ms"].as_u64()
 }
 
 #[test]
@@ -61,7 +59,7 @@ tasks:
         let prepared = prepared_at_ms(&sb, "ahead", &dirs[i])
             .unwrap_or_else(|| panic!("case {i} was not provisioned ahead"));
         // Ready before the case ahead of it ended: provisioned while it ran, not after.
-        let job = sb.json(&sb.attempt_file("ahead", &dirs[i - 1], 1, "job.json"));
+        let job = sb.recorded("ahead", &dirs[i - 1], 1, "job");
         let before_ended = job["started_at_ms"].as_u64().unwrap() + 600;
         assert!(
             prepared < before_ended,
@@ -178,9 +176,6 @@ tasks:
         "no attempt was spent: {summary:#}"
     );
     for dir in &dirs[1..=2] {
-        assert!(
-            sb.attempt_file("ahead-drain", dir, 1, "attempt.json")
-                .exists()
-        );
+        assert!(!sb.recorded("ahead-drain", dir, 1, "record").is_null());
     }
 }

@@ -88,10 +88,7 @@ tasks:
             .find(|r| r["case_id"] == case_id)
             .unwrap();
         let case_dir = row["case_dir"].as_str().unwrap();
-        let record = sb
-            .bundle("eval")
-            .join(format!("cases/{case_dir}/attempts/1/attempt.json"));
-        sb.json(&record)["stages"]
+        sb.recorded("eval", case_dir, 1, "record")["stages"]
             .as_array()
             .cloned()
             .unwrap_or_default()

@@ -47,14 +47,14 @@ fn assert_each_case_settled_by_its_first_job(sb: &Sandbox, batch: &str, cases: u
             "{case} was settled by its first attempt: {r:#}"
         );
         assert_eq!(r["job_starts"], 1, "{case}: {r:#}");
-        let record = sb.json(&sb.attempt_file(batch, &case, 1, "attempt.json"));
+        let record = sb.recorded(batch, &case, 1, "record");
         assert!(
             record["summary"]["failure"].is_null(),
             "{case}'s first attempt failed: {record:#}"
         );
     }
     assert!(
-        !sb.attempt_file(batch, "c0", 2, "attempt.json").exists(),
+        sb.recorded(batch, "c0", 2, "record").is_null(),
         "no second attempt"
     );
 }

@@ -60,13 +60,9 @@ fn a_runner_killed_after_spawn_before_the_job_record_adopts_and_never_starts_twi
         cases.iter().all(|c| sb.lines(&format!("side.{c}")) == 1)
     });
     for c in cases {
-        let job = sb.attempt_file("window", c, 1, "job.json");
-        if job.exists() {
-            assert_eq!(
-                sb.json(&job)["state"],
-                "starting",
-                "killed inside the window"
-            );
+        let job = sb.recorded("window", c, 1, "job");
+        if !job.is_null() {
+            assert_eq!(job["state"], "starting", "killed inside the window");
         }
     }
 
@@ -84,7 +80,7 @@ fn a_runner_killed_after_spawn_before_the_job_record_adopts_and_never_starts_twi
             format!("first output of {c}\ndone\n"),
             "the first start's output is kept whole, once"
         );
-        let job = sb.json(&sb.attempt_file("window", c, 1, "job.json"));
+        let job = sb.recorded("window", c, 1, "job");
         assert_eq!(job["state"], "running", "{job:#}");
         assert_eq!(job["starts"], 1, "{job:#}");
         assert_eq!(
@@ -120,7 +116,7 @@ fn an_intent_that_provably_never_ran_is_started_again_and_the_bundle_says_so() {
     assert_eq!(status.signal(), Some(9), "{status:?}");
     for c in cases {
         assert_eq!(sb.lines(&format!("side.{c}")), 0, "nothing ran");
-        let job = sb.json(&sb.attempt_file("never", c, 1, "job.json"));
+        let job = sb.recorded("never", c, 1, "job");
         assert_eq!(job["state"], "starting", "the intent is on disk: {job:#}");
     }
 
@@ -128,7 +124,7 @@ fn an_intent_that_provably_never_ran_is_started_again_and_the_bundle_says_so() {
     assert_exit(&o, 0);
     for c in cases {
         assert_eq!(sb.lines(&format!("side.{c}")), 1, "case {c} ran once");
-        let job = sb.json(&sb.attempt_file("never", c, 1, "job.json"));
+        let job = sb.recorded("never", c, 1, "job");
         assert_eq!(job["starts"], 2, "{job:#}");
         let r = sb.case_result("never", c);
         assert_eq!(r["state"], "succeeded", "{r:#}");

@@ -425,6 +425,13 @@ impl Sandbox {
         self.spawn_env(&batch_run_args(manifest, &self.out()), log, envs)
     }
 
+    /// What the attempt's journal (`attempt.jsonl`) records of `kind` (`spec`, `job`,
+    /// `evaluation`, `cleanup`, `record`, `container`, `prepared`, `exit`, `stages`): the last
+    /// entry of that kind, `null` when there is none.
+    pub fn recorded(&self, batch: &str, case_dir: &str, attempt: u32, kind: &str) -> Value {
+        journal_at(&self.attempt_file(batch, case_dir, attempt, ""))[kind].clone()
+    }
+
     /// A file of an attempt: `cases/<case_dir>/attempts/<n>/<name>`.
     pub fn attempt_file(&self, batch: &str, case_dir: &str, attempt: u32, name: &str) -> PathBuf {
         self.bundle(batch)
@@ -434,6 +441,13 @@ impl Sandbox {
             .join(attempt.to_string())
             .join(name)
     }
+}
+
+/// An attempt directory's journal, folded, as JSON (empty when there is none).
+pub fn journal_at(dir: &Path) -> Value {
+    let journal = casebatch_bundle::AttemptJournal::read(dir)
+        .unwrap_or_else(|e| panic!("journal of {}: {e}", dir.display()));
+    serde_json::to_value(journal).unwrap()
 }
 
 /// The last `n` lines of a text file (what is there when it is absent or not UTF-8).

@@ -130,10 +130,7 @@ tasks:
         no_process_matches("sleep 345"),
         "timed-out harnesses are killed"
     );
-    let first = sb.json(
-        &sb.bundle("slow")
-            .join("cases/sleeper/attempts/1/attempt.json"),
-    );
+    let first = journal_at(&sb.bundle("slow").join("cases/sleeper/attempts/1"))["record"].clone();
     assert_eq!(first["will_retry"], true);
 }
 

@@ -93,13 +93,22 @@ fn report_refuses_a_damaged_bundle_naming_the_file_and_writes_nothing() {
     refused_naming(&report(), &result, "EOF while parsing");
     assert_eq!(snapshot(&bundle), before, "no batch file was rewritten");
 
-    // A directory where the attempt record belongs.
+    // A directory where the attempt's record belongs.
     std::fs::write(&result, whole).unwrap();
-    let record = bundle.join("cases/damaged/attempts/1/attempt.json");
+    let record = bundle.join("cases/damaged/attempts/1/attempt.jsonl");
+    let kept = std::fs::read(&record).unwrap();
     std::fs::remove_file(&record).unwrap();
     std::fs::create_dir(&record).unwrap();
-    refused_naming(&report(), &record, "Is a directory");
+    refused_naming(&report(), &record, "not a regular file");
     std::fs::remove_dir(&record).unwrap();
+    // A damaged line in it: never read past as if the attempt were still running.
+    std::fs::write(&record, [&kept[..], b"{\"record\": tru\n"].concat()).unwrap();
+    refused_naming(
+        &report(),
+        &record,
+        "is not an entry of the attempt's record",
+    );
+    std::fs::write(&record, &kept).unwrap();
 
     // A file where the case's directory belongs: the case was read as queued, never run.
     let case = bundle.join("cases/damaged");

@@ -129,9 +129,8 @@ tasks:
     let mut runner = sb.spawn_batch(&manifest, "run.log");
     // `gate` holds the run open: the runner records what its worker could not only at the
     // end, and by then the directory must take writes again.
-    let evaluated = sb.attempt_file("sealed", "one", 1, "evaluation.json");
     wait_until(Duration::from_secs(60), "case one is judged", || {
-        evaluated.exists()
+        !sb.recorded("sealed", "one", 1, "evaluation").is_null()
     });
     wait_until(Duration::from_secs(150), "case one fails", || {
         sb.status("sealed")["status"]["counts"]["failed"] == 1
@@ -172,9 +171,9 @@ tasks:
     let message = row["failure_message"].as_str().unwrap_or_default();
     assert!(message.contains(&result), "names {result}: {row:#}");
     // The job ran to its end and was judged; the record of the attempt says why it failed.
-    let evaluation = sb.json(&sb.attempt_file("sealed", "one", 1, "evaluation.json"));
+    let evaluation = sb.recorded("sealed", "one", 1, "evaluation");
     assert_eq!(evaluation["verdict"], "pass", "{evaluation:#}");
-    let attempt = sb.json(&sb.attempt_file("sealed", "one", 1, "attempt.json"));
+    let attempt = sb.recorded("sealed", "one", 1, "record");
     let failure = &attempt["summary"]["failure"];
     assert_eq!(failure["code"], "BUNDLE_UNWRITABLE", "{attempt:#}");
     assert_eq!(sb.case_result("sealed", "gate")["state"], "succeeded");

@@ -146,8 +146,8 @@ fn visibility_search_attributes_memo_and_summaries_find_and_describe_a_batch() {
     let (user, host) = owner.split_once('@').unwrap_or_default();
     assert!(!user.is_empty() && !host.is_empty(), "user@host: {owner:?}");
 
-    // Activity summaries name the case, attempt and stage (these attempts are final when
-    // they settle, so `settle` closes them: no separate `cleanup`).
+    // Activity summaries name the case, attempt and stage (these jobs are short: each
+    // `start` sees its job end and closes the attempt, no `settle` or `cleanup` follows).
     let history = temporal(
         &address,
         &["workflow", "show", "-w", "casebatch-visible", "-o", "json"],
@@ -156,12 +156,21 @@ fn visibility_search_attributes_memo_and_summaries_find_and_describe_a_batch() {
     let history = String::from_utf8_lossy(&history.stdout);
     for summary in [
         "\"case #0 · attempt 1 · start\"",
-        "\"case #2 · attempt 1 · settle\"",
-        "\"case #1 · attempt 1 · settle\"",
+        "\"case #2 · attempt 1 · start\"",
+        "\"case #1 · attempt 1 · start\"",
     ] {
         assert!(
             history.contains(&base64(summary.as_bytes())),
             "summary {summary} in the history"
+        );
+    }
+    for short in [
+        "\"case #1 · attempt 1 · settle\"",
+        "\"case #2 · attempt 1 · settle\"",
+    ] {
+        assert!(
+            !history.contains(&base64(short.as_bytes())),
+            "{short}: a job that ends at once needs no settle"
         );
     }
     assert_eq!(stop(&mut worker), 0, "the worker stops cleanly on SIGTERM");

@@ -10,8 +10,8 @@
 
 use casebatch_proto::{
     ActorReport, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation, Failure,
-    FinalizeInput, Prepared, ReleaseInput, SettleInput, Settled, StageResult, StartResult,
-    SubmitResult, SweepInput, SweepReport,
+    FinalizeInput, Prepared, ReleaseInput, SettleInput, Settled, StageResult, StartInput,
+    StartResult, SubmitResult, SweepInput, SweepReport,
 };
 use temporalio_common::ActivityDefinition;
 
@@ -34,8 +34,9 @@ macro_rules! contract {
 
 contract!(
     /// Provision the attempt's environment and start its job (or find the job already
-    /// started for this attempt). Runs on any worker of the shared task queue.
-    Start, "casebatch.start", AttemptKey => StartResult
+    /// started for this attempt); for a short job, wait for it and settle it too
+    /// ([`casebatch_proto::SettleShort`]). Runs on any worker of the shared task queue.
+    Start, "casebatch.start", StartInput => StartResult
 );
 contract!(
     /// Wait for the job to end, heartbeating its reference (a retry adopts the job), then

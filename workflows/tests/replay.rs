@@ -48,6 +48,9 @@ const EXPECTED: &[&str] = &[
     "activities-searchattr-retries.json",
     "activities-searchattr-throttled.json",
     "activities-speculated.json",
+    // `start` settles short jobs (the `start-settles-short-jobs` patch).
+    "activities-start-settled-crashed-runner.json",
+    "activities-start-settled.json",
     "activities-superseded.json",
     // A runtime's breaker workflow (the dead runtime of `activities-failover`).
     "breaker-failover.json",

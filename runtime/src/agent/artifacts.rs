@@ -2,10 +2,11 @@
 //! bundle. The agent is a remote party and the files are its harness's: every path is checked
 //! before anything is written.
 //!
-//! - Only the attempt's own files: `result.json`, `stdout.log`, `stderr.log`, `job.json`,
-//!   `output/**`, and the evaluator's result and logs. An absolute path, `..`, `.`, or any
-//!   other name is refused (the bundle's own records beside them, `attempt.json`,
-//!   `evaluation.json`, ..., are never overwritten).
+//! - Only the attempt's own files: `result.json`, `stdout.log`, `stderr.log`, `output/**`,
+//!   the evaluator's result and logs, and `job.json` (the agent's job record, which becomes
+//!   a `job` entry of the attempt's journal, not a file). An absolute path, `..`, `.`, or any
+//!   other name is refused (the bundle's own records beside them, `attempt.jsonl`, ..., are
+//!   never overwritten).
 //! - Never through a symlink: every directory on the way must be a real directory (checked
 //!   with `symlink_metadata`, created one level at a time), and each file is written to a
 //!   fresh temp file beside its target and renamed over it, which replaces a planted link
@@ -27,7 +28,7 @@ const TOP_LEVEL: &[&str] = &[
     attempt_files::RESULT,
     attempt_files::STDOUT,
     attempt_files::STDERR,
-    attempt_files::JOB,
+    attempt_files::legacy::JOB,
     attempt_files::EVAL_RESULT,
     attempt_files::EVAL_STDOUT,
     attempt_files::EVAL_STDERR,
@@ -110,11 +111,19 @@ fn real_parent(root: &Path, rel: &Path) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// Where a received file goes.
+enum Dest {
+    /// A temp file beside its target, renamed over it when complete.
+    File(tempfile::NamedTempFile),
+    /// The agent's job record: kept in memory, appended to the journal when complete.
+    JobEntry(Vec<u8>),
+}
+
 /// One file being received.
 struct Receiving {
     rel: String,
     target: PathBuf,
-    tmp: tempfile::NamedTempFile,
+    dest: Dest,
     len: u64,
     /// Past the limit: a log stops growing, anything else is dropped at the end.
     over: bool,
@@ -185,16 +194,28 @@ impl Sink {
         }
         let room = limit.saturating_sub(cur.len);
         let take = data.len().min(usize::try_from(room).unwrap_or(usize::MAX));
-        cur.tmp.write_all(&data[..take]).map_err(|e| WriteError {
-            path: cur.target.display().to_string(),
-            message: e.to_string(),
-        })?;
+        match &mut cur.dest {
+            Dest::File(tmp) => tmp.write_all(&data[..take]).map_err(|e| WriteError {
+                path: cur.target.display().to_string(),
+                message: e.to_string(),
+            })?,
+            Dest::JobEntry(bytes) => bytes.extend_from_slice(&data[..take]),
+        }
         cur.len += take as u64;
         cur.over = take < data.len();
         Ok(())
     }
 
     fn begin(&self, path: &str, rel: &Path) -> Result<Receiving, String> {
+        if path == attempt_files::legacy::JOB {
+            return Ok(Receiving {
+                rel: path.to_string(),
+                target: casebatch_bundle::journal::path(&self.dir),
+                dest: Dest::JobEntry(Vec::new()),
+                len: 0,
+                over: false,
+            });
+        }
         let parent = real_parent(&self.dir, rel)?;
         let name = rel
             .file_name()
@@ -210,7 +231,7 @@ impl Sink {
         Ok(Receiving {
             rel: path.to_string(),
             target: parent.join(name),
-            tmp,
+            dest: Dest::File(tmp),
             len: 0,
             over: false,
         })
@@ -237,6 +258,29 @@ impl Sink {
                 .refused
                 .push((cur.rel.clone(), format!("cut off: {why}")));
         }
+        let tmp = match cur.dest {
+            Dest::File(tmp) => tmp,
+            Dest::JobEntry(bytes) => {
+                match serde_json::from_slice(&bytes) {
+                    Ok(job) => casebatch_bundle::journal::append(
+                        &self.dir,
+                        &[casebatch_bundle::Entry::Job(job)],
+                    )
+                    .map_err(|e| WriteError {
+                        path: cur.target.display().to_string(),
+                        message: e.to_string(),
+                    })?,
+                    Err(e) => {
+                        self.out
+                            .refused
+                            .push((cur.rel, format!("not a job record: {e}")));
+                        return Ok(());
+                    }
+                }
+                self.out.written.push(cur.rel);
+                return Ok(());
+            }
+        };
         // A directory at the target's name stays; the file is reported, not forced.
         if fs::symlink_metadata(&cur.target).is_ok_and(|m| m.file_type().is_dir()) {
             self.out
@@ -244,7 +288,7 @@ impl Sink {
                 .push((cur.rel, "refused: a directory is at its name".into()));
             return Ok(());
         }
-        cur.tmp.persist(&cur.target).map_err(|e| WriteError {
+        tmp.persist(&cur.target).map_err(|e| WriteError {
             path: cur.target.display().to_string(),
             message: e.error.to_string(),
         })?;

@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use casebatch_bundle::{
     CleanupReceipt, EvaluationRecord, Event, RECORD_SCHEMA_VERSION, append_jsonl,
-    layout::attempt_files, write_json_atomic,
+    layout::attempt_files,
 };
 use casebatch_manifest::model::RuntimeSpec;
 use casebatch_proto::runtime_v1::{self as wire, runtime_client::RuntimeClient};
@@ -291,9 +291,7 @@ impl Runtime for AgentRuntime {
         let fail = |e: String| Failure::infra(Stage::Provision, FailureCode::ProvisionIo, e);
         AgentTarget::of(env).map_err(|e| e.failure(Stage::Provision))?;
         std::fs::create_dir_all(env.file(attempt_files::OUTPUT))
-            .map_err(|e| fail(format!("{}: {e}", env.dir.display())))?;
-        write_json_atomic(&env.file(attempt_files::INPUT), &env.case.input)
-            .map_err(|e| fail(e.to_string()))
+            .map_err(|e| fail(format!("{}: {e}", env.dir.display())))
     }
 
     async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, NotStarted> {

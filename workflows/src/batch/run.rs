@@ -106,6 +106,7 @@ enum Event {
 struct Run {
     pipeline: Pipeline,
     settle_closes: bool,
+    start_settles: bool,
     outage_rules: bool,
     /// This run upserts search attributes.
     visible: bool,
@@ -141,6 +142,8 @@ impl Run {
         let pipeline = Pipeline::of_run(ctx);
         let settle_closes = pipeline.settle_closes(ctx);
         let outage_rules = pipeline.outage_rules(ctx);
+        // After the others: histories recorded before it have the next command here.
+        let start_settles = pipeline.start_settles(ctx, settle_closes);
         let visible = visibility::of_run(ctx, ctx.state(|s| s.input.search_attributes));
         let throttled = visibility::throttled(ctx, visible);
         cost(ctx, |a| a.runs += 1);
@@ -154,6 +157,7 @@ impl Run {
         Self {
             pipeline,
             settle_closes,
+            start_settles,
             outage_rules,
             visible,
             throttled,
@@ -281,6 +285,7 @@ impl Run {
                 max_timeout_seconds: s.input.max_timeout_seconds,
                 pipeline: self.pipeline,
                 settle_closes: self.settle_closes,
+                start_settles: self.start_settles,
                 outage_rules: self.outage_rules,
                 ahead,
             }

@@ -12,6 +12,11 @@
 //! A final attempt (`decide::is_final_when_settled`) is closed by `settle` itself, which does
 //! `cleanup`'s work and returns the recorded summary: two activities, not three. Runs recorded
 //! before that ([`SETTLE_CLOSES`]) and attempts that may race a duplicate keep `cleanup`.
+//! A job that ends within [`START_WATCH`] of its start is settled (and closed, when final) by
+//! `start` itself: one activity per short case. Only where the job's wait can end early and
+//! hand the job on (a local process without evaluator or container, or a simulation), for a
+//! case with no runtime list (which never races a duplicate); runs recorded before it
+//! ([`params::START_SETTLES`]) follow every start with a `settle`.
 //!
 //! Why regular and not local activities: with many cases in flight, a local activity gets its
 //! sequence number when it is called, and which case calls next depends on when other local
@@ -34,7 +39,7 @@ mod speculate;
 use std::time::Duration;
 
 use casebatch_proto::{
-    ActorStatus, AttemptKey, AttemptSummary, CaseState, JobRef, Stage, StartResult,
+    ActorStatus, AttemptKey, AttemptSummary, CaseState, JobRef, SettleShort, Stage, StartResult,
 };
 use temporalio_sdk::{WorkflowCancellationToken, WorkflowContext};
 
@@ -49,6 +54,11 @@ use crate::contracts::Start;
 use crate::decide::{Next, Spent};
 use crate::shared::Host;
 use crate::shared::{cost, workflow_ms};
+
+/// How long `start` watches the job it started before leaving it to `settle`: a job that ends
+/// by then costs one activity (and no heartbeat: the first half of the default cadence sends
+/// none), not two. Longer jobs pay this much later notice that they started, nothing else.
+const START_WATCH: Duration = Duration::from_secs(2);
 
 /// Runs every attempt of one case until it finishes, is cancelled, or runs out of budget.
 pub(crate) async fn run_case<H: Host>(
@@ -240,13 +250,33 @@ impl<H: Host> Stages<'_, '_, H> {
         let mut job = None;
         let mut job_may_exist = false;
         let mut never_submitted = false;
-        let (mut started, probe) = dispatch(ctx, &mut key, cancel, &mut self.routed).await;
+        let mut settled = None;
+        // A case with no runtime list never races a duplicate, so `start` may close it.
+        let settle = (p.start_settles && self.routed.route.is_none()).then(|| SettleShort {
+            within_ms: START_WATCH.as_millis() as u64,
+            close_from: s.clone(),
+        });
+        let dispatched = dispatch(ctx, &mut key, settle, cancel, &mut self.routed);
+        let (mut started, probe) = dispatched.await;
         s.probe = probe && p.outage_rules;
         loop {
             match started {
                 Some(Ok(StartResult::Started(j))) => {
                     host_queue = j.host_queue.clone();
                     job = Some(j);
+                }
+                Some(Ok(StartResult::Watched { job: j, heartbeats })) => {
+                    cost(ctx, |a| a.heartbeats += heartbeats);
+                    host_queue = j.host_queue.clone();
+                    job = Some(j);
+                }
+                Some(Ok(StartResult::Settled {
+                    job: j,
+                    settled: done,
+                })) => {
+                    host_queue = j.host_queue.clone();
+                    settled = Some(done);
+                    job_may_exist = true;
                 }
                 Some(Ok(StartResult::Failed {
                     failure,
@@ -265,7 +295,8 @@ impl<H: Host> Stages<'_, '_, H> {
                         let opts =
                             stage_options(ctx, &stage, &key, Duration::from_secs(60), None, cancel);
                         cost(ctx, |a| a.activities += 1);
-                        started = Some(ctx.execute_activity(Start, key.clone(), opts).await);
+                        let input = casebatch_proto::StartInput::Key(key.clone());
+                        started = Some(ctx.execute_activity(Start, input, opts).await);
                         continue;
                     }
                     host_queue = queue;
@@ -284,14 +315,18 @@ impl<H: Host> Stages<'_, '_, H> {
             }
             break;
         }
-        let attempt = Attempt {
+        let mut attempt = Attempt {
             key,
             host_queue,
             summary: s,
             closed: false,
-            held_job: job.is_some(),
+            held_job: job.is_some() || settled.is_some(),
             never_submitted,
         };
+        if let Some(settled) = settled {
+            // As a `settle` would have: its summary, and closed when it was final.
+            attempt.settled(ctx, cancel, Ok(*settled));
+        }
         (attempt, job, job_may_exist)
     }
 

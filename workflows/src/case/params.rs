@@ -15,6 +15,10 @@ pub(crate) const STAGES_AS_ACTIVITIES: &str = "stages-as-activities";
 /// [`SettleInput::close_from`]); runs recorded before it keep a `cleanup` per attempt.
 pub(crate) const SETTLE_CLOSES: &str = "settle-closes-final-attempts";
 
+/// Patch id recorded by runs whose `start` may watch its job briefly and settle it
+/// ([`casebatch_proto::SettleShort`]); runs recorded before it always follow with `settle`.
+pub(crate) const START_SETTLES: &str = "start-settles-short-jobs";
+
 /// Patch id recorded by runs that keep the rules for runtimes that fail or stop answering
 /// ([`CaseParams::outage_rules`]); runs recorded before it replay as they ran.
 pub(crate) const OUTAGE_RULES: &str = "runtime-outage-rules";
@@ -41,6 +45,17 @@ impl Pipeline {
     /// Whether `settle` may close final attempts in this run. Asked once, at the run's start.
     pub(crate) fn settle_closes<H: Host>(self, ctx: &WorkflowContext<H>) -> bool {
         self == Pipeline::Activities && marked(ctx, SETTLE_CLOSES)
+    }
+
+    /// Whether `start` may settle short jobs in this run ([`START_SETTLES`]; only where
+    /// `settle` closes, since the short path closes as it does). Asked once, at the run's
+    /// start.
+    pub(crate) fn start_settles<H: Host>(
+        self,
+        ctx: &WorkflowContext<H>,
+        settle_closes: bool,
+    ) -> bool {
+        settle_closes && marked(ctx, START_SETTLES)
     }
 
     /// Whether this run keeps [`OUTAGE_RULES`]. Asked once, at the run's start.
@@ -74,6 +89,8 @@ pub(crate) struct CaseParams {
     pub pipeline: Pipeline,
     /// `settle` closes final attempts ([`Pipeline::settle_closes`]).
     pub settle_closes: bool,
+    /// `start` may settle a short job ([`Pipeline::start_settles`]).
+    pub start_settles: bool,
     /// The run keeps the rules for runtimes that fail or stop answering ([`OUTAGE_RULES`]):
     /// a failed probe costs the case nothing, an unanswered job is asked about again or left
     /// stranded, never started twice unseen.

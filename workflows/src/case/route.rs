@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use casebatch_proto::{AttemptKey, AttemptSummary, StartResult};
+use casebatch_proto::{AttemptKey, AttemptSummary, SettleShort, StartInput, StartResult};
 use temporalio_sdk::{ActivityExecutionError, WorkflowCancellationToken, WorkflowContext};
 
 use super::options::stage_options;
@@ -59,10 +59,13 @@ pub(super) struct Routed<'a> {
 pub(super) async fn dispatch<H: Host>(
     ctx: &WorkflowContext<H>,
     key: &mut AttemptKey,
+    settle: Option<SettleShort>,
     cancel: &WorkflowCancellationToken,
     routed: &mut Routed<'_>,
 ) -> (Option<Result<StartResult, ActivityExecutionError>>, bool) {
-    let short = Duration::from_secs(60);
+    // A start that may watch its job gets that long on top.
+    let watch = settle.as_ref().map_or(0, |s| s.within_ms);
+    let short = Duration::from_secs(60) + Duration::from_millis(watch);
     let mut skips = 0u32;
     loop {
         let target = match routed.route.as_deref_mut() {
@@ -82,7 +85,14 @@ pub(super) async fn dispatch<H: Host>(
         };
         let opts = stage_options(ctx, &stage, key, short, None, cancel);
         cost(ctx, |a| a.activities += 1);
-        let result = ctx.execute_activity(Start, key.clone(), opts).await;
+        let input = match &settle {
+            Some(settle) => StartInput::Settling {
+                key: key.clone(),
+                settle: Box::new(settle.clone()),
+            },
+            None => StartInput::Key(key.clone()),
+        };
+        let result = ctx.execute_activity(Start, input, opts).await;
         let Some((runtime, probe)) = target else {
             return (Some(result), false);
         };
@@ -168,7 +178,9 @@ fn record_dispatch<H: Host>(
             .as_mut()
             .expect("a routed case has circuits");
         let news = match result {
-            Ok(StartResult::Started(_)) => c.started(runtime).then_some(false),
+            Ok(
+                StartResult::Started(_) | StartResult::Watched { .. } | StartResult::Settled { .. },
+            ) => c.started(runtime).then_some(false),
             Ok(
                 StartResult::Skipped { circuit }
                 | StartResult::Failed {

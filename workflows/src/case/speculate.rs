@@ -16,7 +16,8 @@ use std::task::Poll;
 use std::time::Duration;
 
 use casebatch_proto::{
-    ActorStatus, AttemptKey, AttemptSummary, Failure, FailureCode, Settled, Stage, StartResult,
+    ActorStatus, AttemptKey, AttemptSummary, Failure, FailureCode, Settled, Stage, StartInput,
+    StartResult,
 };
 use futures::future::LocalBoxFuture;
 use temporalio_sdk::{ActivityExecutionError, WorkflowCancellationToken, WorkflowContext};
@@ -294,8 +295,15 @@ async fn run_duplicate<H: Host>(
 ) -> (Option<String>, CopyEnd) {
     let opts = stage_options(ctx, "start", key, Duration::from_secs(60), None, token);
     cost(ctx, |a| a.activities += 1);
-    match ctx.execute_activity(Start, key.clone(), opts).await {
-        Ok(StartResult::Started(job)) => {
+    match ctx
+        .execute_activity(Start, StartInput::Key(key.clone()), opts)
+        .await
+    {
+        // Never asked to settle: a duplicate races, so neither may close the attempt.
+        Ok(StartResult::Settled { job, settled }) => {
+            (job.host_queue.clone(), CopyEnd::Settled(Ok(*settled)))
+        }
+        Ok(StartResult::Started(job) | StartResult::Watched { job, .. }) => {
             let host_queue = job.host_queue.clone();
             let settle = settle_job(ctx, p, "settle", key, job, None, host_queue.clone(), token);
             (host_queue, CopyEnd::Settled(settle.await))
