@@ -201,9 +201,92 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(pages * 4096)
 }
 
+/// True when `pid`, or a process it started, holds the listening TCP socket on `port`. A
+/// port that answers proves nothing about who answers: a server that lost its port to
+/// another process exits, while the winner's port accepts connections all the same.
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let listening = listening_inodes(pid, port);
+    !listening.is_empty() && holds_socket(pid, &listening, 4)
+}
+
+/// Inodes of the sockets listening on `port` in `pid`'s network namespace.
+fn listening_inodes(pid: u32, port: u16) -> Vec<u64> {
+    const LISTEN: &str = "0A";
+    let mut inodes = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        // `sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...`
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local_port = f
+                .get(1)
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if local_port == Some(port) && f.get(3) == Some(&LISTEN) {
+                inodes.extend(f.get(9).and_then(|i| i.parse::<u64>().ok()));
+            }
+        }
+    }
+    inodes
+}
+
+/// Whether `pid` or a descendant (down to `depth` generations: a launcher that runs the
+/// server as its child) has one of `inodes` open.
+fn holds_socket(pid: u32, inodes: &[u64], depth: u32) -> bool {
+    let own = fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.flatten().any(|fd| {
+            fs::read_link(fd.path()).is_ok_and(|link| {
+                link.to_str()
+                    .and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']'))
+                    .and_then(|i| i.parse::<u64>().ok())
+                    .is_some_and(|i| inodes.contains(&i))
+            })
+        })
+    });
+    own || (depth > 0
+        && children(pid)
+            .into_iter()
+            .any(|child| holds_socket(child, inodes, depth - 1)))
+}
+
+/// The children of `pid`, from every one of its threads.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listening_socket_is_known_by_its_holder_only() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(listens_on(std::process::id(), port));
+        // A child of this process holds no socket of its own.
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        assert!(!listens_on(other.id(), port));
+        let _ = other.kill();
+        let _ = other.wait();
+        drop(listener);
+        assert!(!listens_on(std::process::id(), port));
+    }
 
     #[test]
     fn own_identity_is_readable_and_stable() {

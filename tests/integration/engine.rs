@@ -153,6 +153,111 @@ fn a_dev_server_whose_port_opens_before_it_answers_is_waited_for() {
     assert_exit(&o, 0);
 }
 
+/// A stand-in for `temporal` that loses its port: on its first start another server (an
+/// "impostor", not its descendant: another user's, or another batch's) takes the port it was
+/// given, and this one gives up after a while, as a server that failed its bind. Later starts
+/// exec the real `temporal`.
+const LOSES_ITS_PORT: &str = r#"#!/usr/bin/env python3
+import os, socket, subprocess, sys, time
+args = sys.argv[1:]
+port = args[args.index("--port") + 1]
+real = os.environ["REAL_TEMPORAL"]
+mark = os.path.join(os.environ["IMPOSTOR_DIR"], "impostor.port")
+if not os.path.exists(mark):
+    db = os.path.join(os.environ["IMPOSTOR_DIR"], "impostor.db")
+    # Forked twice: the impostor is nobody's child here.
+    first = os.fork()
+    if first == 0:
+        os.setsid()
+        second = os.fork()
+        if second == 0:
+            fd = os.open(os.devnull, os.O_RDWR)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.execvp(real, [real, "server", "start-dev", "--headless", "--ip", "127.0.0.1",
+                             "--log-level", "error", "--port", port, "--db-filename", db])
+        with open(mark + ".pid", "w") as f:
+            f.write(str(second))
+        os._exit(0)
+    os.waitpid(first, 0)
+    for _ in range(600):
+        try:
+            socket.create_connection(("127.0.0.1", int(port)), 1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    with open(mark, "w") as f:
+        f.write(port)
+    time.sleep(3)
+    sys.exit("bind: address already in use")
+os.execvp(real, [real] + args)
+"#;
+
+/// Kills the impostor server when the test ends.
+struct Impostor(Option<casebatch_runtime::procfs::ProcessId>);
+
+impl Drop for Impostor {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.filter(|p| p.is_alive()) {
+            casebatch_runtime::procfs::kill_pid(p.pid);
+        }
+    }
+}
+
+/// A port that answers is not a server that is ours: one that lost its port to another
+/// server must not be taken for ready, or the batch runs on that server and its workers
+/// take our cases. The runner starts a server of its own on another port.
+#[test]
+fn a_server_that_lost_its_port_is_not_taken_for_the_one_that_holds_it() {
+    let sb = Sandbox::engine();
+    let fake = sb.write("fake-temporal", LOSES_ITS_PORT);
+    make_executable(&fake);
+    let real = std::env::var("CASEBATCH_TEMPORAL_BIN").unwrap_or_else(|_| "temporal".into());
+    let manifest = sb.write(
+        "one.yaml",
+        "batch_id: own\ndefaults: {runtime: fake}\ntasks:\n  - task_id: only\n",
+    );
+    let out = sb.out();
+    let o = sb.run_env(
+        &batch_run_args(&manifest, &out),
+        &[
+            ("CASEBATCH_TEMPORAL_BIN", fake.to_str().unwrap()),
+            ("REAL_TEMPORAL", &real),
+            ("IMPOSTOR_DIR", sb.dir.path().to_str().unwrap()),
+        ],
+    );
+    let port: u16 = sb
+        .read("impostor.port")
+        .trim()
+        .parse()
+        .expect("the impostor started");
+    let pid = sb.read("impostor.port.pid").trim().parse().unwrap();
+    let impostor = Impostor(casebatch_runtime::procfs::ProcessId::of(pid));
+    assert_exit(&o, 0);
+    let record = engine_record(&out).expect("engine.json");
+    assert_ne!(
+        record["address"].as_str().unwrap(),
+        format!("127.0.0.1:{port}"),
+        "the runner's engine is its own"
+    );
+    let listed = std::process::Command::new(&real)
+        .args([
+            "workflow",
+            "count",
+            "--address",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("Total: 0"),
+        "nothing ran on the impostor: {}{}",
+        String::from_utf8_lossy(&listed.stdout),
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    drop(impostor);
+}
+
 #[test]
 fn an_engine_that_never_answers_exits_3_naming_its_address_and_log() {
     let sb = Sandbox::engine();

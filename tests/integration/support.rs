@@ -316,13 +316,36 @@ pub fn batch_run_args<'a>(manifest: &'a Path, out: &'a Path) -> [&'a str; 6] {
 }
 
 pub fn assert_exit(o: &Output, code: i32) {
+    let stdout = String::from_utf8_lossy(&o.stdout);
     assert_eq!(
         o.status.code(),
         Some(code),
-        "unexpected exit code\nstdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
+        "unexpected exit code\nstdout:\n{stdout}\nstderr:\n{}\nfailed cases:\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        failed_cases(&stdout)
     );
+}
+
+/// The result records with a failure in the bundle `stdout` names: why an unexpected exit
+/// happened, for a run that failed only on a loaded machine.
+fn failed_cases(stdout: &str) -> String {
+    let Some(bundle) = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("bundle: "))
+    else {
+        return "(no bundle named)".into();
+    };
+    let Ok(cases) = std::fs::read_dir(Path::new(bundle).join("cases")) else {
+        return format!("(no cases in {bundle})");
+    };
+    let mut failed = String::new();
+    for case in cases.flatten() {
+        let result = std::fs::read_to_string(case.path().join("result.json")).unwrap_or_default();
+        if !result.contains(r#""state": "succeeded""#) {
+            failed += &format!("{}: {result}\n", case.path().display());
+        }
+    }
+    failed
 }
 
 pub fn stderr(o: &Output) -> String {
@@ -520,13 +543,24 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts it and waits until its default namespace answers.
+    /// Starts it and waits until its default namespace answers. A port another process took
+    /// between choosing and binding it is given up for another.
     pub fn start(sb: &Sandbox) -> Self {
-        Self::start_on(sb, free_port())
+        for _ in 0..3 {
+            if let Some(cluster) = Self::try_start_on(sb, free_port()) {
+                return cluster;
+            }
+        }
+        panic!("the cluster's server lost its port three times");
     }
 
     /// [`Cluster::start`] on a port chosen beforehand (one a worker already waits on).
     pub fn start_on(sb: &Sandbox, port: u16) -> Self {
+        Self::try_start_on(sb, port).unwrap_or_else(|| panic!("port {port} is taken"))
+    }
+
+    /// `None` when its server exits before it holds the port (another process has it).
+    fn try_start_on(sb: &Sandbox, port: u16) -> Option<Self> {
         let server = Command::new(temporal_bin())
             .args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
             .args(["--log-level", "error", "--port", &port.to_string()])
@@ -536,23 +570,28 @@ impl Cluster {
             .stderr(Stdio::null())
             .spawn()
             .expect("start a Temporal dev server as the 'cluster'");
-        let cluster = Self {
+        let mut cluster = Self {
             server,
             address: format!("127.0.0.1:{port}"),
         };
+        let mut exited = false;
+        // Its own socket, not merely an open port: another test's server may answer there.
         wait_until(Duration::from_secs(60), "the cluster answers", || {
-            cluster
-                .temporal(&[
-                    "operator",
-                    "namespace",
-                    "describe",
-                    "--namespace",
-                    "default",
-                ])
-                .status
-                .success()
+            exited = !matches!(cluster.server.try_wait(), Ok(None));
+            exited
+                || casebatch_runtime::procfs::listens_on(cluster.pid(), port)
+                    && cluster
+                        .temporal(&[
+                            "operator",
+                            "namespace",
+                            "describe",
+                            "--namespace",
+                            "default",
+                        ])
+                        .status
+                        .success()
         });
-        cluster
+        (!exited).then_some(cluster)
     }
 
     /// The server's process (the `temporal` CLI runs it in-process).

@@ -18,8 +18,9 @@
 //! Who stops the server: the last casebatch process using it (on [`DevServer::stop`] or drop),
 //! also one that found it running after its starter was killed; and, when every user died
 //! without stopping it, its keeper after an idle timeout (see [`crate::keeper`]). Readiness
-//! here is only "the port accepts connections"; the first client connection waits for a real
-//! answer (`engine.rs`).
+//! here is "our server process holds the listening socket" (read from `/proc`: a connection
+//! proves nothing, another process that took the port would answer it); the first client
+//! connection waits for a real answer (`engine.rs`).
 //!
 //! The Web UI: the server runs headless unless a command asks for its UI
 //! ([`DevServer::ensure_with`]); then it serves the UI on a second loopback port, named in
@@ -37,7 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use casebatch_runtime::procfs::{ProcessId, is_same_process, kill_pid};
+use casebatch_runtime::procfs::{self, ProcessId, is_same_process, kill_pid};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
@@ -558,7 +559,7 @@ fn start_server(
         }
     };
     let deadline = Instant::now() + START_WAIT;
-    loop {
+    let server = loop {
         // Our child must still be running: a port that answers while it has exited belongs
         // to someone else.
         if let Ok(Some(status)) = child.try_wait() {
@@ -568,37 +569,37 @@ fn start_server(
         if stopping.load(Ordering::SeqCst) {
             return Err(fail(&mut child, "casebatch is stopping".into()));
         }
-        let open = |p: u16| TcpStream::connect(("127.0.0.1", p)).is_ok();
-        // The UI's port must answer as a UI: one picked free may be taken by another process
-        // before the server binds it (a server's own random ports), and then this server
-        // exits while that port still accepts connections.
-        if open(port) && ui.is_none_or(serves_ui) {
-            break;
+        // The keeper names its server right after the spawn (on a loaded host after the port
+        // opens, maybe).
+        let server = if keeper_started {
+            read_server_pid(dir).and_then(ProcessId::of)
+        } else {
+            ProcessId::of(child.id())
+        };
+        // Ours when our server holds the port: another process may have taken it between
+        // `free_port` and the bind, and then answers in its place until ours gives up
+        // (another user's server, or another batch's, whose workers would take our tasks).
+        // The UI's port must answer as a UI too.
+        let ready = |s: &ProcessId| {
+            procfs::listens_on(s.pid, port)
+                && ui.is_none_or(|u| procfs::listens_on(s.pid, u) && serves_ui(u))
+        };
+        if let Some(server) = server.filter(ready) {
+            break server;
         }
         if Instant::now() > deadline {
-            let reason = format!("its port did not open within {}s", START_WAIT.as_secs());
+            let reason = format!(
+                "it did not listen on its port within {}s",
+                START_WAIT.as_secs()
+            );
             return Err(fail(&mut child, reason));
         }
         std::thread::sleep(Duration::from_millis(100));
-    }
-    let (server, keeper) = if keeper_started {
-        // Written by the keeper right after the spawn; on a loaded host it may lag the port.
-        let named = loop {
-            match read_server_pid(dir).and_then(ProcessId::of) {
-                Some(server) => break Some(server),
-                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-                None => break None,
-            }
-        };
-        let Some(server) = named else {
-            return Err(fail(&mut child, "its keeper did not name it".into()));
-        };
-        (server, ProcessId::of(child.id()))
+    };
+    let keeper = if keeper_started {
+        ProcessId::of(child.id())
     } else {
-        let Some(server) = ProcessId::of(child.id()) else {
-            return Err(fail(&mut child, "it vanished right after starting".into()));
-        };
-        (server, None)
+        None
     };
     let record = EngineRecord {
         address,
