@@ -72,6 +72,11 @@ impl Sandbox {
             .current_dir(self.dir.path())
             .env_remove("TEMPORAL_ADDRESS")
             .env("SANDBOX", self.dir.path())
+            // Attempts' scratch goes with the sandbox, also what a test leaves uncleaned.
+            .env(
+                "CASEBATCH_SCRATCH_DIR",
+                self.dir.path().join("scratch-root"),
+            )
             .stdin(Stdio::null());
         c
     }
@@ -552,11 +557,6 @@ impl Cluster {
             }
         }
         panic!("the cluster's server lost its port three times");
-    }
-
-    /// [`Cluster::start`] on a port chosen beforehand (one a worker already waits on).
-    pub fn start_on(sb: &Sandbox, port: u16) -> Self {
-        Self::try_start_on(sb, port).unwrap_or_else(|| panic!("port {port} is taken"))
     }
 
     /// `None` when its server exits before it holds the port (another process has it).
