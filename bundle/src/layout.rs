@@ -49,6 +49,10 @@ impl Bundle {
     pub fn summary_csv(&self) -> PathBuf {
         self.root.join("batch_summary.csv")
     }
+    /// One row per task, beside the case rows, when tasks run several times.
+    pub fn tasks_csv(&self) -> PathBuf {
+        self.root.join("batch_tasks.csv")
+    }
     pub fn lineage(&self) -> PathBuf {
         self.root.join("lineage.json")
     }

@@ -15,6 +15,7 @@
 //!                                                evaluation, cleanup receipt, record)
 //! ```
 
+pub mod epochs;
 pub mod journal;
 pub mod layout;
 pub mod records;

@@ -81,6 +81,9 @@ pub struct BatchStats {
     /// the batch's attempts.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stage_durations: BTreeMap<Stage, Durations>,
+    /// By task, when some task runs several times (`epochs`): pass@k and score means.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<Box<crate::epochs::TaskStats>>,
 }
 
 impl BatchStats {
@@ -148,11 +151,12 @@ impl BatchStats {
                 .into_iter()
                 .filter_map(|(stage, ms)| Some((stage, Durations::of(ms)?)))
                 .collect(),
+            tasks: None,
         }
     }
 }
 
-fn mean_and_stderr(xs: &[f64]) -> ScoreStat {
+pub(crate) fn mean_and_stderr(xs: &[f64]) -> ScoreStat {
     let n = xs.len();
     let mean = xs.iter().sum::<f64>() / n as f64;
     let stderr = (n >= 2).then(|| {

@@ -198,7 +198,10 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
             .count(),
         temporal_actions: previous_actions(bundle),
         simulated,
-        stats: Some(crate::stats::BatchStats::of(&results, &attempts)),
+        stats: Some(crate::stats::BatchStats {
+            tasks: crate::epochs::TaskStats::of(&plan.cases, &results).map(Box::new),
+            ..crate::stats::BatchStats::of(&results, &attempts)
+        }),
         rows,
     };
     Ok(Assembled {
@@ -263,6 +266,9 @@ pub fn write_assembled(bundle: &Bundle, plan: &Plan, a: &Assembled) -> Result<()
     write_json_atomic(&bundle.summary(), &a.summary)?;
     if plan.summary.write_csv {
         write_csv(&bundle.summary_csv(), &a.summary, &plan.summary.fields)?;
+        if let Some(tasks) = a.summary.stats.as_ref().and_then(|s| s.tasks.as_ref()) {
+            write_file(&bundle.tasks_csv(), tasks_csv(tasks))?;
+        }
     }
     Ok(())
 }
@@ -353,7 +359,39 @@ fn write_csv(path: &Path, s: &BatchSummary, fields: &[String]) -> Result<(), Bun
         out.push_str(&line.join(","));
         out.push('\n');
     }
-    std::fs::write(path, out).map_err(|source| BundleError::Write {
+    write_file(path, out)
+}
+
+/// `task_id,epochs,finished,passed,pass@1,…,pass@K`: empty where a task has fewer finished
+/// runs than k.
+fn tasks_csv(t: &crate::epochs::TaskStats) -> String {
+    let most = t.pass_at_k.len();
+    let mut out = String::from("task_id,epochs,finished,passed");
+    for k in 1..=most {
+        out.push_str(&format!(",pass@{k}"));
+    }
+    out.push('\n');
+    for row in &t.rows {
+        out.push_str(&format!(
+            "{},{},{},{}",
+            csv_cell(&row.task_id),
+            row.epochs,
+            row.finished,
+            row.passed
+        ));
+        for k in 0..most {
+            out.push(',');
+            if let Some(x) = row.pass_at_k.get(k) {
+                out.push_str(&format!("{x:.6}"));
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn write_file(path: &Path, text: String) -> Result<(), BundleError> {
+    std::fs::write(path, text).map_err(|source| BundleError::Write {
         path: path.display().to_string(),
         source,
     })

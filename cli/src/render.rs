@@ -416,6 +416,56 @@ fn rate(r: &casebatch_bundle::stats::Rate) -> String {
     }
 }
 
+/// pass@k of the batch, then each task's runs.
+fn task_lines(t: &casebatch_bundle::epochs::TaskStats) {
+    for p in &t.pass_at_k {
+        match p.mean {
+            Some(m) => say!(
+                "  pass@{}: {:.1}% (mean of {} {})",
+                p.k,
+                100.0 * m,
+                p.of,
+                p.denominator
+            ),
+            None => say!("  pass@{}: - (no {})", p.k, p.denominator),
+        }
+    }
+    for (name, sc) in &t.scores {
+        let stderr = sc.stderr.map_or("-".to_string(), |e| format!("{e:.3}"));
+        say!(
+            "  score {name} by task: mean {:.3} ± {stderr} (standard error over {} tasks)",
+            sc.mean,
+            sc.n
+        );
+    }
+    // A long task list belongs in the JSON, not on a terminal.
+    const MOST_ROWS: usize = 50;
+    if t.rows.len() > MOST_ROWS {
+        say!(
+            "  {} tasks: their runs are in batch_summary.json (stats.tasks.rows)",
+            t.rows.len()
+        );
+        return;
+    }
+    for row in &t.rows {
+        let at: Vec<String> = row
+            .pass_at_k
+            .iter()
+            .enumerate()
+            .map(|(i, x)| format!("pass@{} {:.2}", i + 1, x))
+            .collect();
+        say!(
+            "  task {}: {} of {} finished run(s) passed ({} planned){}{}",
+            row.task_id,
+            row.passed,
+            row.finished,
+            row.epochs,
+            if at.is_empty() { "" } else { " · " },
+            at.join(" · ")
+        );
+    }
+}
+
 fn stats_lines(st: &casebatch_bundle::stats::BatchStats) {
     say!("  pass rate: {}", rate(&st.pass_rate));
     say!(
@@ -429,6 +479,9 @@ fn stats_lines(st: &casebatch_bundle::stats::BatchStats) {
             sc.mean,
             sc.n
         );
+    }
+    if let Some(t) = &st.tasks {
+        task_lines(t);
     }
     let secs = |ms: u64| format!("{:.1}s", ms as f64 / 1000.0);
     let percentiles = |d: &casebatch_bundle::stats::Durations| {

@@ -192,6 +192,7 @@ fn cases(
             spec_path,
             spec,
             runspec: Some(file.display().to_string()),
+            epoch: None,
         });
     }
     out

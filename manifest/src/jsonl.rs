@@ -29,6 +29,7 @@ const RECORD_FIELDS: &[&str] = &[
     "resources",
     "timeout_seconds",
     "fake",
+    "epochs",
     "harness",
     "evaluator",
     "runtime",
@@ -152,6 +153,7 @@ fn record(line: &str, lineno: usize, r: &mut Report) -> Option<CaseDecl> {
         line: Some(lineno),
         spec,
         runspec: None,
+        epoch: None,
     })
 }
 

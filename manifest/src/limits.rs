@@ -71,6 +71,9 @@ pub const MAX_NESTING_DEPTH: usize = 64;
 /// "billion laughs" documents, a few lines of nested aliases that would expand into gigabytes.
 pub const MAX_ALIAS_EXPANSION: usize = 100;
 
+/// How many times a task may run (`epochs`): each run is a case of its own.
+pub const EPOCHS_RANGE: RangeInclusive<u32> = 1..=100;
+
 /// Prefix of the harness contract's variables: `env`/`pass_env` may not set these.
 pub const RESERVED_ENV_PREFIX: &str = "CASEBATCH_";
 
@@ -89,6 +92,7 @@ pub(crate) fn expected_of_field(field: &str) -> Option<String> {
         "timeout_seconds" => seconds(MAX_TIMEOUT_SECONDS),
         "lifetime" => seconds(MAX_SANDBOX_LIFETIME_SECONDS),
         "prepare_ahead" => whole(&(0..=MAX_PREPARE_AHEAD), ""),
+        "epochs" => whole(&EPOCHS_RANGE, ""),
         "memory_mb" | "memory_budget_mb" => whole(&(1..=MAX_MEMORY_MB), " of MiB"),
         "cpu" => format!("a number more than 0, up to {MAX_CPU}"),
         "duration_ms" | "provision_ms" => whole(&(0..=MAX_FAKE_DURATION_MS), " of milliseconds"),

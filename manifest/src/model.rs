@@ -86,6 +86,11 @@ pub struct Defaults {
     /// cadence costs fewer actions and a slower takeover after a crash.
     #[schemars(range(min = 1, max = crate::limits::MAX_HEARTBEAT_EVERY_SECONDS))]
     pub heartbeat_every_seconds: Option<u64>,
+    /// How many times each task runs (1..=100, default 1): every run is a case of its own,
+    /// `<task_id>#<epoch>`, planned, resumed and retried like any case, and the report gives
+    /// each task's pass@k. A task's `epochs` replaces this one.
+    #[schemars(range(min = 1, max = 100))]
+    pub epochs: Option<u32>,
     /// Extra environment variables for the harness and evaluator, as literal values (they are
     /// in the plan: put secrets in `pass_env`, not here). Names are `[A-Za-z_][A-Za-z0-9_]*`
     /// and may not start with `CASEBATCH_`. A task's `env` is merged over the defaults' by name.
@@ -318,6 +323,9 @@ pub struct Task {
     #[schemars(range(min = 1, max = crate::limits::MAX_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<u64>,
     pub fake: Option<FakeScript>,
+    /// How many times this task runs (1..=100; replaces `defaults.epochs`).
+    #[schemars(range(min = 1, max = 100))]
+    pub epochs: Option<u32>,
     /// This task's own actor command (replaces `defaults.harness`).
     pub harness: Option<CommandSpec>,
     /// This task's own evaluator command (replaces `defaults.evaluator`).
@@ -412,6 +420,9 @@ pub struct RunSpec {
     #[schemars(range(min = 1, max = crate::limits::MAX_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<u64>,
     pub fake: Option<FakeScript>,
+    /// How many times this case runs (1..=100; replaces `defaults.epochs`).
+    #[schemars(range(min = 1, max = 100))]
+    pub epochs: Option<u32>,
     #[serde(default)]
     pub inputs: BTreeMap<String, serde_json::Value>,
     pub harness: Option<CommandSpec>,
@@ -581,6 +592,10 @@ pub struct PlannedCase {
     /// Position in the batch; the workflow refers to cases by index.
     pub index: u32,
     pub case_id: String,
+    /// The run of a task that runs several times (`epochs`): its task and which run, from
+    /// 1. `None` for a task that runs once (its case id is its task id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<Epoch>,
     /// Filesystem-safe, collision-free directory name under `cases/`.
     pub case_dir: String,
     pub runtime: RuntimeKind,
@@ -608,6 +623,16 @@ pub struct PlannedCase {
     /// plus free-form inputs), as written to `CASEBATCH_INPUT`.
     pub input: BTreeMap<String, serde_json::Value>,
     pub source: CaseSource,
+}
+
+/// One run of a task that runs several times.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Epoch {
+    pub task_id: String,
+    /// 1..=epochs.
+    pub epoch: u32,
+    /// How many runs the task has.
+    pub of: u32,
 }
 
 /// Where a case was declared.

@@ -15,10 +15,11 @@ use serde_json::Value;
 
 use crate::LoadOptions;
 use crate::case_dir::case_dir_name;
+use crate::limits::EPOCHS_RANGE;
 use crate::model::{
     BatchSettings, CaseSource, CommandSpec, DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES,
-    DEFAULT_TIMEOUT_SECONDS, Defaults, FakeScript, ManifestFormat, PLAN_SCHEMA_VERSION, Plan,
-    PlannedCase, Provenance, Resources, RunSpec, RuntimeChoice, RuntimeKind, Sandbox,
+    DEFAULT_TIMEOUT_SECONDS, Defaults, Epoch, FakeScript, ManifestFormat, PLAN_SCHEMA_VERSION,
+    Plan, PlannedCase, Provenance, Resources, RunSpec, RuntimeChoice, RuntimeKind, Sandbox,
     SpreadWeights, SummarySpec,
 };
 use crate::programs;
@@ -41,6 +42,7 @@ pub(crate) struct Loaded {
 }
 
 /// One declared case, not yet combined with the defaults.
+#[derive(Clone)]
 pub(crate) struct CaseDecl {
     pub(crate) id: String,
     /// Where the id is written (`tasks[3].task_id`, `batch.cases[0].label`, `id`).
@@ -52,6 +54,8 @@ pub(crate) struct CaseDecl {
     pub(crate) line: Option<usize>,
     pub(crate) spec: RunSpec,
     pub(crate) runspec: Option<String>,
+    /// Set by [`expand_epochs`] on each run of a task that runs several times.
+    pub(crate) epoch: Option<Epoch>,
 }
 
 /// Everything besides the loaded manifest that the plan depends on.
@@ -79,12 +83,13 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
         overlay(input.file_defaults.defaults.clone(), &loaded.defaults),
         &input.opts.overrides,
     );
-    check_duplicate_ids(&loaded.cases, r);
+    let decls = expand_epochs(loaded.cases, &defaults);
+    check_duplicate_ids(&decls, r);
 
     let mut earlier = Earlier::default();
-    let mut cases = Vec::with_capacity(loaded.cases.len());
-    let mut commands = Vec::with_capacity(loaded.cases.len());
-    for (index, decl) in loaded.cases.into_iter().enumerate() {
+    let mut cases = Vec::with_capacity(decls.len());
+    let mut commands = Vec::with_capacity(decls.len());
+    for (index, decl) in decls.into_iter().enumerate() {
         let index = match u32::try_from(index) {
             Ok(index) if index < casebatch_proto::MAX_BATCH_CASES => index,
             _ => {
@@ -235,6 +240,7 @@ fn overlay(lower: Defaults, upper: &Defaults) -> Defaults {
         oom_auto_boost: u.oom_auto_boost.or(lower.oom_auto_boost),
         prepare_ahead: u.prepare_ahead.or(lower.prepare_ahead),
         heartbeat_every_seconds: u.heartbeat_every_seconds.or(lower.heartbeat_every_seconds),
+        epochs: u.epochs.or(lower.epochs),
         env,
         pass_env,
     }
@@ -275,6 +281,40 @@ fn merge_environment(
         .collect();
     pass.extend(upper_pass.into_iter().flatten().cloned());
     (Some(env), Some(pass))
+}
+
+/// A task that runs several times (`epochs`) becomes one case per run, `<task_id>#<epoch>`,
+/// each told its task and run in `CASEBATCH_TASK_ID` and `CASEBATCH_EPOCH`. A task that runs
+/// once keeps its id, so a batch without epochs plans as it always did. An out-of-range
+/// count is reported by validation; it plans as one run here.
+fn expand_epochs(decls: Vec<CaseDecl>, defaults: &Defaults) -> Vec<CaseDecl> {
+    let mut out = Vec::with_capacity(decls.len());
+    for decl in decls {
+        let of = decl.spec.epochs.or(defaults.epochs).unwrap_or(1);
+        if of == 1 || !EPOCHS_RANGE.contains(&of) {
+            out.push(decl);
+            continue;
+        }
+        for epoch in 1..=of {
+            let mut run = decl.clone();
+            run.id = format!("{}#{epoch}", decl.id);
+            let env = run.spec.env.get_or_insert_with(BTreeMap::new);
+            env.insert("CASEBATCH_TASK_ID".into(), decl.id.clone());
+            env.insert("CASEBATCH_EPOCH".into(), epoch.to_string());
+            run.epoch = Some(Epoch {
+                task_id: decl.id.clone(),
+                epoch,
+                of,
+            });
+            out.push(run);
+        }
+    }
+    out
+}
+
+/// The task a case runs: itself, or the task it is a run of.
+fn task_id(decl: &CaseDecl) -> &str {
+    decl.epoch.as_ref().map_or(&decl.id, |e| &e.task_id)
 }
 
 fn case_line(decl: &CaseDecl, r: &Report) -> Option<usize> {
@@ -588,6 +628,7 @@ fn resolve_case(
     let case = PlannedCase {
         index,
         case_id: decl.id,
+        epoch: decl.epoch,
         case_dir,
         runtime: runtime?,
         runtime_name,
@@ -862,7 +903,8 @@ fn case_input(decl: &CaseDecl, r: &mut Report) -> BTreeMap<String, Value> {
         ("url", spec.url.clone().map(Value::from)),
         ("max_steps", spec.max_steps.map(Value::from)),
         ("agent_kind", spec.agent_kind.clone().map(Value::from)),
-        ("task_id", Some(Value::from(decl.id.clone()))),
+        // The task's own id: every run of a task has the same input.
+        ("task_id", Some(Value::from(task_id(decl)))),
     ];
     for (key, value) in fields {
         let Some(value) = value else { continue };

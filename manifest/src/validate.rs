@@ -3,10 +3,10 @@
 use std::collections::BTreeMap;
 
 use crate::limits::{
-    CONCURRENCY_RANGE, MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS, MAX_FAKE_INFRA_FAILURES,
-    MAX_HEARTBEAT_EVERY_SECONDS, MAX_MEMORY_MB, MAX_PREPARE_AHEAD, MAX_RETRIES_RANGE,
-    MAX_SANDBOX_LIFETIME_SECONDS, RESERVED_ENV_PREFIX, SANDBOX_NETWORKS, SANDBOX_PROVIDERS,
-    SANDBOX_PULLS, TIMEOUT_SECONDS_RANGE,
+    CONCURRENCY_RANGE, EPOCHS_RANGE, MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS,
+    MAX_FAKE_INFRA_FAILURES, MAX_HEARTBEAT_EVERY_SECONDS, MAX_MEMORY_MB, MAX_PREPARE_AHEAD,
+    MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS, RESERVED_ENV_PREFIX, SANDBOX_NETWORKS,
+    SANDBOX_PROVIDERS, SANDBOX_PULLS, TIMEOUT_SECONDS_RANGE,
 };
 use crate::model::{CommandSpec, Defaults, FakeScript, Resources, RunSpec, Sandbox, SummarySpec};
 use crate::report::{FieldPath, Report};
@@ -73,6 +73,7 @@ pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
             ),
         );
     }
+    epochs(d.epochs, path, r);
     timeout(d.timeout_seconds, path, r);
     if let Some(s) = &d.sandbox {
         sandbox(s, &path.key("sandbox"), r);
@@ -90,6 +91,7 @@ pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
 
 /// Checks on one case's own settings.
 pub(crate) fn spec(s: &RunSpec, path: &FieldPath, r: &mut Report) {
+    epochs(s.epochs, path, r);
     timeout(s.timeout_seconds, path, r);
     if let Some(sb) = &s.sandbox {
         sandbox(sb, &path.key("sandbox"), r);
@@ -103,6 +105,26 @@ pub(crate) fn spec(s: &RunSpec, path: &FieldPath, r: &mut Report) {
         fake(f, &path.key("fake"), r);
     }
     environment(s.env.as_ref(), s.pass_env.as_deref(), path, r);
+}
+
+fn epochs(n: Option<u32>, parent: &FieldPath, r: &mut Report) {
+    let Some(n) = n.filter(|n| !EPOCHS_RANGE.contains(n)) else {
+        return;
+    };
+    let p = parent.key("epochs");
+    r.at(
+        &p,
+        format!(
+            "epochs {n} is outside {}..={}",
+            EPOCHS_RANGE.start(),
+            EPOCHS_RANGE.end()
+        ),
+        format!(
+            "set {p} between {} and {} (each epoch runs the task once more)",
+            EPOCHS_RANGE.start(),
+            EPOCHS_RANGE.end()
+        ),
+    );
 }
 
 fn timeout(t: Option<u64>, parent: &FieldPath, r: &mut Report) {
@@ -535,6 +557,7 @@ mod tests {
             max_retries: Some(6),
             prepare_ahead: Some(65),
             timeout_seconds: Some(0),
+            epochs: Some(101),
             ..Defaults::default()
         };
         defaults(&d, &FieldPath::root().key("defaults"), &mut r);
@@ -545,6 +568,7 @@ mod tests {
                 "defaults.concurrency",
                 "defaults.max_retries",
                 "defaults.prepare_ahead",
+                "defaults.epochs",
                 "defaults.timeout_seconds"
             ]
         );

@@ -73,6 +73,7 @@ pub(crate) fn load(
                     path,
                     spec,
                     runspec: None,
+                    epoch: None,
                 });
             }
         }

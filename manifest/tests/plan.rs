@@ -339,3 +339,52 @@ fn the_examples_plan() {
         ]
     );
 }
+
+#[test]
+fn epochs_run_each_task_as_cases_of_its_own_that_know_their_run() {
+    let plan = accept(
+        "m.yaml",
+        "\
+batch_id: ep
+defaults:
+  runtime: fake
+  epochs: 3
+tasks:
+  - task_id: a
+    query: q
+  - task_id: once
+    epochs: 1
+  - task_id: b
+    epochs: 2
+",
+    );
+    let ids: Vec<&str> = plan.cases.iter().map(|c| c.case_id.as_str()).collect();
+    assert_eq!(ids, ["a#1", "a#2", "a#3", "once", "b#1", "b#2"]);
+    let indexes: Vec<u32> = plan.cases.iter().map(|c| c.index).collect();
+    assert_eq!(indexes, [0, 1, 2, 3, 4, 5]);
+    let a2 = &plan.cases[1];
+    let epoch = a2.epoch.as_ref().expect("a run of a task with epochs");
+    assert_eq!((epoch.task_id.as_str(), epoch.epoch, epoch.of), ("a", 2, 3));
+    assert_eq!(a2.env["CASEBATCH_TASK_ID"], "a");
+    assert_eq!(a2.env["CASEBATCH_EPOCH"], "2");
+    assert_eq!(
+        a2.input, plan.cases[0].input,
+        "every run has the task's input"
+    );
+    assert_eq!(plan.cases[3].epoch, None, "a task run once keeps its id");
+    assert!(plan.cases[3].env.is_empty());
+    // The runs are distinct directories.
+    let dirs: std::collections::HashSet<&str> =
+        plan.cases.iter().map(|c| c.case_dir.as_str()).collect();
+    assert_eq!(dirs.len(), 6);
+}
+
+#[test]
+fn a_change_of_epochs_is_another_plan() {
+    let manifest = |n: u32| {
+        format!("batch_id: ep\ndefaults: {{runtime: fake, epochs: {n}}}\ntasks:\n  - task_id: a\n")
+    };
+    let two = accept("m.yaml", &manifest(2));
+    let three = accept("m.yaml", &manifest(3));
+    assert_ne!(two.fingerprint, three.fingerprint);
+}

@@ -612,3 +612,20 @@ tasks:
         assert_eq!(p.fix, format!("write {field} as {expected}"), "{err}");
     }
 }
+
+#[test]
+fn epochs_out_of_range_or_colliding_with_a_task_id_are_refused() {
+    let err = refuse(
+        "m.yaml",
+        &with_tasks("  - task_id: a\n    epochs: 0\n  - task_id: b\n    epochs: 101\n"),
+    );
+    says(&err, "tasks[0].epochs", "epochs 0 is outside 1..=100");
+    says(&err, "tasks[1].epochs", "epochs 101 is outside 1..=100");
+
+    // `a` run twice is `a#1` and `a#2`: a task already named `a#2` would share a case id.
+    let err = refuse(
+        "m.yaml",
+        &with_tasks("  - task_id: a\n    epochs: 2\n  - task_id: a#2\n"),
+    );
+    says(&err, "tasks[1].task_id", "duplicate case id \"a#2\"");
+}

@@ -240,3 +240,109 @@ tasks:
     assert_eq!(listed[1]["outcome"], "failures", "{listed:#}");
     assert_eq!(listed[1]["pass_rate"], 0.75, "{listed:#}");
 }
+
+/// Three tasks, four runs each, seeded by the run number the harness is told: one task always
+/// passes, one never does, one passes only its first run. pass@k is computed by hand.
+#[test]
+fn epochs_run_each_task_four_times_and_the_report_gives_pass_at_k() {
+    let sb = Sandbox::engine();
+    let manifest = sb.write(
+        "epochs.yaml",
+        r#"batch_id: epochs
+defaults:
+  runtime: local-process
+  max_retries: 0
+  concurrency: 4
+  epochs: 4
+  harness: 'test "$CASEBATCH_CASE_ID" = "$CASEBATCH_TASK_ID#$CASEBATCH_EPOCH" || exit 9; echo "{\"scores\": {\"accuracy\": $CASEBATCH_EPOCH}}" > "$CASEBATCH_RESULT"'
+summary:
+  write_csv: true
+tasks:
+  - task_id: always
+  - task_id: never
+    harness: 'exit 1'
+  - task_id: first
+    harness: 'test "$CASEBATCH_EPOCH" = 1 || exit 1; echo "{\"scores\": {\"accuracy\": 1}}" > "$CASEBATCH_RESULT"'
+"#,
+    );
+    assert_exit(&sb.run_batch(&manifest), 4);
+    let out = sb.out();
+    let o = sb.run(&[
+        "batch",
+        "report",
+        "--batch-id",
+        "epochs",
+        "--output-dir",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_exit(&o, 0);
+    let summary = json_of(&o)["summary"].clone();
+    assert_eq!(summary["total"], 12, "{summary:#}");
+    assert_eq!(summary["counts"]["succeeded"], 5, "{summary:#}");
+    let tasks = &summary["stats"]["tasks"];
+    assert_eq!(tasks["tasks"], 3, "{tasks:#}");
+    let close = |v: &Value, x: f64| (v.as_f64().unwrap() - x).abs() < 1e-9;
+    // always: 1 at every k; never: 0; first (1 of 4): 1 − C(3,k)/C(4,k) = 1/4, 1/2, 3/4, 1.
+    let expected = [
+        (1.0 + 0.0 + 0.25) / 3.0,
+        (1.0 + 0.0 + 0.5) / 3.0,
+        (1.0 + 0.0 + 0.75) / 3.0,
+        (1.0 + 0.0 + 1.0) / 3.0,
+    ];
+    let at = tasks["pass_at_k"].as_array().unwrap();
+    assert_eq!(at.len(), 4, "{tasks:#}");
+    for (k, want) in expected.iter().enumerate() {
+        assert_eq!(at[k]["k"], k + 1);
+        assert_eq!(at[k]["of"], 3, "{tasks:#}");
+        assert!(close(&at[k]["mean"], *want), "pass@{}: {tasks:#}", k + 1);
+    }
+    let rows = tasks["rows"].as_array().unwrap();
+    let first = rows.iter().find(|r| r["task_id"] == "first").unwrap();
+    assert_eq!(
+        (first["finished"].clone(), first["passed"].clone()),
+        (4.into(), 1.into())
+    );
+    for (k, want) in [0.25, 0.5, 0.75, 1.0].iter().enumerate() {
+        assert!(close(&first["pass_at_k"][k], *want), "{first:#}");
+    }
+    // Scores by task: always averages its runs 1..4 (2.5), first has one (1); the batch's
+    // mean is over those two tasks.
+    let always = rows.iter().find(|r| r["task_id"] == "always").unwrap();
+    assert!(
+        close(&always["scores"]["accuracy"]["mean"], 2.5),
+        "{always:#}"
+    );
+    let by_task = &tasks["scores"]["accuracy"];
+    assert_eq!(by_task["n"], 2, "{tasks:#}");
+    assert!(close(&by_task["mean"], 1.75), "{tasks:#}");
+
+    let text = sb.run(&[
+        "batch",
+        "report",
+        "--batch-id",
+        "epochs",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert_exit(&text, 0);
+    assert!(
+        stdout(&text).contains("pass@2: 50.0% (mean of 3 tasks"),
+        "{}",
+        stdout(&text)
+    );
+    assert!(
+        stdout(&text).contains("task first: 1 of 4 finished run(s) passed"),
+        "{}",
+        stdout(&text)
+    );
+    let csv = std::fs::read_to_string(sb.bundle("epochs").join("batch_tasks.csv")).unwrap();
+    assert_eq!(
+        csv.lines().next(),
+        Some("task_id,epochs,finished,passed,pass@1,pass@2,pass@3,pass@4")
+    );
+    assert!(
+        csv.contains("\nfirst,4,4,1,0.250000,0.500000,0.750000,1.000000\n"),
+        "{csv}"
+    );
+}
