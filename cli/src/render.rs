@@ -416,6 +416,12 @@ fn rate(r: &casebatch_bundle::stats::Rate) -> String {
     }
 }
 
+/// `mean 0.500 ± 0.289` (`± -` below two values).
+fn mean_and_error(sc: &casebatch_bundle::stats::ScoreStat) -> String {
+    let stderr = sc.stderr.map_or("-".to_string(), |e| format!("{e:.3}"));
+    format!("mean {:.3} ± {stderr}", sc.mean)
+}
+
 /// pass@k of the batch, then each task's runs.
 fn task_lines(t: &casebatch_bundle::epochs::TaskStats) {
     for p in &t.pass_at_k {
@@ -431,10 +437,9 @@ fn task_lines(t: &casebatch_bundle::epochs::TaskStats) {
         }
     }
     for (name, sc) in &t.scores {
-        let stderr = sc.stderr.map_or("-".to_string(), |e| format!("{e:.3}"));
         say!(
-            "  score {name} by task: mean {:.3} ± {stderr} (standard error over {} tasks)",
-            sc.mean,
+            "  score {name} by task: {} (standard error over {} tasks)",
+            mean_and_error(sc),
             sc.n
         );
     }
@@ -473,10 +478,9 @@ fn stats_lines(st: &casebatch_bundle::stats::BatchStats) {
         rate(&st.pass_rate_excluding_infra)
     );
     for (name, sc) in &st.scores {
-        let stderr = sc.stderr.map_or("-".to_string(), |e| format!("{e:.3}"));
         say!(
-            "  score {name}: mean {:.3} ± {stderr} (standard error, n={})",
-            sc.mean,
+            "  score {name}: {} (standard error, n={})",
+            mean_and_error(sc),
             sc.n
         );
     }
