@@ -442,3 +442,24 @@ crash_batch short-crashed
 show short-crashed "" start-settled-crashed-runner
 for f in start-settled start-settled-crashed-runner; do has_patch "$f" start-settles-short-jobs; done
 fi
+
+# 19. A budget over the usage harnesses report: cases of $1 each at 2 in flight under a $3
+# budget, so admissions stop (each running case reserved at the p90 of finished ones) and the
+# run ends `budget_exhausted`; then `resume --budget` raises it and the batch completes.
+if [ "${STEP:-all}" = all ] || [ "${STEP:-}" = 19 ]; then
+cat > "$WORK/budget.yaml" <<YAML
+batch_id: budget
+defaults:
+  runtime: local-process
+  concurrency: 2
+  budget: {cost_usd: 3}
+  harness: 'sleep 0.5; echo "{\"usage\": {\"cost_usd\": 1.0, \"input_tokens\": 10}}" > "\$CASEBATCH_RESULT"'
+tasks: [{task_id: u0}, {task_id: u1}, {task_id: u2}, {task_id: u3}, {task_id: u4}, {task_id: u5}, {task_id: u6}, {task_id: u7}]
+YAML
+cb batch run --manifest "$WORK/budget.yaml" --output-dir "$WORK/out" > "$WORK/budget.log" || true
+grep -q "budget exhausted" "$WORK/budget.log" || { cat "$WORK/budget.log"; exit 1; }
+cb batch resume --batch-id budget --output-dir "$WORK/out" --budget cost_usd=100 > "$WORK/budget-resumed.log"
+grep -q "8 succeeded" "$WORK/budget-resumed.log" || { cat "$WORK/budget-resumed.log"; exit 1; }
+show budget "$(first_run casebatch-budget)" budget-exhausted
+show budget "" budget-resumed
+fi

@@ -17,7 +17,7 @@ use casebatch_proto::{
     ActorReport, ActorStatus, AttemptKey, AttemptSummary, AwaitInput, CleanupInput, CleanupReport,
     Evaluation, Failure, FailureCode, FinalizeInput, JobRef, Prepared, ReleaseInput, SettleInput,
     SettleShort, Settled, Stage, StageResult, StartInput, StartResult, SubmitResult, SweepInput,
-    SweepReport, UNANSWERED_WAIT_S, host_task_queue,
+    SweepReport, UNANSWERED_WAIT_S, Usage, host_task_queue,
 };
 use casebatch_workflows::{contracts, decide};
 use temporalio_macros::activities;
@@ -1369,6 +1369,10 @@ impl CaseActivities {
                 "attempt closed"
             );
             self.metrics.attempt_closed(end(state.as_str()));
+            if let Some(u) = &s.usage {
+                let (input, output) = (u.get(Usage::INPUT_TOKENS), u.get(Usage::OUTPUT_TOKENS));
+                self.metrics.usage(input, output, u.cost_usd());
+            }
             Self::event(
                 env,
                 "attempt_finished",

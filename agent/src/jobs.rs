@@ -895,6 +895,7 @@ fn failed(f: Failure) -> ActorReport {
         failure: Some(f),
         adopted: false,
         memory_limit_mb: None,
+        usage: None,
     }
 }
 

@@ -51,6 +51,9 @@ pub struct TaskRow {
     pub pass_at_k: Vec<f64>,
     /// By score name, over the runs that report it as a number.
     pub scores: BTreeMap<String, ScoreStat>,
+    /// What the task's runs reported they consumed, summed (absent: none reported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<casebatch_proto::Usage>,
 }
 
 /// The unbiased estimator of pass@k from `n` runs of which `c` passed: 1 − C(n−c, k)/C(n, k),
@@ -123,6 +126,20 @@ impl TaskStats {
             rows,
         })
     }
+
+    /// Sums each task's runs' usage (`rows`: the summary's, in plan order) into its row.
+    pub fn add_usage(&mut self, cases: &[PlannedCase], rows: &[crate::SummaryRow]) {
+        let mut by_task: BTreeMap<&str, casebatch_proto::Usage> = BTreeMap::new();
+        for (case, row) in cases.iter().zip(rows) {
+            let task = case.epoch.as_ref().map_or(&case.case_id, |e| &e.task_id);
+            if let Some(u) = &row.usage {
+                by_task.entry(task).or_default().add(u);
+            }
+        }
+        for row in &mut self.rows {
+            row.usage = by_task.remove(row.task_id.as_str());
+        }
+    }
 }
 
 fn task_row(task: &str, epochs: u32, results: &[Option<&CaseResult>]) -> TaskRow {
@@ -160,6 +177,7 @@ fn task_row(task: &str, epochs: u32, results: &[Option<&CaseResult>]) -> TaskRow
             .into_iter()
             .map(|(name, xs)| (name, mean_and_stderr(&xs)))
             .collect(),
+        usage: None,
     }
 }
 

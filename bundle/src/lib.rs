@@ -27,7 +27,8 @@ pub use journal::{AttemptJournal, Entry};
 pub use layout::Bundle;
 pub use records::*;
 pub use summary::{
-    BatchSummary, SummaryRow, assemble, write_assembled, write_batch_files, write_final_batch_files,
+    BatchSummary, SummaryRow, assemble, case_usage, write_assembled, write_batch_files,
+    write_final_batch_files,
 };
 pub use write::{
     append_jsonl, read_json, read_json_if_present, write_bytes_atomic, write_json_atomic,

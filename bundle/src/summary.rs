@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use casebatch_manifest::model::Plan;
+use casebatch_proto::Usage;
 use serde::{Deserialize, Serialize};
 
 use crate::journal::AttemptJournal;
@@ -48,6 +49,10 @@ pub struct BatchSummary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temporal_actions: Option<casebatch_proto::TemporalActions>,
     pub simulated: bool,
+    /// What every attempt of the batch reported it consumed (its harness's `usage`), summed;
+    /// absent when none reported any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
     /// Pass rates, score means with standard errors, duration percentiles (absent in
     /// summaries written before they existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -86,6 +91,9 @@ pub struct SummaryRow {
     pub runtime: Option<String>,
     /// Values of `summary.fields`, by dotted path.
     pub fields: BTreeMap<String, serde_json::Value>,
+    /// What the case's attempts reported they consumed, summed (absent: none reported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
 }
 
 /// Everything read back from a bundle.
@@ -112,6 +120,7 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
         let result: Option<CaseResult> = read_json_if_present(&bundle.case_result(&case.case_dir))?;
         let case_attempts = read_attempts(bundle, &case.case_dir)?;
         adopted += case_attempts.iter().filter(|a| a.summary.adopted).count();
+        let usage = usage_of(&case_attempts);
         attempts.extend(case_attempts);
 
         let state = result.as_ref().map_or(CaseRecordState::Queued, |r| r.state);
@@ -153,6 +162,7 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
                         .iter()
                         .map(|p| (p.clone(), lookup(&json, p)))
                         .collect(),
+                    usage,
                 }
             }
             None => SummaryRow {
@@ -169,12 +179,25 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
                 failure_message: None,
                 runtime: None,
                 fields: BTreeMap::new(),
+                usage,
             },
         };
         rows.push(row);
         results.push(result);
     }
 
+    let mut tasks = crate::epochs::TaskStats::of(&plan.cases, &results);
+    if let Some(tasks) = tasks.as_mut() {
+        tasks.add_usage(&plan.cases, &rows);
+    }
+    let total_usage = rows
+        .iter()
+        .filter_map(|r| r.usage.as_ref())
+        .fold(None, |sum, u| {
+            let mut sum: Usage = sum.unwrap_or_default();
+            sum.add(u);
+            Some(sum)
+        });
     let summary = BatchSummary {
         schema_version: RECORD_SCHEMA_VERSION.into(),
         batch_id: plan.batch_id.clone(),
@@ -198,8 +221,9 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
             .count(),
         temporal_actions: previous_actions(bundle),
         simulated,
+        usage: total_usage,
         stats: Some(crate::stats::BatchStats {
-            tasks: crate::epochs::TaskStats::of(&plan.cases, &results).map(Box::new),
+            tasks: tasks.map(Box::new),
             ..crate::stats::BatchStats::of(&results, &attempts)
         }),
         rows,
@@ -271,6 +295,22 @@ pub fn write_assembled(bundle: &Bundle, plan: &Plan, a: &Assembled) -> Result<()
         }
     }
     Ok(())
+}
+
+/// The usage a case's attempts reported, summed (`None`: none reported any).
+fn usage_of(attempts: &[AttemptRecord]) -> Option<Usage> {
+    let reported = attempts.iter().filter_map(|a| a.summary.usage.as_ref());
+    reported.fold(None, |sum, u| {
+        let mut sum = sum.unwrap_or_default();
+        sum.add(u);
+        Some(sum)
+    })
+}
+
+/// What a case's recorded attempts spent: how a run that has no engine result to carry
+/// (a terminated one) still counts what the batch spent against its budget.
+pub fn case_usage(bundle: &Bundle, case_dir: &str) -> Result<Option<Usage>, BundleError> {
+    Ok(usage_of(&read_attempts(bundle, case_dir)?))
 }
 
 fn read_attempts(bundle: &Bundle, case_dir: &str) -> Result<Vec<AttemptRecord>, BundleError> {

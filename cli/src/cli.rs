@@ -528,10 +528,41 @@ pub struct ResumeArgs {
     /// Also give failed and cancelled cases a new attempt.
     #[arg(long)]
     pub retry_failed: bool,
+    /// Raise (or set) what the batch may spend, as `cost_usd=N`, `tokens=N` or both
+    /// (`cost_usd=40,tokens=2000000`): a limit given replaces the plan's of the same name,
+    /// for this run and the runs it continues as. What was spent is carried.
+    #[arg(long, value_name = "LIMITS", value_parser = parse_budget)]
+    pub budget: Option<casebatch_proto::Budget>,
     /// Serve the embedded engine's Temporal Web UI on a loopback port while this runs (its
     /// address is printed); a headless engine already running is restarted with it.
     #[arg(long)]
     pub ui: bool,
+}
+
+/// `--budget cost_usd=40,tokens=2000000`.
+fn parse_budget(value: &str) -> Result<casebatch_proto::Budget, String> {
+    let mut budget = casebatch_proto::Budget::default();
+    for part in value.split(',').map(str::trim) {
+        let (name, n) = part.split_once('=').ok_or_else(|| {
+            format!("`{part}` is not NAME=LIMIT (write cost_usd=40 or tokens=2000000)")
+        })?;
+        match name.trim() {
+            "cost_usd" => match n.trim().parse::<f64>() {
+                Ok(c) if c.is_finite() && c > 0.0 => budget.cost_usd = Some(c),
+                _ => return Err(format!("cost_usd `{n}` is not a positive number")),
+            },
+            "tokens" => match n.trim().parse::<u64>() {
+                Ok(t) if t > 0 => budget.tokens = Some(t),
+                _ => return Err(format!("tokens `{n}` is not a positive whole number")),
+            },
+            other => {
+                return Err(format!(
+                    "`{other}` is not a budget limit (write cost_usd=N or tokens=N)"
+                ));
+            }
+        }
+    }
+    Ok(budget)
 }
 
 #[derive(Debug, Clone, Args)]

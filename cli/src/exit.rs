@@ -42,7 +42,7 @@ impl Exit {
                 "every case succeeded (verified by its evaluator where one is configured)"
             }
             Exit::Incomplete => {
-                "drained or paused with queued work remaining (deliberately incomplete); for `casebatch health`: the probed process is not healthy"
+                "drained, paused or out of budget with queued work remaining (deliberately incomplete); for `casebatch health`: the probed process is not healthy"
             }
             Exit::Usage => {
                 "usage or validation error, or a bundle file that is there but cannot be read (truncated JSON, a directory where a file belongs: the message names the file and why); nothing started or written"

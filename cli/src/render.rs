@@ -270,6 +270,7 @@ fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
             BatchEnd::Drained => "drained",
             BatchEnd::Cancelled => "cancelled",
             BatchEnd::Superseded => "superseded",
+            BatchEnd::BudgetExhausted => "stopped: budget exhausted (resume --budget continues it)",
         },
         c.succeeded,
         c.failed,
@@ -400,6 +401,24 @@ pub fn history_view(view: &HistoryView) {
             m.succeeded
         );
     }
+}
+
+/// `cost_usd 1.25 · input_tokens 12000 · output_tokens 3000`: whole numbers as such, the rest
+/// to four decimals.
+fn usage_text(u: &casebatch_proto::Usage) -> String {
+    let number = |x: f64| {
+        if x.fract() == 0.0 && x.abs() < 1e15 {
+            format!("{x:.0}")
+        } else {
+            let s = format!("{x:.4}");
+            s.trim_end_matches('0').to_string()
+        }
+    };
+    let parts: Vec<String> =
+        u.0.iter()
+            .map(|(k, v)| format!("{k} {}", number(*v)))
+            .collect();
+    parts.join(" · ")
 }
 
 /// `75.0% (3 of 4 finished cases …)`, or `- (no finished case)`.
@@ -669,6 +688,17 @@ pub fn status(view: &StatusView) {
             clock(c.retry_at_ms)
         );
     }
+    if let Some(spending) = &s.spending {
+        let budget = s
+            .budget
+            .map_or(String::new(), |b| format!(" · budget {}", b.describe()));
+        let spent = if spending.spent.is_empty() {
+            "nothing reported yet".to_string()
+        } else {
+            usage_text(&spending.spent)
+        };
+        say!("  spent: {spent}{budget}");
+    }
     say!("{}", counters_line(&s.counters));
     say!(
         "{}",
@@ -700,6 +730,7 @@ pub fn status(view: &StatusView) {
             BatchEnd::Drained => "drained (resume continues it)",
             BatchEnd::Cancelled => "cancelled",
             BatchEnd::Superseded => "superseded (its killed cases wait for the run replacing it)",
+            BatchEnd::BudgetExhausted => "budget exhausted (resume --budget continues it)",
         };
         say!("  last run ended: {how}");
     }
@@ -729,6 +760,10 @@ pub fn report(view: &ReportView) {
     say!("  cases: {}", counts.join(" · "));
     if let Some(stats) = &s.stats {
         stats_lines(stats);
+    }
+    if let Some(usage) = &s.usage {
+        let cases = s.rows.iter().filter(|r| r.usage.is_some()).count();
+        say!("  usage: {} (over {cases} case(s))", usage_text(usage));
     }
     say!(
         "  recovery: {} attempt(s) adopted after a crash, {} re-dispatched",

@@ -157,6 +157,7 @@ fn failed(failure: Failure, a: &Attempt) -> ActorReport {
         failure: Some(failure),
         adopted: false,
         memory_limit_mb: a.memory_mb(),
+        usage: None,
     }
 }
 

@@ -1,9 +1,9 @@
 //! Where a new run of a batch starts from: the last run's result when the engine has one,
 //! else the bundle's per-case records.
 
-use casebatch_bundle::{Bundle, CaseRecordState, CaseResult, read_json_if_present};
+use casebatch_bundle::{Bundle, CaseRecordState, CaseResult, case_usage, read_json_if_present};
 use casebatch_manifest::Plan;
-use casebatch_proto::{Carried, CaseSlot, CaseState};
+use casebatch_proto::{Carried, CaseSlot, CaseState, Spending};
 use temporalio_client::WorkflowGetResultOptions;
 
 use crate::error::Result;
@@ -44,6 +44,7 @@ async fn from_result(handle: &Handle) -> Option<Carried> {
         concurrency: None,
         // Carried on: the runner that ends the next run records any still missing.
         unrecorded: prev.status.unrecorded,
+        spending: prev.status.spending,
     })
 }
 
@@ -54,12 +55,20 @@ async fn from_result(handle: &Handle) -> Option<Carried> {
 fn from_bundle(bundle: &Bundle, plan: &Plan) -> Result<Option<Carried>> {
     let mut any = false;
     let mut slots = Vec::with_capacity(plan.cases.len());
+    let mut spending = Spending::default();
     for c in &plan.cases {
         let Some(r) = read_json_if_present::<CaseResult>(&bundle.case_result(&c.case_dir))? else {
             slots.push(CaseSlot::default());
             continue;
         };
         any = true;
+        if let Some(usage) = case_usage(bundle, &c.case_dir)? {
+            let finished = matches!(
+                r.state,
+                CaseRecordState::Succeeded | CaseRecordState::Failed
+            );
+            spending.record(&usage, finished);
+        }
         let state = match r.state {
             CaseRecordState::Succeeded => CaseState::Succeeded,
             CaseRecordState::Failed => CaseState::Failed,
@@ -71,8 +80,10 @@ fn from_bundle(bundle: &Bundle, plan: &Plan) -> Result<Option<Carried>> {
             attempts: r.attempts,
         });
     }
+    let spent = !spending.spent.is_empty();
     Ok(any.then(|| Carried {
         slots,
+        spending: spent.then_some(spending),
         ..Carried::default()
     }))
 }

@@ -32,7 +32,8 @@ pub enum Ending {
 pub enum Verdict {
     /// Every case succeeded (verified by its evaluator where one is configured).
     AllSucceeded,
-    /// Drained, paused or superseded with queued work remaining: deliberately incomplete.
+    /// Drained, paused, superseded or out of budget with queued work remaining:
+    /// deliberately incomplete.
     Incomplete,
     /// Failed, cancelled or mixed outcomes (all outputs still written).
     Failures,
@@ -45,7 +46,11 @@ impl RunReport {
                 let c = &o.status.counts;
                 match o.end {
                     // Superseded: its unfinished cases wait for the run that replaces it.
-                    BatchEnd::Drained | BatchEnd::Superseded if c.queued > 0 => Verdict::Incomplete,
+                    BatchEnd::Drained | BatchEnd::Superseded | BatchEnd::BudgetExhausted
+                        if c.queued > 0 =>
+                    {
+                        Verdict::Incomplete
+                    }
                     BatchEnd::Cancelled => Verdict::Failures,
                     _ if c.succeeded == c.total() => Verdict::AllSucceeded,
                     _ => Verdict::Failures,

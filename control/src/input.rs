@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use casebatch_bundle::{Bundle, Lineage, read_json_if_present};
 use casebatch_manifest::Plan;
-use casebatch_proto::{BatchInput, Carried, Speculation};
+use casebatch_proto::{BatchInput, Budget, Carried, Speculation};
 
 use crate::error::Result;
 use crate::options::DriveOptions;
@@ -52,6 +52,7 @@ pub(crate) fn batch_input(
         },
         routes,
         heartbeat_every_ms: plan.settings.heartbeat_every_seconds.map(|s| s * 1000),
+        budget: budget(plan, opts),
     };
     // Only cases dealt from a `runtime:` list are raced.
     if input.routes.is_some() && !opts.no_speculation {
@@ -60,6 +61,19 @@ pub(crate) fn batch_input(
         });
     }
     Ok(input)
+}
+
+/// The plan's budget with the run's own limits (`resume --budget`) over it, name by name.
+fn budget(plan: &Plan, opts: &DriveOptions) -> Option<Budget> {
+    let planned = plan.settings.budget.map(Budget::from);
+    let Some(over) = opts.budget else {
+        return planned;
+    };
+    let base = planned.unwrap_or_default();
+    Some(Budget {
+        cost_usd: over.cost_usd.or(base.cost_usd),
+        tokens: over.tokens.or(base.tokens),
+    })
 }
 
 /// Per-case memory granted by `retry-failed` (from lineage.json), by case index. Only a batch

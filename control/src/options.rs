@@ -23,4 +23,6 @@ pub struct DriveOptions {
     pub history_db: Option<PathBuf>,
     /// Serve the in-process worker's metrics, `/healthz` and `/readyz` here.
     pub metrics: Option<casebatch_worker::Listen>,
+    /// Limits that replace the plan's budget's of the same name (`resume --budget`).
+    pub budget: Option<casebatch_proto::Budget>,
 }

@@ -91,6 +91,11 @@ pub struct Defaults {
     /// each task's pass@k. A task's `epochs` replaces this one.
     #[schemars(range(min = 1, max = 100))]
     pub epochs: Option<u32>,
+    /// What the batch may spend, over the `usage` its harnesses report: admissions stop once
+    /// what is spent plus what is in flight (each running case reserved at the p90 of what
+    /// finished cases spent) would pass a limit; running cases finish and the batch ends
+    /// `budget_exhausted` (exit 1), for `batch resume --budget` to continue.
+    pub budget: Option<BudgetSpec>,
     /// Extra environment variables for the harness and evaluator, as literal values (they are
     /// in the plan: put secrets in `pass_env`, not here). Names are `[A-Za-z_][A-Za-z0-9_]*`
     /// and may not start with `CASEBATCH_`. A task's `env` is merged over the defaults' by name.
@@ -153,6 +158,26 @@ impl Sandbox {
     /// One container per attempt.
     pub fn is_container(&self) -> bool {
         self.provider == "container"
+    }
+}
+
+/// `defaults.budget`: one limit or both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSpec {
+    /// US dollars, summed over the results' `usage.cost_usd`: a positive number.
+    pub cost_usd: Option<f64>,
+    /// Tokens, summed over the results' `usage.input_tokens` plus `usage.output_tokens`.
+    #[schemars(range(min = 1))]
+    pub tokens: Option<u64>,
+}
+
+impl From<BudgetSpec> for casebatch_proto::Budget {
+    fn from(b: BudgetSpec) -> Self {
+        Self {
+            cost_usd: b.cost_usd,
+            tokens: b.tokens,
+        }
     }
 }
 
@@ -466,6 +491,9 @@ pub struct BatchSettings {
     /// The stages' heartbeat cadence in seconds (`None`: the default, 4 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_every_seconds: Option<u64>,
+    /// What the batch may spend (`None`: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSpec>,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -163,6 +163,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
             oom_auto_boost: defaults.oom_auto_boost.unwrap_or(false),
             prepare_ahead,
             heartbeat_every_seconds: defaults.heartbeat_every_seconds,
+            budget: defaults.budget,
         },
         fingerprint,
         spread: None,
@@ -241,6 +242,7 @@ fn overlay(lower: Defaults, upper: &Defaults) -> Defaults {
         prepare_ahead: u.prepare_ahead.or(lower.prepare_ahead),
         heartbeat_every_seconds: u.heartbeat_every_seconds.or(lower.heartbeat_every_seconds),
         epochs: u.epochs.or(lower.epochs),
+        budget: u.budget.or(lower.budget),
         env,
         pass_env,
     }

@@ -8,7 +8,9 @@ use crate::limits::{
     MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS, RESERVED_ENV_PREFIX, SANDBOX_NETWORKS,
     SANDBOX_PROVIDERS, SANDBOX_PULLS, TIMEOUT_SECONDS_RANGE,
 };
-use crate::model::{CommandSpec, Defaults, FakeScript, Resources, RunSpec, Sandbox, SummarySpec};
+use crate::model::{
+    BudgetSpec, CommandSpec, Defaults, FakeScript, Resources, RunSpec, Sandbox, SummarySpec,
+};
 use crate::report::{FieldPath, Report};
 
 pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
@@ -74,6 +76,9 @@ pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
         );
     }
     epochs(d.epochs, path, r);
+    if let Some(b) = &d.budget {
+        budget(b, &path.key("budget"), r);
+    }
     timeout(d.timeout_seconds, path, r);
     if let Some(s) = &d.sandbox {
         sandbox(s, &path.key("sandbox"), r);
@@ -105,6 +110,35 @@ pub(crate) fn spec(s: &RunSpec, path: &FieldPath, r: &mut Report) {
         fake(f, &path.key("fake"), r);
     }
     environment(s.env.as_ref(), s.pass_env.as_deref(), path, r);
+}
+
+/// A budget names at least one limit, each positive.
+fn budget(b: &BudgetSpec, path: &FieldPath, r: &mut Report) {
+    if b.cost_usd.is_none() && b.tokens.is_none() {
+        r.at(
+            path,
+            "a budget without a limit".to_string(),
+            format!("set {path}.cost_usd (dollars) or {path}.tokens, or remove {path}"),
+        );
+    }
+    if let Some(c) = b.cost_usd
+        && !(c.is_finite() && c > 0.0)
+    {
+        let p = path.key("cost_usd");
+        r.at(
+            &p,
+            format!("cost_usd {c} is not a positive number"),
+            format!("set {p} to the dollars the batch may spend, e.g. 25.0"),
+        );
+    }
+    if b.tokens == Some(0) {
+        let p = path.key("tokens");
+        r.at(
+            &p,
+            "tokens 0 would start no case".to_string(),
+            format!("set {p} to the tokens the batch may spend, e.g. 2000000"),
+        );
+    }
 }
 
 fn epochs(n: Option<u32>, parent: &FieldPath, r: &mut Report) {
@@ -558,6 +592,10 @@ mod tests {
             prepare_ahead: Some(65),
             timeout_seconds: Some(0),
             epochs: Some(101),
+            budget: Some(BudgetSpec {
+                cost_usd: Some(-1.0),
+                tokens: Some(0),
+            }),
             ..Defaults::default()
         };
         defaults(&d, &FieldPath::root().key("defaults"), &mut r);
@@ -569,6 +607,8 @@ mod tests {
                 "defaults.max_retries",
                 "defaults.prepare_ahead",
                 "defaults.epochs",
+                "defaults.budget.cost_usd",
+                "defaults.budget.tokens",
                 "defaults.timeout_seconds"
             ]
         );

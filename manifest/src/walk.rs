@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::model::{
-    CommandSpec, Defaults, FakeOutcome, FakeScript, Resources, RunSpec, RuntimeChoice, RuntimeKind,
-    Sandbox, SummarySpec, Task,
+    BudgetSpec, CommandSpec, Defaults, FakeOutcome, FakeScript, Resources, RunSpec, RuntimeChoice,
+    RuntimeKind, Sandbox, SummarySpec, Task,
 };
 use crate::report::{FieldPath, Report};
 
@@ -32,9 +32,11 @@ pub(crate) const DEFAULTS_FIELDS: &[&str] = &[
     "prepare_ahead",
     "heartbeat_every_seconds",
     "epochs",
+    "budget",
     "env",
     "pass_env",
 ];
+pub(crate) const BUDGET_FIELDS: &[&str] = &["cost_usd", "tokens"];
 pub(crate) const SANDBOX_FIELDS: &[&str] = &[
     "provider", "template", "platform", "lifetime", "network", "pull", "user",
 ];
@@ -285,8 +287,18 @@ pub(crate) fn defaults(value: &Value, path: &FieldPath, r: &mut Report) -> Optio
         prepare_ahead: o.opt("prepare_ahead", r),
         heartbeat_every_seconds: o.opt("heartbeat_every_seconds", r),
         epochs: o.opt("epochs", r),
+        budget: o.nested("budget", r, budget),
         env: o.nested("env", r, env),
         pass_env: o.opt("pass_env", r),
+    })
+}
+
+pub(crate) fn budget(value: &Value, path: &FieldPath, r: &mut Report) -> Option<BudgetSpec> {
+    let o = Obj::new(value, path, BUDGET_FIELDS, r)?;
+    o.deny_unknown(r);
+    Some(BudgetSpec {
+        cost_usd: o.opt("cost_usd", r),
+        tokens: o.opt("tokens", r),
     })
 }
 

@@ -68,6 +68,10 @@ pub struct BatchInput {
     /// `None`: [`BatchInput::DEFAULT_HEARTBEAT_EVERY_MS`], as every batch before the setting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_every_ms: Option<u64>,
+    /// What the batch may spend (`defaults.budget`, or `resume --budget`). `None`: no limit,
+    /// as in every batch started before budgets existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::Budget>,
 }
 
 impl BatchInput {
@@ -180,6 +184,9 @@ pub struct Carried {
     pub concurrency: Option<u32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unrecorded: Vec<UnrecordedFailure>,
+    /// What the batch's cases have spent so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spending: Option<crate::Spending>,
 }
 
 /// A case's final failure that its worker could not write into the bundle (it may not write
@@ -448,6 +455,9 @@ pub enum BatchEnd {
     /// runtime (cleanup ran); done work is kept and the killed cases are queued again, for the
     /// run that replaces this one (`batch run --supersede`) or `resume`.
     Superseded,
+    /// The budget is spent: admissions stopped, admitted cases finished, queued work remains
+    /// for `resume --budget`.
+    BudgetExhausted,
 }
 
 /// Answer of the `status` query, and (with `end`) the workflow's result.
@@ -482,6 +492,12 @@ pub struct BatchStatus {
     /// Finished cases whose worker could not write their result into the bundle.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unrecorded: Vec<UnrecordedFailure>,
+    /// What the batch's cases have spent (absent while none reported usage and no budget
+    /// is set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spending: Option<crate::Spending>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::Budget>,
 }
 
 /// One runtime envelope's use by the batch, in `status`.

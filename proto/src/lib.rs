@@ -12,12 +12,14 @@ pub mod packed;
 pub mod planned_case_v1;
 pub mod runtime_v1;
 pub mod stage;
+pub mod usage;
 pub mod visibility;
 
 pub use batch::*;
 pub use breaker::{BreakerSettings, Circuit};
 pub use failure::{Failure, FailureClass, FailureCode, Stage};
 pub use stage::*;
+pub use usage::{Budget, Spending, Usage};
 
 /// Task queue the worker polls and batches are started on.
 pub const TASK_QUEUE: &str = "casebatch";

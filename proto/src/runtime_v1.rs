@@ -113,6 +113,12 @@ impl From<&crate::ActorReport> for ActorReport {
             failure: r.failure.as_ref().map(Into::into),
             adopted: r.adopted,
             memory_limit_mb: r.memory_limit_mb,
+            usage: r
+                .usage
+                .as_ref()
+                .map(|u| u.0.clone().into_iter().collect())
+                .unwrap_or_default(),
+            has_usage: r.usage.is_some(),
         }
     }
 }
@@ -133,6 +139,9 @@ impl TryFrom<ActorReport> for crate::ActorReport {
             failure: r.failure.map(TryInto::try_into).transpose()?,
             adopted: r.adopted,
             memory_limit_mb: r.memory_limit_mb,
+            usage: r
+                .has_usage
+                .then(|| crate::Usage(r.usage.into_iter().collect())),
         })
     }
 }
@@ -149,6 +158,13 @@ mod tests {
             failure: Some(WireFailure::oom(Some(512))),
             adopted: true,
             memory_limit_mb: Some(512),
+            usage: Some(crate::Usage(
+                [
+                    ("cost_usd".to_string(), 0.25),
+                    ("input_tokens".into(), 900.0),
+                ]
+                .into(),
+            )),
         };
         let back: crate::ActorReport = ActorReport::from(&report).try_into().unwrap();
         assert_eq!(back, report);

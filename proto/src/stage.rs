@@ -83,6 +83,9 @@ pub struct ActorReport {
     /// The memory limit that was enforced on the job, if any.
     #[serde(default)]
     pub memory_limit_mb: Option<u64>,
+    /// What the harness reported the attempt consumed (its result's `usage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::Usage>,
 }
 
 impl ActorReport {
@@ -94,6 +97,7 @@ impl ActorReport {
             failure: None,
             adopted: false,
             memory_limit_mb: None,
+            usage: None,
         }
     }
 }
@@ -156,6 +160,9 @@ pub struct AttemptSummary {
     /// kept as evidence, never as the case's result.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stranded: bool,
+    /// What the harness reported the attempt consumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::Usage>,
 }
 
 impl AttemptSummary {
@@ -167,6 +174,7 @@ impl AttemptSummary {
         self.failure = actor.failure.clone();
         self.adopted = actor.adopted;
         self.memory_limit_mb = actor.memory_limit_mb;
+        self.usage = actor.usage.clone();
         if let Some(eval) = &settled.evaluation {
             self.evaluation_configured = eval.configured;
             self.verdict = eval.verdict;
@@ -196,6 +204,7 @@ impl AttemptSummary {
             speculative_loser: false,
             probe: false,
             stranded: false,
+            usage: None,
         }
     }
 

@@ -42,6 +42,9 @@ pub mod outcome {
     /// A run stopped by `supersede`, its running jobs killed (usually replaced by a newer
     /// run of the same batch).
     pub const SUPERSEDED: &str = "superseded";
+    /// The budget is spent: admitted cases finished, queued work remains for
+    /// `resume --budget`.
+    pub const BUDGET_EXHAUSTED: &str = "budget_exhausted";
 }
 
 /// The `CasebatchOutcome` a run that ended this way records.
@@ -52,6 +55,7 @@ pub fn outcome_of(end: BatchEnd, counts: &Counts) -> &'static str {
         BatchEnd::Drained => outcome::DRAINED,
         BatchEnd::Cancelled => outcome::CANCELLED,
         BatchEnd::Superseded => outcome::SUPERSEDED,
+        BatchEnd::BudgetExhausted => outcome::BUDGET_EXHAUSTED,
     }
 }
 

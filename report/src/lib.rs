@@ -106,6 +106,7 @@ mod tests {
             jobs_paid_twice: 0,
             temporal_actions: None,
             simulated: false,
+            usage: None,
             stats: None,
             rows: vec![SummaryRow {
                 case_id: case_id.into(),
@@ -121,6 +122,7 @@ mod tests {
                 failure_message: None,
                 runtime: None,
                 fields: BTreeMap::new(),
+                usage: None,
             }],
         }
     }

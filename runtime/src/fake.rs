@@ -36,6 +36,7 @@ pub fn simulated_report(script: &FakeScript, attempt: u32) -> ActorReport {
         failure: Some(f),
         adopted: false,
         memory_limit_mb: None,
+        usage: None,
     };
     if attempt <= script.infra_failures_first {
         return failed(Failure::infra(
@@ -52,6 +53,7 @@ pub fn simulated_report(script: &FakeScript, attempt: u32) -> ActorReport {
             failure: None,
             adopted: false,
             memory_limit_mb: None,
+            usage: None,
         },
         FakeOutcome::HarnessError => failed(Failure::harness(
             Stage::Await,
@@ -132,6 +134,7 @@ impl Runtime for Fake {
                     failure: None,
                     adopted: false,
                     memory_limit_mb: None,
+                    usage: None,
                 };
             }
             live.heartbeat(job).await;

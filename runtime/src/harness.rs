@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureClass, FailureCode, Stage};
+use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureClass, FailureCode, Stage, Usage};
 use serde::Deserialize;
 
 use crate::attempt_io::{self, FileError};
@@ -42,6 +42,8 @@ pub struct ResultCheck {
     failure: Option<DeclaredFailure>,
     #[allow(dead_code)]
     trace: Option<casebatch_bundle::TraceRef>,
+    /// Checked and kept: what the attempt consumed ([`casebatch_proto::Usage`]).
+    usage: Option<serde_json::Value>,
 }
 
 /// Only the trace reference of a result (the collect stage).
@@ -84,7 +86,40 @@ pub async fn classify(exit_code: i32, result_path: &Path, stderr_path: &Path) ->
 /// and 127 (the shell could not execute or find the program) are setup, not the harness's
 /// fault: `config/HARNESS_NOT_EXECUTABLE` and `config/HARNESS_NOT_FOUND`, never retried, with
 /// `stderr`'s first line (what the shell said) in the message.
+///
+/// A result's `usage` is kept on the report whatever the outcome (a failed attempt spent
+/// too); one that is not an object of non-negative numbers fails an attempt that had not
+/// failed otherwise, as `harness/HARNESS_BAD_RESULT` naming the field.
 pub fn classify_result(
+    exit_code: i32,
+    result: &Result<Option<ResultCheck>, FileError>,
+    stderr: Option<&str>,
+) -> ActorReport {
+    let usage = match result {
+        Ok(Some(r)) => r.usage.as_ref().map(Usage::parse),
+        _ => None,
+    };
+    let mut report = classify_exit(exit_code, result, stderr);
+    match usage {
+        Some(Ok(usage)) => report.usage = Some(usage),
+        Some(Err(why)) if report.failure.is_none() => {
+            report.status = ActorStatus::Failed;
+            report.failure = Some(Failure::harness(
+                Stage::Await,
+                FailureCode::HarnessBadResult,
+                format!(
+                    "the harness's result has an unusable usage: {why} (numbers only, e.g. \
+                     {{\"cost_usd\": 0.02, \"input_tokens\": 1200}})"
+                ),
+            ));
+        }
+        _ => {}
+    }
+    report
+}
+
+/// [`classify_result`] without `usage`: the exit status and the declared failure.
+fn classify_exit(
     exit_code: i32,
     result: &Result<Option<ResultCheck>, FileError>,
     stderr: Option<&str>,
@@ -189,6 +224,7 @@ fn report(status: ActorStatus, exit_code: i32, failure: Option<Failure>) -> Acto
         failure,
         adopted: false,
         memory_limit_mb: None,
+        usage: None,
     }
 }
 
@@ -231,6 +267,35 @@ mod tests {
         std::fs::write(&path, r#"{"scores": 5}"#).unwrap();
         let f = classify_now(0, &path).failure.unwrap();
         assert_eq!(f.code, FailureCode::HarnessBadResult);
+    }
+
+    #[test]
+    fn usage_is_kept_whatever_the_outcome_and_a_bad_one_fails_a_finished_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("result.json");
+        std::fs::write(&path, r#"{"usage": {"cost_usd": 0.5, "input_tokens": 10}}"#).unwrap();
+        let ok = classify_now(0, &path);
+        assert_eq!(ok.status, ActorStatus::Finished);
+        assert_eq!(ok.usage.unwrap().cost_usd(), 0.5);
+        // A failed attempt spent too.
+        assert_eq!(classify_now(1, &path).usage.unwrap().tokens(), 10.0);
+
+        std::fs::write(&path, r#"{"usage": {"cost_usd": "lots"}}"#).unwrap();
+        let bad = classify_now(0, &path);
+        let f = bad.failure.unwrap();
+        assert_eq!(
+            (bad.status, f.class, f.code),
+            (
+                ActorStatus::Failed,
+                FailureClass::Harness,
+                FailureCode::HarnessBadResult
+            )
+        );
+        assert!(f.message.contains("usage.cost_usd"), "{}", f.message);
+        assert!(bad.usage.is_none());
+        // The attempt's own failure stays what decides it.
+        let f = classify_now(3, &path).failure.unwrap();
+        assert_eq!(f.code, FailureCode::HarnessExitNonzero);
     }
 
     /// The shell's 126 and 127 are setup problems, quoted from stderr; a declared failure

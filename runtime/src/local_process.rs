@@ -390,6 +390,7 @@ fn oom_report(job: &JobRecord, exit: i32) -> ActorReport {
         failure: Some(Failure::oom(job.memory.limit_mb())),
         adopted: false,
         memory_limit_mb: job.memory.limit_mb(),
+        usage: None,
     }
 }
 
@@ -526,6 +527,7 @@ impl LocalProcess {
                     failure: None,
                     adopted,
                     memory_limit_mb: record.memory.limit_mb(),
+                    usage: None,
                 }
             }
             Waited::Lost => lost(env, "its process is gone and left no exit status"),
@@ -1033,6 +1035,7 @@ fn lost(env: &Attempt, why: &str) -> ActorReport {
         )),
         adopted: false,
         memory_limit_mb: None,
+        usage: None,
     }
 }
 

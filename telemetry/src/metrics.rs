@@ -51,6 +51,8 @@ pub struct Metrics {
     stage_duration: HistogramDuration,
     attempt_duration: HistogramDuration,
     temporal_actions: Counter,
+    usage_tokens: Counter,
+    usage_cost: Counter,
 }
 
 /// How one attempt ended, as its `cleanup` (or the `settle` that closed it) recorded it.
@@ -94,6 +96,15 @@ impl Metrics {
                 "casebatch_temporal_actions",
                 "Temporal actions this worker's stage activities cost, by kind (activities \
                  started, heartbeats sent; the batch counts the rest in its status)",
+            ),
+            usage_tokens: counter(
+                "casebatch_usage_tokens",
+                "Tokens attempts reported in their result's usage, by kind (input, output)",
+            ),
+            usage_cost: counter(
+                "casebatch_usage_cost_microdollars",
+                "Cost attempts reported in their result's usage (usage.cost_usd), in millionths \
+                 of a US dollar (a counter counts whole numbers)",
             ),
             adopted: counter(
                 "casebatch_adopted",
@@ -146,6 +157,20 @@ impl Metrics {
             .map(|(k, v)| MetricKeyValue::new(*k, v.to_string()));
         self.meter
             .new_attributes(NewAttributes::new(kvs.collect::<Vec<_>>()))
+    }
+
+    /// What a closed attempt reported it consumed. Call once per attempt, with its close.
+    pub fn usage(&self, input_tokens: f64, output_tokens: f64, cost_usd: f64) {
+        for (kind, n) in [("input", input_tokens), ("output", output_tokens)] {
+            if n > 0.0 {
+                self.usage_tokens
+                    .add(n.round() as u64, &self.attributes(&[("kind", kind)]));
+            }
+        }
+        if cost_usd > 0.0 {
+            let micro = (cost_usd * 1e6).round() as u64;
+            self.usage_cost.add(micro, &self.attributes(&[]));
+        }
     }
 
     /// An attempt was closed. Call once per attempt (not again on an activity retry).

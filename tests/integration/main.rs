@@ -7,6 +7,7 @@ mod support;
 mod agent;
 mod agent_batches;
 mod browser_demo;
+mod budget;
 mod chaos_kills;
 mod cleanup;
 mod containers;

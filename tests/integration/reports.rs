@@ -6,10 +6,6 @@ use serde_json::Value;
 
 use crate::support::*;
 
-fn json_of(o: &std::process::Output) -> Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
-}
-
 #[test]
 fn a_report_rates_scores_and_times_and_diff_shows_what_a_retry_flipped() {
     let sb = Sandbox::engine();

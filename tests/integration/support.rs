@@ -792,3 +792,8 @@ pub fn engine_address(out: &Path) -> String {
     );
     address.trim_start_matches("http://").to_string()
 }
+
+/// A command's stdout as JSON (its `--json` view).
+pub fn json_of(o: &std::process::Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}

@@ -18,6 +18,8 @@ pub enum RunEnd {
     Cancelled,
     /// Superseded by another run of the same batch.
     Superseded,
+    /// The budget is spent: admitted cases finished, queued ones wait for `resume --budget`.
+    BudgetExhausted,
     /// The batch had already completed: nothing was run again.
     AlreadyComplete,
 }
@@ -29,6 +31,7 @@ impl From<BatchEnd> for RunEnd {
             BatchEnd::Drained => RunEnd::Drained,
             BatchEnd::Cancelled => RunEnd::Cancelled,
             BatchEnd::Superseded => RunEnd::Superseded,
+            BatchEnd::BudgetExhausted => RunEnd::BudgetExhausted,
         }
     }
 }

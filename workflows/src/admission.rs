@@ -4,6 +4,8 @@
 //! Which case goes next is the case source's choice (plan order, or [`crate::envelopes`] when
 //! runtimes declare envelopes), not a policy's.
 
+use casebatch_proto::{Budget, Spending};
+
 /// What a policy says about one more case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Gate {
@@ -46,6 +48,29 @@ pub(crate) struct CircuitWidth(pub u32);
 
 /// How many cases provision ahead of a free slot.
 pub(crate) struct ProvisionAhead(pub u32);
+
+/// The batch's budget over what its cases spend ([`casebatch_proto::Budget::admits`]): every
+/// case admitted and not finished, running or provisioned ahead, is reserved at the p90 of
+/// what finished cases spent. Cases provisioned ahead were admitted under it: granting them
+/// a slot does not ask it again.
+pub(crate) struct WithinBudget<'a>(pub Option<&'a Budget>, pub &'a Spending);
+
+impl Policy for WithinBudget<'_> {
+    fn gate(&self, _lane: Lane, load: &Load) -> Gate {
+        let Some(budget) = self.0 else {
+            return Gate::Now;
+        };
+        let in_flight = load.running + load.tail + load.held;
+        if budget.admits(self.1, in_flight) {
+            Gate::Now
+        } else if in_flight == 0 {
+            Gate::Never
+        } else {
+            // What the running cases really spend may leave room.
+            Gate::Later
+        }
+    }
+}
 
 /// Slots are shared by the cases running and the tail's duplicates.
 fn room(limit: u32, load: &Load) -> Gate {
@@ -127,6 +152,31 @@ mod tests {
         assert_eq!(p.gate(Lane::Slot, &load(0, 0, 0)), Gate::Now);
         assert_eq!(p.gate(Lane::Slot, &load(1, 0, 0)), Gate::Later);
         assert_eq!(p.gate(Lane::Ahead, &load(1, 0, 0)), Gate::Now);
+    }
+
+    #[test]
+    fn a_budget_reserves_running_tail_and_held_cases_and_is_never_once_spent() {
+        let one = casebatch_proto::Usage([("cost_usd".to_string(), 1.0)].into());
+        let mut spending = Spending::default();
+        for _ in 0..3 {
+            spending.record(&one, true);
+        }
+        let budget = Budget {
+            cost_usd: Some(5.0),
+            tokens: None,
+        };
+        let p = WithinBudget(Some(&budget), &spending);
+        assert_eq!(p.gate(Lane::Slot, &load(1, 0, 0)), Gate::Now);
+        assert_eq!(p.gate(Lane::Slot, &load(1, 1, 0)), Gate::Later);
+        assert_eq!(p.gate(Lane::Ahead, &load(1, 0, 1)), Gate::Later);
+        spending.record(&one, true);
+        spending.record(&one, true);
+        let p = WithinBudget(Some(&budget), &spending);
+        assert_eq!(p.gate(Lane::Slot, &load(0, 0, 0)), Gate::Never);
+        assert_eq!(
+            WithinBudget(None, &spending).gate(Lane::Slot, &load(0, 0, 0)),
+            Gate::Now
+        );
     }
 
     #[test]

@@ -182,6 +182,7 @@ mod tests {
             ended_at_ms: None,
             speculative_loser: false,
             probe: false,
+            usage: None,
             stranded: false,
         }
     }

@@ -22,6 +22,9 @@ const EXPECTED: &[&str] = &[
     // The regular-activity pipeline (scripts/record-histories.sh), crashed runs included.
     "activities-agent-crashed-runner.json",
     "activities-breaker-skipped.json",
+    // A budget spent (the run ends `budget_exhausted`), then resumed with a larger one.
+    "activities-budget-exhausted.json",
+    "activities-budget-resumed.json",
     "activities-cancelled.json",
     "activities-closed-crashed-runner.json",
     "activities-closed-on-settle.json",

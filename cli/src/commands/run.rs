@@ -120,6 +120,7 @@ pub async fn rerun(args: RerunArgs) -> CliResult {
         batch: args.batch,
         no_worker: args.no_worker,
         retry_failed: false,
+        budget: None,
         ui: false,
     };
     resume_with(resume, requeue).await
@@ -135,6 +136,7 @@ async fn resume_with(args: ResumeArgs, requeue: Requeue) -> CliResult {
         drive: DriveOptions {
             without_worker: args.no_worker,
             requeue,
+            budget: args.budget,
             ..DriveOptions::default()
         },
     };

@@ -99,6 +99,7 @@ fn failed(failure: Failure) -> ActorReport {
         failure: Some(failure),
         adopted: false,
         memory_limit_mb: None,
+        usage: None,
     }
 }
 

@@ -20,7 +20,9 @@ use temporalio_sdk::{
 };
 
 use super::state::BatchWorkflow;
-use crate::admission::{CircuitWidth, Concurrency, Gate, Lane, Load, Policy, ProvisionAhead, gate};
+use crate::admission::{
+    CircuitWidth, Concurrency, Gate, Lane, Load, Policy, ProvisionAhead, WithinBudget, gate,
+};
 use crate::case::{CaseDone, CaseParams, CleanedUp, LeftBehind, Pipeline, run_case};
 use crate::contracts::{Finalize, Sweep};
 use crate::envelopes::Envelopes;
@@ -53,8 +55,11 @@ pub(super) async fn run(ctx: &Ctx) -> WorkflowResult<BatchOutcome> {
             run.record(ctx, event);
             continue;
         }
-        let queued = ctx.state(|s| s.slots.iter().any(|c| !c.state.is_terminal()));
-        match when_idle(phase, queued, history_full) {
+        let (queued, out_of_budget) = ctx.state(|s| {
+            let queued = s.slots.iter().any(|c| !c.state.is_terminal());
+            (queued, s.out_of_budget())
+        });
+        match when_idle(phase, queued, out_of_budget, history_full) {
             Idle::End(end) => return finish(ctx, end, run.visible).await,
             Idle::ContinueAsNew => {
                 // The next run inherits the search attributes: bring them up to date.
@@ -81,12 +86,15 @@ enum Idle {
     Sleep,
 }
 
-fn when_idle(phase: Lifecycle, queued: bool, history_full: bool) -> Idle {
+/// `out_of_budget`: the budget admits no further case ([`BatchWorkflow::out_of_budget`]); a
+/// paused batch out of budget ends too, as nothing could start once unpaused.
+fn when_idle(phase: Lifecycle, queued: bool, out_of_budget: bool, history_full: bool) -> Idle {
     match phase {
         Lifecycle::Cancelling { superseded: true } => Idle::End(BatchEnd::Superseded),
         Lifecycle::Cancelling { superseded: false } => Idle::End(BatchEnd::Cancelled),
         _ if !queued => Idle::End(BatchEnd::Completed),
         Lifecycle::Draining => Idle::End(BatchEnd::Drained),
+        _ if out_of_budget => Idle::End(BatchEnd::BudgetExhausted),
         _ if history_full => Idle::ContinueAsNew,
         _ => Idle::Sleep,
     }
@@ -206,16 +214,22 @@ impl Run {
         if let Some(change) = ctx.state_mut(BatchWorkflow::record_width) {
             note(ctx, None, change);
         }
-        let (concurrency, width, ahead) = ctx.state(|s| {
+        let (concurrency, width, ahead, budget, spending) = ctx.state(|s| {
             (
                 Concurrency(s.concurrency),
                 CircuitWidth(s.width()),
                 ProvisionAhead(s.input.prepare_ahead),
+                s.input.budget,
+                s.spending.clone(),
             )
         });
-        let policies: [&dyn Policy; 3] = [&concurrency, &width, &ahead];
+        let within_budget = WithinBudget(budget.as_ref(), &spending);
+        // Cases provisioned ahead were admitted under the budget: a slot is all they wait for.
+        let granting: [&dyn Policy; 3] = [&concurrency, &width, &ahead];
+        let policies: [&dyn Policy; 4] = [&concurrency, &width, &ahead, &within_budget];
+        let load = |run: &Self| run.load(ctx);
+        while gate(&granting, Lane::Slot, &load(self)) == Gate::Now && grant_prepared(ctx) {}
         let may = |run: &Self, lane| gate(&policies, lane, &run.load(ctx)) == Gate::Now;
-        while may(self, Lane::Slot) && grant_prepared(ctx) {}
         let mut exhausted = false;
         while admitting && may(self, Lane::Slot) {
             let Some(index) = self.next_case(ctx) else {
@@ -434,9 +448,12 @@ fn record_case(ctx: &Ctx, done: CaseDone) {
             state => state,
         };
         slot.attempts = done.attempts;
+        let slot_state = slot.state;
         s.in_flight.remove(&done.case_index);
         s.shared.prepared.remove(&done.case_index);
         s.counters.add(&done.tally);
+        let finished = matches!(slot_state, CaseState::Succeeded | CaseState::Failed);
+        s.spending.record(&done.usage, finished);
         if let Some(failure) = done.unrecorded_failure {
             s.unrecorded.push(casebatch_proto::UnrecordedFailure {
                 case: done.case_index,
@@ -524,6 +541,17 @@ async fn finish(ctx: &Ctx, end: BatchEnd, visible: bool) -> WorkflowResult<Batch
     if visible {
         visibility::publish(ctx, outcome_of(end, &counts), &counts);
     }
+    if end == BatchEnd::BudgetExhausted {
+        let (budget, spent) =
+            ctx.state(|s| (s.input.budget.unwrap_or_default(), s.spending.spent.clone()));
+        let spent = format!("cost_usd {} · tokens {}", spent.cost_usd(), spent.tokens());
+        let why = format!(
+            "budget reached ({}): spent {spent}; {} case(s) stay queued for `batch resume --budget`",
+            budget.describe(),
+            counts.queued
+        );
+        note(ctx, None, why);
+    }
     let ended = format!(
         "run ended ({end:?}): {} succeeded, {} failed, {} cancelled, {} queued",
         counts.succeeded, counts.failed, counts.cancelled, counts.queued
@@ -560,6 +588,7 @@ fn continue_as_new(ctx: &Ctx) -> WorkflowResult<BatchOutcome> {
             segment: s.segment,
             concurrency: (s.concurrency != s.input.concurrency).then_some(s.concurrency),
             unrecorded: s.unrecorded.clone(),
+            spending: s.spending_now(),
         });
         input
     });
@@ -580,31 +609,46 @@ mod tests {
         for queued in [false, true] {
             for full in [false, true] {
                 assert_eq!(
-                    when_idle(cancelled, queued, full),
+                    when_idle(cancelled, queued, false, full),
                     Idle::End(BatchEnd::Cancelled)
                 );
                 assert_eq!(
-                    when_idle(superseded, queued, full),
+                    when_idle(superseded, queued, false, full),
                     Idle::End(BatchEnd::Superseded)
                 );
             }
         }
         for phase in [Lifecycle::Running, Lifecycle::Paused, Lifecycle::Draining] {
             assert_eq!(
-                when_idle(phase, false, true),
+                when_idle(phase, false, true, true),
                 Idle::End(BatchEnd::Completed)
             );
         }
         assert_eq!(
-            when_idle(Lifecycle::Draining, true, true),
+            when_idle(Lifecycle::Draining, true, true, true),
             Idle::End(BatchEnd::Drained)
         );
         // History full wins over a pause: the next run starts paused (carried).
         assert_eq!(
-            when_idle(Lifecycle::Paused, true, true),
+            when_idle(Lifecycle::Paused, true, false, true),
             Idle::ContinueAsNew
         );
-        assert_eq!(when_idle(Lifecycle::Running, true, false), Idle::Sleep);
-        assert_eq!(when_idle(Lifecycle::Paused, true, false), Idle::Sleep);
+        assert_eq!(
+            when_idle(Lifecycle::Running, true, false, false),
+            Idle::Sleep
+        );
+        assert_eq!(
+            when_idle(Lifecycle::Paused, true, false, false),
+            Idle::Sleep
+        );
+        // Out of budget with cases queued: the run ends, paused or not, history full or not.
+        for phase in [Lifecycle::Running, Lifecycle::Paused] {
+            for full in [false, true] {
+                assert_eq!(
+                    when_idle(phase, true, true, full),
+                    Idle::End(BatchEnd::BudgetExhausted)
+                );
+            }
+        }
     }
 }

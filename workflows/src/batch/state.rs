@@ -4,7 +4,8 @@
 use std::collections::BTreeSet;
 
 use casebatch_proto::{
-    BatchInput, BatchStatus, CaseSlot, CaseState, Counters, Counts, Phase, UnrecordedFailure,
+    BatchInput, BatchStatus, CaseSlot, CaseState, Counters, Counts, Phase, Spending,
+    UnrecordedFailure,
 };
 use temporalio_macros::workflow;
 use temporalio_sdk::SyncWorkflowContext;
@@ -34,6 +35,8 @@ pub struct BatchWorkflow {
     pub(super) in_flight: BTreeSet<u32>,
     /// Final failures the bundle could not hold (its worker may not write there).
     pub(super) unrecorded: Vec<UnrecordedFailure>,
+    /// What the cases have spent, against `input.budget`.
+    pub(super) spending: Spending,
 }
 
 impl Host for BatchWorkflow {
@@ -96,6 +99,7 @@ impl BatchWorkflow {
             },
             in_flight: BTreeSet::new(),
             unrecorded: carried.unrecorded,
+            spending: carried.spending.unwrap_or_default(),
         }
     }
 
@@ -197,6 +201,23 @@ impl BatchWorkflow {
             speculate_after_ms: self.shared.tail.as_ref().and_then(Tail::threshold_ms),
             prepared: self.shared.prepared.iter().copied().collect(),
             unrecorded: self.unrecorded.clone(),
+            spending: self.spending_now(),
+            budget: self.input.budget,
         }
+    }
+
+    /// The spending a status or the next run carries: none while nothing was reported and
+    /// no budget is set, so such a batch's payloads stay as they were.
+    pub(super) fn spending_now(&self) -> Option<Spending> {
+        let kept = !self.spending.spent.is_empty() || self.input.budget.is_some();
+        kept.then(|| self.spending.clone())
+    }
+
+    /// The budget allows no further case, even with none in flight: the run ends
+    /// `budget_exhausted` once what it admitted has finished.
+    pub(super) fn out_of_budget(&self) -> bool {
+        self.input
+            .budget
+            .is_some_and(|b| !b.admits(&self.spending, 0))
     }
 }

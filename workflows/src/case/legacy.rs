@@ -123,12 +123,14 @@ async fn await_job<H: Host>(
             failure,
             adopted,
             memory_limit_mb,
+            usage,
         }) => {
             s.actor = Some(status);
             s.exit_code = exit_code;
             s.failure = failure;
             s.adopted = adopted;
             s.memory_limit_mb = memory_limit_mb;
+            s.usage = usage;
         }
         Err(e) if !cancel.is_cancelled() && is_timeout(&e) => mark_job_lost(s, &e),
         Err(e) => mark_error(s, cancel, Stage::Await, &e),

@@ -104,6 +104,9 @@ pub(crate) async fn run_case<H: Host>(
         };
         done.tally.adopted += u32::from(summary.adopted);
         done.tally.cleanup_unconfirmed += u32::from(!summary_cleanup_ok(&summary));
+        if let Some(usage) = &summary.usage {
+            done.usage.add(usage);
+        }
         let after = account(next, &summary, &mut done, &mut spent, &mut memory_boost_mb);
         match after {
             After::Finished => break,

@@ -1,7 +1,7 @@
 //! What a case is given (its batch's static facts, the pipeline its run keeps) and what it
 //! hands back to admission when it ends.
 
-use casebatch_proto::{AttemptKey, CaseState, Counters, Failure};
+use casebatch_proto::{AttemptKey, CaseState, Counters, Failure, Usage};
 use futures::future::LocalBoxFuture;
 use temporalio_sdk::WorkflowContext;
 
@@ -107,6 +107,8 @@ pub(crate) struct CaseDone {
     pub attempts: u32,
     /// What it did, counted the way the batch counts it (added to the batch's counters).
     pub tally: Counters,
+    /// What its attempts in this run reported they consumed (added to the batch's spending).
+    pub usage: Usage,
     /// Timeline messages about this case (the case is named by the step, not the text).
     pub notes: Vec<String>,
     /// Cleanup could not write the attempt's records: its worker may not write the bundle.
@@ -140,6 +142,7 @@ impl CaseDone {
             state: CaseState::Failed,
             attempts: p.attempts_before,
             tally: Counters::default(),
+            usage: Usage::default(),
             notes: Vec::new(),
             bundle_refused: None,
             unrecorded_failure: None,
