@@ -463,3 +463,22 @@ grep -q "8 succeeded" "$WORK/budget-resumed.log" || { cat "$WORK/budget-resumed.
 show budget "$(first_run casebatch-budget)" budget-exhausted
 show budget "" budget-resumed
 fi
+
+# 20. Rate limits (the `rate-limit-rules` patch): harnesses refused for their rate on their
+# first two attempts, asking for 1 s (`retry_after_s`), then for nothing (exponential backoff
+# with jitter): each waits on a timer, on a cap of its own; the width is cut and restored.
+if [ "${STEP:-all}" = all ] || [ "${STEP:-}" = 20 ]; then
+cat > "$WORK/ratelimited.yaml" <<YAML
+batch_id: ratelimited
+defaults:
+  runtime: local-process
+  concurrency: 3
+  max_retries: 0
+  harness: 'case \$CASEBATCH_ATTEMPT in 1) echo "{\"failure\": {\"class\": \"infra\", \"code\": \"RATE_LIMITED\", \"retryable\": true, \"retry_after_s\": 1}}" > "\$CASEBATCH_RESULT"; exit 1;; 2) echo "{\"failure\": {\"class\": \"infra\", \"code\": \"RATE_LIMITED\", \"retryable\": true}}" > "\$CASEBATCH_RESULT"; exit 1;; esac; echo {} > "\$CASEBATCH_RESULT"'
+tasks: [{task_id: q0}, {task_id: q1}, {task_id: q2}, {task_id: q3}, {task_id: q4}]
+YAML
+cb batch run --manifest "$WORK/ratelimited.yaml" --output-dir "$WORK/out" > "$WORK/ratelimited.log"
+grep -q "5 succeeded" "$WORK/ratelimited.log" || { cat "$WORK/ratelimited.log"; exit 1; }
+show ratelimited "" rate-limited
+has_patch rate-limited rate-limit-rules
+fi

@@ -896,6 +896,7 @@ fn failed(f: Failure) -> ActorReport {
         adopted: false,
         memory_limit_mb: None,
         usage: None,
+        retry_after_ms: None,
     }
 }
 

@@ -285,6 +285,9 @@ fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
     if let Some(line) = spread_line(k) {
         say!("{line}");
     }
+    if let Some(line) = rate_line(k) {
+        say!("{line}");
+    }
     if let Some(line) = outage_line(k) {
         say!("{line}");
     }
@@ -590,6 +593,17 @@ pub fn list(listed: &[casebatch_control::Listed]) {
     }
 }
 
+/// Rate-limited attempts, when a batch had any.
+fn rate_line(k: &Counters) -> Option<String> {
+    (k.rate_limited > 0).then(|| {
+        format!(
+            "  rate limited: {} attempt(s) waited and were retried on their own cap · width cut \
+             {} time(s)",
+            k.rate_limited, k.rate_width_cuts
+        )
+    })
+}
+
 /// Jobs of runtimes that stopped answering, when a batch had any.
 fn outage_line(k: &Counters) -> Option<String> {
     (k.reattached + k.stranded + k.paid_twice > 0).then(|| {
@@ -666,6 +680,12 @@ pub fn status(view: &StatusView) {
             s.concurrency
         );
     }
+    if let Some(width) = s.rate_width {
+        say!(
+            "  width {width} of {} while cases are rate limited (one back per finished case)",
+            s.concurrency
+        );
+    }
     if let Some(line) = spread_weights_line(plan) {
         say!("{line}");
     }
@@ -705,6 +725,9 @@ pub fn status(view: &StatusView) {
         actions_line(&s.counters.temporal_actions, plan.cases.len())
     );
     if let Some(line) = spread_line(&s.counters) {
+        say!("{line}");
+    }
+    if let Some(line) = rate_line(&s.counters) {
         say!("{line}");
     }
     if let Some(line) = outage_line(&s.counters) {

@@ -158,6 +158,7 @@ fn failed(failure: Failure, a: &Attempt) -> ActorReport {
         adopted: false,
         memory_limit_mb: a.memory_mb(),
         usage: None,
+        retry_after_ms: None,
     }
 }
 

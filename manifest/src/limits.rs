@@ -33,6 +33,8 @@ pub const MAX_SANDBOX_LIFETIME_SECONDS: u64 = MAX_TIMEOUT_SECONDS;
 pub const MAX_FAKE_DURATION_MS: u64 = MAX_TIMEOUT_SECONDS * 1000;
 /// Most environments a batch provisions ahead of need: each holds a sandbox nothing runs in yet.
 pub const MAX_PREPARE_AHEAD: u32 = 64;
+/// Most rate-limited attempts of one case retried on their own cap.
+pub const MAX_RATE_LIMIT_RETRIES: u32 = 100;
 
 /// The slowest heartbeat cadence, in seconds: a dead worker's stage is taken over within a
 /// quarter more than this.
@@ -92,6 +94,7 @@ pub(crate) fn expected_of_field(field: &str) -> Option<String> {
         "timeout_seconds" => seconds(MAX_TIMEOUT_SECONDS),
         "lifetime" => seconds(MAX_SANDBOX_LIFETIME_SECONDS),
         "prepare_ahead" => whole(&(0..=MAX_PREPARE_AHEAD), ""),
+        "max_rate_limit_retries" => whole(&(0..=MAX_RATE_LIMIT_RETRIES), ""),
         "epochs" => whole(&EPOCHS_RANGE, ""),
         "memory_mb" | "memory_budget_mb" => whole(&(1..=MAX_MEMORY_MB), " of MiB"),
         "cpu" => format!("a number more than 0, up to {MAX_CPU}"),

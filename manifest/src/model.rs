@@ -51,6 +51,10 @@ pub struct Defaults {
     /// Extra whole-case attempts after a retryable failure (0..=5).
     #[schemars(range(max = 5))]
     pub max_retries: Option<u32>,
+    /// Attempts a harness declared `RATE_LIMITED` (class infra, retryable) that are retried
+    /// after a wait without spending `max_retries` (0..=100, default 10).
+    #[schemars(range(max = 100))]
+    pub max_rate_limit_retries: Option<u32>,
     /// Wall-clock limit for one attempt of the actor, in seconds: 1 to 604800 (7 days).
     #[schemars(range(min = 1, max = crate::limits::MAX_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<u64>,
@@ -494,6 +498,9 @@ pub struct BatchSettings {
     /// What the batch may spend (`None`: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetSpec>,
+    /// Rate-limited attempts retried on their own cap (`None`: the default, 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rate_limit_retries: Option<u32>,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -164,6 +164,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
             prepare_ahead,
             heartbeat_every_seconds: defaults.heartbeat_every_seconds,
             budget: defaults.budget,
+            max_rate_limit_retries: defaults.max_rate_limit_retries,
         },
         fingerprint,
         spread: None,
@@ -229,6 +230,7 @@ fn overlay(lower: Defaults, upper: &Defaults) -> Defaults {
     Defaults {
         concurrency: u.concurrency.or(lower.concurrency),
         max_retries: u.max_retries.or(lower.max_retries),
+        max_rate_limit_retries: u.max_rate_limit_retries.or(lower.max_rate_limit_retries),
         timeout_seconds: u.timeout_seconds.or(lower.timeout_seconds),
         sandbox: u.sandbox.or(lower.sandbox),
         resources: u.resources.or(lower.resources),

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use crate::limits::{
     CONCURRENCY_RANGE, EPOCHS_RANGE, MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS,
     MAX_FAKE_INFRA_FAILURES, MAX_HEARTBEAT_EVERY_SECONDS, MAX_MEMORY_MB, MAX_PREPARE_AHEAD,
-    MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS, RESERVED_ENV_PREFIX, SANDBOX_NETWORKS,
-    SANDBOX_PROVIDERS, SANDBOX_PULLS, TIMEOUT_SECONDS_RANGE,
+    MAX_RATE_LIMIT_RETRIES, MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS, RESERVED_ENV_PREFIX,
+    SANDBOX_NETWORKS, SANDBOX_PROVIDERS, SANDBOX_PULLS, TIMEOUT_SECONDS_RANGE,
 };
 use crate::model::{
     BudgetSpec, CommandSpec, Defaults, FakeScript, Resources, RunSpec, Sandbox, SummarySpec,
@@ -73,6 +73,18 @@ pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
                 "set {p} between 1 and {MAX_HEARTBEAT_EVERY_SECONDS} (the default, 4, takes a \
                  dead worker's stage over within 5 s)"
             ),
+        );
+    }
+    if let Some(n) = d.max_rate_limit_retries
+        && n > MAX_RATE_LIMIT_RETRIES
+    {
+        let p = path.key("max_rate_limit_retries");
+        r.at(
+            &p,
+            format!(
+                "max_rate_limit_retries {n} is more than the maximum of {MAX_RATE_LIMIT_RETRIES}"
+            ),
+            format!("set {p} between 0 and {MAX_RATE_LIMIT_RETRIES} (the default is 10)"),
         );
     }
     epochs(d.epochs, path, r);

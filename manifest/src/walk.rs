@@ -19,6 +19,7 @@ use crate::report::{FieldPath, Report};
 pub(crate) const DEFAULTS_FIELDS: &[&str] = &[
     "concurrency",
     "max_retries",
+    "max_rate_limit_retries",
     "timeout_seconds",
     "sandbox",
     "resources",
@@ -274,6 +275,7 @@ pub(crate) fn defaults(value: &Value, path: &FieldPath, r: &mut Report) -> Optio
     Some(Defaults {
         concurrency: o.opt("concurrency", r),
         max_retries: o.opt("max_retries", r),
+        max_rate_limit_retries: o.opt("max_rate_limit_retries", r),
         timeout_seconds: o.opt("timeout_seconds", r),
         sandbox: o.nested("sandbox", r, sandbox),
         resources: o.nested("resources", r, resources),

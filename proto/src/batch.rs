@@ -72,6 +72,10 @@ pub struct BatchInput {
     /// as in every batch started before budgets existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<crate::Budget>,
+    /// Rate-limited attempts of a case retried on their own count (`max_rate_limit_retries`;
+    /// `None`: the default, 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rate_limit_retries: Option<u32>,
 }
 
 impl BatchInput {
@@ -277,6 +281,12 @@ pub struct Counters {
     /// speculations' losers. With one job per case, job starts = cases + this.
     #[serde(default)]
     pub paid_twice: u32,
+    /// Attempts their harness declared `RATE_LIMITED`, retried after a wait on their own cap.
+    #[serde(default, skip_serializing_if = "crate::is_zero_u32")]
+    pub rate_limited: u32,
+    /// Times rate limits halved the batch's width.
+    #[serde(default, skip_serializing_if = "crate::is_zero_u32")]
+    pub rate_width_cuts: u32,
     /// The Temporal actions the batch has cost so far (the batch's own count; see
     /// [`TemporalActions`]). Kept by the batch, never added from a case's tally.
     #[serde(default)]
@@ -361,6 +371,8 @@ impl Counters {
             reattached,
             stranded,
             paid_twice,
+            rate_limited,
+            rate_width_cuts,
             // The batch counts its actions itself; a case's tally holds none.
             temporal_actions: _,
         } = other;
@@ -369,6 +381,8 @@ impl Counters {
         self.retries += retries;
         self.cleanup_unconfirmed += cleanup_unconfirmed;
         self.oom_boosts += oom_boosts;
+        self.rate_limited += rate_limited;
+        self.rate_width_cuts += rate_width_cuts;
         self.spillovers += spillovers;
         self.circuit_skips += circuit_skips;
         self.width_changes += width_changes;
@@ -498,6 +512,9 @@ pub struct BatchStatus {
     pub spending: Option<crate::Spending>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<crate::Budget>,
+    /// Cases admitted at once now, when rate limits hold the batch below `concurrency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_width: Option<u32>,
 }
 
 /// One runtime envelope's use by the batch, in `status`.

@@ -119,6 +119,7 @@ impl From<&crate::ActorReport> for ActorReport {
                 .map(|u| u.0.clone().into_iter().collect())
                 .unwrap_or_default(),
             has_usage: r.usage.is_some(),
+            retry_after_ms: r.retry_after_ms,
         }
     }
 }
@@ -142,6 +143,7 @@ impl TryFrom<ActorReport> for crate::ActorReport {
             usage: r
                 .has_usage
                 .then(|| crate::Usage(r.usage.into_iter().collect())),
+            retry_after_ms: r.retry_after_ms,
         })
     }
 }
@@ -165,6 +167,7 @@ mod tests {
                 ]
                 .into(),
             )),
+            retry_after_ms: Some(2500),
         };
         let back: crate::ActorReport = ActorReport::from(&report).try_into().unwrap();
         assert_eq!(back, report);

@@ -86,6 +86,10 @@ pub struct ActorReport {
     /// What the harness reported the attempt consumed (its result's `usage`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<crate::Usage>,
+    /// How long the harness asked to wait before the next attempt, with a declared
+    /// `RATE_LIMITED` failure (`retry_after_s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 impl ActorReport {
@@ -98,6 +102,7 @@ impl ActorReport {
             adopted: false,
             memory_limit_mb: None,
             usage: None,
+            retry_after_ms: None,
         }
     }
 }
@@ -163,6 +168,9 @@ pub struct AttemptSummary {
     /// What the harness reported the attempt consumed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<crate::Usage>,
+    /// The wait a rate-limited attempt's harness asked for before the next one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 impl AttemptSummary {
@@ -175,6 +183,7 @@ impl AttemptSummary {
         self.adopted = actor.adopted;
         self.memory_limit_mb = actor.memory_limit_mb;
         self.usage = actor.usage.clone();
+        self.retry_after_ms = actor.retry_after_ms;
         if let Some(eval) = &settled.evaluation {
             self.evaluation_configured = eval.configured;
             self.verdict = eval.verdict;
@@ -205,6 +214,7 @@ impl AttemptSummary {
             probe: false,
             stranded: false,
             usage: None,
+            retry_after_ms: None,
         }
     }
 

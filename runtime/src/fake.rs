@@ -37,6 +37,7 @@ pub fn simulated_report(script: &FakeScript, attempt: u32) -> ActorReport {
         adopted: false,
         memory_limit_mb: None,
         usage: None,
+        retry_after_ms: None,
     };
     if attempt <= script.infra_failures_first {
         return failed(Failure::infra(
@@ -54,6 +55,7 @@ pub fn simulated_report(script: &FakeScript, attempt: u32) -> ActorReport {
             adopted: false,
             memory_limit_mb: None,
             usage: None,
+            retry_after_ms: None,
         },
         FakeOutcome::HarnessError => failed(Failure::harness(
             Stage::Await,
@@ -135,6 +137,7 @@ impl Runtime for Fake {
                     adopted: false,
                     memory_limit_mb: None,
                     usage: None,
+                    retry_after_ms: None,
                 };
             }
             live.heartbeat(job).await;

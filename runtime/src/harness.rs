@@ -30,6 +30,22 @@ pub struct DeclaredFailure {
     pub message: String,
     #[serde(default)]
     pub retryable: bool,
+    /// With `RATE_LIMITED`: how long to wait before the next attempt (the API's
+    /// `Retry-After`), in seconds.
+    #[serde(default)]
+    pub retry_after_s: Option<f64>,
+}
+
+/// The longest wait a harness may ask for before the next attempt: an hour.
+const MAX_RETRY_AFTER_MS: u64 = 3_600_000;
+
+impl DeclaredFailure {
+    /// `retry_after_s` in ms, capped at [`MAX_RETRY_AFTER_MS`]; a negative or non-finite
+    /// value asks for nothing.
+    fn retry_after_ms(&self) -> Option<u64> {
+        let s = self.retry_after_s.filter(|s| s.is_finite() && *s >= 0.0)?;
+        Some(((s * 1000.0).round() as u64).min(MAX_RETRY_AFTER_MS))
+    }
 }
 
 /// What classification needs of a result: the declared failure, with the rest of the shape
@@ -95,11 +111,17 @@ pub fn classify_result(
     result: &Result<Option<ResultCheck>, FileError>,
     stderr: Option<&str>,
 ) -> ActorReport {
-    let usage = match result {
-        Ok(Some(r)) => r.usage.as_ref().map(Usage::parse),
-        _ => None,
+    let (usage, retry_after_ms) = match result {
+        Ok(Some(r)) => (
+            r.usage.as_ref().map(Usage::parse),
+            r.failure.as_ref().and_then(DeclaredFailure::retry_after_ms),
+        ),
+        _ => (None, None),
     };
     let mut report = classify_exit(exit_code, result, stderr);
+    if report.failure.is_some() {
+        report.retry_after_ms = retry_after_ms;
+    }
     match usage {
         Some(Ok(usage)) => report.usage = Some(usage),
         Some(Err(why)) if report.failure.is_none() => {
@@ -225,6 +247,7 @@ fn report(status: ActorStatus, exit_code: i32, failure: Option<Failure>) -> Acto
         adopted: false,
         memory_limit_mb: None,
         usage: None,
+        retry_after_ms: None,
     }
 }
 
@@ -267,6 +290,24 @@ mod tests {
         std::fs::write(&path, r#"{"scores": 5}"#).unwrap();
         let f = classify_now(0, &path).failure.unwrap();
         assert_eq!(f.code, FailureCode::HarnessBadResult);
+    }
+
+    #[test]
+    fn a_declared_retry_after_is_kept_in_ms_and_capped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("result.json");
+        let declare = |after: &str| {
+            let text = format!(
+                r#"{{"failure": {{"class": "infra", "code": "RATE_LIMITED", "retryable": true, "retry_after_s": {after}}}}}"#
+            );
+            std::fs::write(&path, text).unwrap();
+            classify_now(1, &path)
+        };
+        let r = declare("2.5");
+        assert_eq!(r.failure.unwrap().code.as_str(), "RATE_LIMITED");
+        assert_eq!(r.retry_after_ms, Some(2500));
+        assert_eq!(declare("86400").retry_after_ms, Some(3_600_000));
+        assert_eq!(declare("-1").retry_after_ms, None);
     }
 
     #[test]

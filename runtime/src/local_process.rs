@@ -391,6 +391,7 @@ fn oom_report(job: &JobRecord, exit: i32) -> ActorReport {
         adopted: false,
         memory_limit_mb: job.memory.limit_mb(),
         usage: None,
+        retry_after_ms: None,
     }
 }
 
@@ -528,6 +529,7 @@ impl LocalProcess {
                     adopted,
                     memory_limit_mb: record.memory.limit_mb(),
                     usage: None,
+                    retry_after_ms: None,
                 }
             }
             Waited::Lost => lost(env, "its process is gone and left no exit status"),
@@ -1036,6 +1038,7 @@ fn lost(env: &Attempt, why: &str) -> ActorReport {
         adopted: false,
         memory_limit_mb: None,
         usage: None,
+        retry_after_ms: None,
     }
 }
 

@@ -23,6 +23,7 @@ mod logs;
 mod metrics;
 mod preflight;
 mod prepare_ahead;
+mod rate_limits;
 mod recovery;
 mod replicas;
 mod reports;

@@ -23,6 +23,38 @@ pub enum Next {
     /// Run another attempt on another runtime of the case's list (the runtime failed it).
     /// Chosen by the pipeline, which knows the list, from [`spills`]; never by [`next`].
     Spill,
+    /// Run another attempt after a wait, because the harness was rate limited (its own cap,
+    /// not `max_retries`): the wait the harness asked for, if it did ([`rate_limit_wait_ms`]).
+    RateLimited(Option<u64>),
+}
+
+/// The failure code a harness declares when an API it calls refused it for its rate.
+pub const RATE_LIMITED: &str = "RATE_LIMITED";
+
+/// Rate-limited attempts of one case retried before `max_retries` counts them (the
+/// manifest's `max_rate_limit_retries`, when it does not say).
+pub const DEFAULT_MAX_RATE_LIMIT_RETRIES: u32 = 10;
+
+/// The wait before the `n`th (from 1) retry of a rate-limited case: what the harness asked
+/// for, or else exponential backoff from 1 s, capped at 60 s, with jitter between half and
+/// all of it so that cases limited together do not return together. `seed` makes the jitter:
+/// the workflow has no randomness of its own, so the case's identity is hashed into it
+/// (deterministic under replay, different for each case and attempt).
+pub fn rate_limit_wait_ms(asked_ms: Option<u64>, n: u32, seed: u64) -> u64 {
+    if let Some(ms) = asked_ms {
+        return ms;
+    }
+    let ceiling = (1_000u64 << n.saturating_sub(1).min(16)).min(60_000);
+    let half = ceiling / 2;
+    half + splitmix64(seed) % (ceiling - half + 1)
+}
+
+/// SplitMix64's finalizer: spreads a seed's bits over the whole word.
+fn splitmix64(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Whether a failure is the runtime's, so the case may move to another runtime of its list:
@@ -54,6 +86,9 @@ pub fn spills_freely(probe: bool, f: &casebatch_proto::Failure) -> bool {
 pub struct Policy {
     pub max_retries: u32,
     pub oom_auto_boost: bool,
+    /// Rate-limited attempts retried on their own count (0: they spend `max_retries`, as in
+    /// runs recorded before the rule).
+    pub max_rate_limit_retries: u32,
 }
 
 /// Budget already spent by earlier attempts of this case.
@@ -61,6 +96,7 @@ pub struct Policy {
 pub struct Spent {
     pub retries: u32,
     pub redispatches: u32,
+    pub rate_limited: u32,
 }
 
 /// The outcome of a finished attempt, before any retry decision.
@@ -146,6 +182,9 @@ pub fn next(s: &AttemptSummary, cancelled: bool, policy: Policy, spent: Spent) -
     if failure.code == FailureCode::JobLost && spent.redispatches < MAX_REDISPATCHES {
         return Next::Redispatch;
     }
+    if failure.code.as_str() == RATE_LIMITED && spent.rate_limited < policy.max_rate_limit_retries {
+        return Next::RateLimited(s.retry_after_ms);
+    }
     if spent.retries < policy.max_retries {
         Next::Retry
     } else {
@@ -162,6 +201,7 @@ mod tests {
         Policy {
             max_retries,
             oom_auto_boost: false,
+            max_rate_limit_retries: DEFAULT_MAX_RATE_LIMIT_RETRIES,
         }
     }
 
@@ -183,6 +223,7 @@ mod tests {
             speculative_loser: false,
             probe: false,
             usage: None,
+            retry_after_ms: None,
             stranded: false,
         }
     }
@@ -272,6 +313,7 @@ mod tests {
         let boost = Policy {
             max_retries: 0,
             oom_auto_boost: true,
+            max_rate_limit_retries: 0,
         };
         assert_eq!(next(&s, false, boost, Spent::default()), Next::Boost(128));
         s.memory_limit_mb = Some(OOM_BOOST_CAP_MB);
@@ -311,7 +353,7 @@ mod tests {
         assert_eq!(next(&s, false, retries(2), Spent::default()), Next::Retry);
         let spent = Spent {
             retries: 2,
-            redispatches: 0,
+            ..Spent::default()
         };
         assert_eq!(
             next(&s, false, retries(2), spent),
@@ -342,6 +384,68 @@ mod tests {
     }
 
     #[test]
+    fn rate_limits_have_their_own_cap_and_then_spend_retries() {
+        let f = Failure::new(
+            Stage::Await,
+            FailureClass::Infra,
+            FailureCode::Declared(RATE_LIMITED.into()),
+            "429",
+            true,
+        );
+        let mut s = summary(ActorStatus::Failed, Some(f));
+        s.retry_after_ms = Some(2000);
+        assert_eq!(
+            next(&s, false, retries(0), Spent::default()),
+            Next::RateLimited(Some(2000))
+        );
+        let spent = Spent {
+            rate_limited: DEFAULT_MAX_RATE_LIMIT_RETRIES,
+            ..Spent::default()
+        };
+        assert_eq!(next(&s, false, retries(1), spent), Next::Retry);
+        assert_eq!(
+            next(&s, false, retries(0), spent),
+            Next::Finish(CaseState::Failed)
+        );
+        // A run recorded before the rule spends max_retries, as it did.
+        let before = Policy {
+            max_rate_limit_retries: 0,
+            ..retries(1)
+        };
+        assert_eq!(next(&s, false, before, Spent::default()), Next::Retry);
+        // Not retryable, or not infra: the harness said it is final.
+        s.failure.as_mut().unwrap().retryable = false;
+        assert_eq!(
+            next(&s, false, retries(3), Spent::default()),
+            Next::Finish(CaseState::Failed)
+        );
+    }
+
+    #[test]
+    fn a_rate_limit_waits_as_asked_or_backs_off_exponentially_with_jitter() {
+        assert_eq!(rate_limit_wait_ms(Some(2500), 7, 1), 2500);
+        for n in 1..=12 {
+            let ceiling = (1000u64 << (n - 1)).min(60_000);
+            let waits: Vec<u64> = (0..50)
+                .map(|seed| rate_limit_wait_ms(None, n, seed))
+                .collect();
+            assert!(
+                waits.iter().all(|w| (ceiling / 2..=ceiling).contains(w)),
+                "{n}: {waits:?}"
+            );
+            // Jitter: cases limited together come back apart.
+            let mut distinct = waits.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            assert!(distinct.len() > 25, "{n}: {waits:?}");
+        }
+        assert_eq!(
+            rate_limit_wait_ms(None, 3, 42),
+            rate_limit_wait_ms(None, 3, 42)
+        );
+    }
+
+    #[test]
     fn lost_jobs_are_redispatched_without_spending_retries() {
         let f = Failure::infra(Stage::Await, FailureCode::JobLost, "gone");
         let s = summary(ActorStatus::Failed, Some(f));
@@ -350,8 +454,8 @@ mod tests {
             Next::Redispatch
         );
         let spent = Spent {
-            retries: 0,
             redispatches: MAX_REDISPATCHES,
+            ..Spent::default()
         };
         assert_eq!(
             next(&s, false, retries(0), spent),

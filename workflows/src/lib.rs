@@ -15,6 +15,7 @@ pub mod contracts;
 pub mod decide;
 mod envelopes;
 mod lifecycle;
+mod rate;
 mod shared;
 mod tail;
 mod visibility;

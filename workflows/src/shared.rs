@@ -13,6 +13,7 @@ use temporalio_sdk::WorkflowContext;
 
 use crate::circuits::Circuits;
 use crate::lifecycle::Lifecycle;
+use crate::rate::RateWidth;
 use crate::tail::Tail;
 
 /// The timeline keeps its newest steps only, so history stays compact.
@@ -43,6 +44,8 @@ pub(crate) struct Shared {
     pub actions: TemporalActions,
     /// The heartbeat timeout of every stage activity (from the batch's cadence).
     pub heartbeat_timeout: Duration,
+    /// The width rate-limited attempts narrow the batch to.
+    pub rate: RateWidth,
 }
 
 impl Shared {

@@ -42,6 +42,8 @@ const EXPECTED: &[&str] = &[
     "activities-prepared-ahead.json",
     "activities-prepared-cancelled.json",
     "activities-prepared-drained.json",
+    // Rate-limited attempts waiting on timers (the `rate-limit-rules` patch).
+    "activities-rate-limited.json",
     "activities-resumed.json",
     "activities-retries.json",
     // Its runs that upsert the Casebatch* search attributes.

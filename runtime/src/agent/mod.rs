@@ -100,6 +100,7 @@ fn failed(failure: Failure) -> ActorReport {
         adopted: false,
         memory_limit_mb: None,
         usage: None,
+        retry_after_ms: None,
     }
 }
 

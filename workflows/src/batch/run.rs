@@ -116,6 +116,7 @@ struct Run {
     settle_closes: bool,
     start_settles: bool,
     outage_rules: bool,
+    rate_limit_rules: bool,
     /// This run upserts search attributes.
     visible: bool,
     /// ... at most once per `visibility::UPSERT_EVERY_MS` while cases finish.
@@ -152,6 +153,8 @@ impl Run {
         let outage_rules = pipeline.outage_rules(ctx);
         // After the others: histories recorded before it have the next command here.
         let start_settles = pipeline.start_settles(ctx, settle_closes);
+        // Last, for the same reason.
+        let rate_limit_rules = pipeline.rate_limit_rules(ctx);
         let visible = visibility::of_run(ctx, ctx.state(|s| s.input.search_attributes));
         let throttled = visibility::throttled(ctx, visible);
         cost(ctx, |a| a.runs += 1);
@@ -167,6 +170,7 @@ impl Run {
             settle_closes,
             start_settles,
             outage_rules,
+            rate_limit_rules,
             visible,
             throttled,
             unpublished: false,
@@ -214,10 +218,14 @@ impl Run {
         if let Some(change) = ctx.state_mut(BatchWorkflow::record_width) {
             note(ctx, None, change);
         }
+        if let Some(change) = ctx.state_mut(BatchWorkflow::record_rate_pressure) {
+            note(ctx, None, change);
+        }
         let (concurrency, width, ahead, budget, spending) = ctx.state(|s| {
             (
                 Concurrency(s.concurrency),
-                CircuitWidth(s.width()),
+                // Open circuits and rate limits narrow the batch alike: the narrower counts.
+                CircuitWidth(s.width().min(s.shared.rate.width(s.concurrency.max(1)))),
                 ProvisionAhead(s.input.prepare_ahead),
                 s.input.budget,
                 s.spending.clone(),
@@ -293,6 +301,14 @@ impl Run {
                 policy: crate::decide::Policy {
                     max_retries: s.input.max_retries,
                     oom_auto_boost: s.input.oom_auto_boost,
+                    // Runs recorded before the rule spend max_retries on them.
+                    max_rate_limit_retries: if self.rate_limit_rules {
+                        s.input
+                            .max_rate_limit_retries
+                            .unwrap_or(crate::decide::DEFAULT_MAX_RATE_LIMIT_RETRIES)
+                    } else {
+                        0
+                    },
                 },
                 memory_boost_mb: s.input.memory_boosts.get(&index).copied(),
                 retry_backoff_ms: s.input.retry_backoff_ms,
@@ -434,6 +450,7 @@ fn grant_prepared(ctx: &Ctx) -> bool {
 }
 
 fn record_case(ctx: &Ctx, done: CaseDone) {
+    let at_ms = workflow_ms(ctx);
     for n in &done.notes {
         note(ctx, Some(done.case_index), n.clone());
     }
@@ -454,6 +471,9 @@ fn record_case(ctx: &Ctx, done: CaseDone) {
         s.counters.add(&done.tally);
         let finished = matches!(slot_state, CaseState::Succeeded | CaseState::Failed);
         s.spending.record(&done.usage, finished);
+        if finished && let Some(change) = s.shared.rate.relieve(s.concurrency.max(1)) {
+            s.shared.push_step(at_ms, None, change.note());
+        }
         if let Some(failure) = done.unrecorded_failure {
             s.unrecorded.push(casebatch_proto::UnrecordedFailure {
                 case: done.case_index,

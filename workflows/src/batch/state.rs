@@ -168,6 +168,14 @@ impl BatchWorkflow {
         ))
     }
 
+    /// Applies the rate-limit pressure cases reported since the last pass: a cut of the
+    /// width is counted and returned as a timeline step.
+    pub(super) fn record_rate_pressure(&mut self) -> Option<String> {
+        let change = self.shared.rate.apply(self.concurrency.max(1))?;
+        self.counters.rate_width_cuts += 1;
+        Some(change.note())
+    }
+
     /// The batch's counters, its Temporal actions included.
     pub(super) fn counters(&self) -> Counters {
         Counters {
@@ -203,6 +211,7 @@ impl BatchWorkflow {
             unrecorded: self.unrecorded.clone(),
             spending: self.spending_now(),
             budget: self.input.budget,
+            rate_width: self.shared.rate.narrowed(self.concurrency.max(1)),
         }
     }
 

@@ -124,6 +124,7 @@ async fn await_job<H: Host>(
             adopted,
             memory_limit_mb,
             usage,
+            retry_after_ms: _,
         }) => {
             s.actor = Some(status);
             s.exit_code = exit_code;

@@ -108,27 +108,47 @@ pub(crate) async fn run_case<H: Host>(
             done.usage.add(usage);
         }
         let after = account(next, &summary, &mut done, &mut spent, &mut memory_boost_mb);
-        match after {
+        let backoff = match after {
             After::Finished => break,
-            After::NextAttempt => {}
-            After::Retry => {
-                // Linear backoff; a cancel during the wait ends the case.
-                let backoff = Duration::from_millis(p.retry_backoff_ms * u64::from(spent.retries));
-                if !backoff.is_zero() {
-                    leftovers
-                        .alongside(async {
-                            cost(&ctx, |a| a.timers += 1);
-                            temporalio_sdk::workflows::select! {
-                                _ = ctx.timer(backoff) => {}
-                                _ = cancel.cancelled() => {}
-                            }
-                        })
-                        .await;
-                }
-                if cancel.is_cancelled() {
-                    done.state = CaseState::Cancelled;
-                    break;
-                }
+            After::NextAttempt => None,
+            // Linear backoff.
+            After::Retry => Some(Duration::from_millis(
+                p.retry_backoff_ms * u64::from(spent.retries),
+            )),
+            After::RateLimited(asked_ms) => {
+                // The batch narrows while its cases are limited (AIMD, `crate::rate`).
+                let now = workflow_ms(&ctx);
+                ctx.state_mut(|s| {
+                    let shared = s.shared_mut();
+                    shared.rate.pressure(now);
+                    shared.wake();
+                });
+                let seed = jitter_seed(&p.batch_id, p.case_index, done.attempts);
+                let wait = crate::decide::rate_limit_wait_ms(asked_ms, spent.rate_limited, seed);
+                done.notes.push(format!(
+                    "rate limited; attempt {} in {:.1}s",
+                    done.attempts + 1,
+                    wait as f64 / 1000.0
+                ));
+                Some(Duration::from_millis(wait))
+            }
+        };
+        if let Some(backoff) = backoff {
+            // A cancel during the wait ends the case.
+            if !backoff.is_zero() {
+                leftovers
+                    .alongside(async {
+                        cost(&ctx, |a| a.timers += 1);
+                        temporalio_sdk::workflows::select! {
+                            _ = ctx.timer(backoff) => {}
+                            _ = cancel.cancelled() => {}
+                        }
+                    })
+                    .await;
+            }
+            if cancel.is_cancelled() {
+                done.state = CaseState::Cancelled;
+                break;
             }
         }
     }
@@ -144,6 +164,19 @@ enum After {
     NextAttempt,
     /// Another attempt after the retry backoff.
     Retry,
+    /// Another attempt after the harness's rate limit: the wait it asked for, if it did.
+    RateLimited(Option<u64>),
+}
+
+/// The seed of a rate-limited case's jitter: its batch, case and attempt, hashed (FNV-1a).
+fn jitter_seed(batch_id: &str, case_index: u32, attempt: u32) -> u64 {
+    let bytes = batch_id
+        .bytes()
+        .chain(case_index.to_le_bytes())
+        .chain(attempt.to_le_bytes());
+    bytes.fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Counts what the attempt's outcome `next` means for the case, with its timeline notes.
@@ -178,6 +211,11 @@ fn account(
                 "job lost with nothing to adopt; re-dispatched as attempt {}",
                 done.attempts + 1
             ));
+        }
+        Next::RateLimited(asked_ms) => {
+            spent.rate_limited += 1;
+            done.tally.rate_limited += 1;
+            return After::RateLimited(asked_ms);
         }
         Next::Retry => {
             spent.retries += 1;

@@ -23,6 +23,11 @@ pub(crate) const START_SETTLES: &str = "start-settles-short-jobs";
 /// ([`CaseParams::outage_rules`]); runs recorded before it replay as they ran.
 pub(crate) const OUTAGE_RULES: &str = "runtime-outage-rules";
 
+/// Patch id recorded by runs that retry rate-limited attempts on their own cap after the
+/// wait their harness asked for ([`crate::decide::Next::RateLimited`]); runs recorded
+/// before it spend `max_retries` on them, after the linear backoff.
+pub(crate) const RATE_LIMIT_RULES: &str = "rate-limit-rules";
+
 /// How a run executes attempts. Chosen once per run: a history recorded without the patch
 /// marker keeps the pipeline it began with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +61,11 @@ impl Pipeline {
         settle_closes: bool,
     ) -> bool {
         settle_closes && marked(ctx, START_SETTLES)
+    }
+
+    /// Whether this run keeps [`RATE_LIMIT_RULES`]. Asked once, at the run's start.
+    pub(crate) fn rate_limit_rules<H: Host>(self, ctx: &WorkflowContext<H>) -> bool {
+        self == Pipeline::Activities && marked(ctx, RATE_LIMIT_RULES)
     }
 
     /// Whether this run keeps [`OUTAGE_RULES`]. Asked once, at the run's start.
