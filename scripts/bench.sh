@@ -11,6 +11,7 @@
 #   ONLY=local scripts/bench.sh # only the local-process cost per case (sleep 1, true, 256 wide;
 #                               # WIDE=1 adds 2,048 x sleep 10 at 512)
 #   ONLY=prepare scripts/bench.sh # only provision-ahead against provisioning at dispatch
+#   ONLY=policies scripts/bench.sh # only sleep 1 reporting usage, without and with a budget
 #   ONLY=aged scripts/bench.sh  # only an agent with 300,000 ended jobs against a fresh one
 #   ONLY=huge scripts/bench.sh  # only 100,000 simulated cases (HUGE=N): completes, peak RSS,
 #                               # the slowest `batch status` answer during the run
@@ -47,6 +48,7 @@ manifest() { # name runtime harness count concurrency
     echo "  concurrency: $5"
     echo "  runtime: $2"
     [ -n "$3" ] && echo "  harness: '$3'"
+    [ -n "${EXTRA:-}" ] && echo "  $EXTRA"
     [ -n "${SANDBOX_IMAGE:-}" ] && echo "  sandbox: {provider: container, template: '$SANDBOX_IMAGE'}"
     echo "tasks:"
     for i in $(seq 1 "$4"); do echo "  - task_id: case-$i"; done
@@ -298,6 +300,32 @@ prepare_vs_dispatch() {
     "$(printf "%s" "$ratios" | median)" "$RUNS"
 }
 
+# What the budget policy costs: N x `sleep 1` at C whose harness reports usage, without a
+# budget and with one it never reaches (every admission asks it), in paired rounds.
+policies_cost() {
+  local h='sleep 1; echo "{\"usage\": {\"cost_usd\": 0.01, \"input_tokens\": 100}}" > "$CASEBATCH_RESULT"'
+  local f0 f1 a b walls_0="" walls_1="" cpus_0="" cpus_1="" ratios=""
+  f0=$(manifest unbudgeted local-process "$h" "$N" "$C")
+  f1=$(EXTRA="budget: {cost_usd: 1000000}" manifest budgeted local-process "$h" "$N" "$C")
+  for _ in $(seq 1 "$RUNS"); do
+    a=$(run_batch unbudgeted "$f0")
+    b=$(run_batch budgeted "$f1")
+    walls_0+="${a%% *}"$'\n'; walls_1+="${b%% *}"$'\n'
+    cpus_0+="$(echo "$a" | cut -d' ' -f2)"$'\n'; cpus_1+="$(echo "$b" | cut -d' ' -f2)"$'\n'
+    ratios+="$(calc "${b%% *} / ${a%% *}")"$'\n'
+  done
+  local cpu
+  for side in 0 1; do
+    if [ $side = 0 ]; then label="sleep 1 reporting usage, no budget"; w=$walls_0; cpu=$cpus_0
+    else label="sleep 1 reporting usage, a budget"; w=$walls_1; cpu=$cpus_1; fi
+    cpu=$(printf "%s" "$cpu" | median)
+    printf "%-40s %6d cases %7.2fs · CPU runner %.1fs (%.1f ms/case)\n" "$label" "$N" \
+      "$(printf "%s" "$w" | median)" "$cpu" "$(calc "1000 * $cpu / $N")"
+  done
+  printf "  budget/no budget wall time %.3fx (median of %d paired rounds)\n" \
+    "$(printf "%s" "$ratios" | median)" "$RUNS"
+}
+
 echo "casebatch benchmark: N=$N, concurrency $C, $(nproc) cores, embedded dev server, median of $RUNS"
 # 200 x `true`, each in a fresh container, 16 in flight, against `xargs -P 16` running `podman
 # run --rm IMAGE true` through the same engine: what casebatch's durability (records, labels,
@@ -350,6 +378,7 @@ if [ "${ONLY:-}" = agent ]; then agent_vs_local; exit 0; fi
 if [ "${ONLY:-}" = tail ]; then tail_vs_uniform; exit 0; fi
 if [ "${ONLY:-}" = local ]; then local_cost; exit 0; fi
 if [ "${ONLY:-}" = prepare ]; then prepare_vs_dispatch; exit 0; fi
+if [ "${ONLY:-}" = policies ]; then policies_cost; exit 0; fi
 if [ "${ONLY:-}" = aged ]; then aged_vs_fresh; exit 0; fi
 local_cost
 scenario "fake runtime (simulation), no-op" fake '' "$N"
@@ -357,6 +386,7 @@ agent_vs_local
 tail_vs_uniform
 aged_vs_fresh
 prepare_vs_dispatch
+policies_cost
 if [ -z "${SKIP_10K:-}" ]; then
   RUNS=1 scenario "fake runtime (simulation), $BIG cases" fake '' "$BIG"
 fi

@@ -1069,7 +1069,9 @@ mod tests {
             .unwrap();
         let pid = child.id();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !seen.exists() && Instant::now() < deadline {
+        // The redirection creates the file before `echo` writes into it: wait for the line.
+        let written = || std::fs::read_to_string(&seen).is_ok_and(|s| s.ends_with('\n'));
+        while !written() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
         let ticks = procfs::start_ticks(pid).unwrap();

@@ -48,16 +48,7 @@ tasks:
         "{timeline}"
     );
 
-    let out = sb.out();
-    let out = out.to_str().unwrap();
-    let report = sb.run(&[
-        "batch",
-        "report",
-        "--batch-id",
-        "budget",
-        "--output-dir",
-        out,
-    ]);
+    let report = sb.op("report", "budget");
     assert_exit(&report, 0);
     let text = String::from_utf8_lossy(&report.stdout);
     let want = format!(
@@ -67,17 +58,10 @@ tasks:
     );
     assert!(text.contains(&want), "{want}\n{text}");
 
-    let o = sb.run(&[
-        "batch",
-        "resume",
-        "--batch-id",
-        "budget",
-        "--output-dir",
-        out,
-        "--budget",
-        "cost_usd=100",
-    ]);
-    assert_exit(&o, 0);
+    assert_exit(
+        &sb.op_with("resume", "budget", &["--budget", "cost_usd=100"]),
+        0,
+    );
     let mut ran: Vec<String> = sb.read("ran.log").lines().map(String::from).collect();
     ran.sort();
     ran.dedup();
@@ -86,15 +70,7 @@ tasks:
         (12, 12),
         "every case ran exactly once"
     );
-    let report = sb.run(&[
-        "batch",
-        "report",
-        "--batch-id",
-        "budget",
-        "--output-dir",
-        out,
-        "--json",
-    ]);
+    let report = sb.op_with("report", "budget", &["--json"]);
     let summary = json_of(&report)["summary"].clone();
     assert_eq!(
         summary["usage"]["cost_usd"].as_f64(),

@@ -166,15 +166,22 @@ impl Sandbox {
 
     /// `casebatch batch <verb> --batch-id B --output-dir <out>`.
     pub fn op(&self, verb: &str, batch: &str) -> Output {
+        self.op_with(verb, batch, &[])
+    }
+
+    /// [`Sandbox::op`] with more flags.
+    pub fn op_with(&self, verb: &str, batch: &str, flags: &[&str]) -> Output {
         let out = self.out();
-        self.run(&[
+        let mut args = vec![
             "batch",
             verb,
             "--batch-id",
             batch,
             "--output-dir",
             out.to_str().unwrap(),
-        ])
+        ];
+        args.extend_from_slice(flags);
+        self.run(&args)
     }
 
     /// `casebatch batch validate --manifest M`.
