@@ -95,15 +95,19 @@ impl Budget {
     /// running case and the new one, each reserved at the p90 of what finished cases spent,
     /// stays within every limit.
     pub fn admits(&self, spending: &Spending, in_flight: usize) -> bool {
+        self.admits_at(spending.totals(), spending.reserve(), in_flight)
+    }
+
+    /// [`Budget::admits`] from (cost, tokens) spent and reserved per case, worked out once
+    /// for many questions (an admission pass asks for every case it admits).
+    pub fn admits_at(&self, spent: (f64, f64), reserve: (f64, f64), in_flight: usize) -> bool {
         let cases = (in_flight + 1) as f64;
-        let (cost, tokens) = spending.reserve();
         let within =
             |limit: f64, spent: f64, each: f64| spent < limit && spent + cases * each <= limit;
-        self.cost_usd
-            .is_none_or(|l| within(l, spending.spent.cost_usd(), cost))
+        self.cost_usd.is_none_or(|l| within(l, spent.0, reserve.0))
             && self
                 .tokens
-                .is_none_or(|l| within(l as f64, spending.spent.tokens(), tokens))
+                .is_none_or(|l| within(l as f64, spent.1, reserve.1))
     }
 
     /// `cost_usd 5 · tokens 100000`, for timelines and errors.
@@ -144,6 +148,11 @@ impl Spending {
             }
             self.recent.push((usage.cost_usd(), usage.tokens()));
         }
+    }
+
+    /// (cost, tokens) spent.
+    pub fn totals(&self) -> (f64, f64) {
+        (self.spent.cost_usd(), self.spent.tokens())
     }
 
     /// What one running case is reserved at: the p90 of the recent finished cases' cost and

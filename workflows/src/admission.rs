@@ -53,15 +53,35 @@ pub(crate) struct ProvisionAhead(pub u32);
 /// case admitted and not finished, running or provisioned ahead, is reserved at the p90 of
 /// what finished cases spent. Cases provisioned ahead were admitted under it: granting them
 /// a slot does not ask it again.
-pub(crate) struct WithinBudget<'a>(pub Option<&'a Budget>, pub &'a Spending);
+pub(crate) struct WithinBudget {
+    budget: Option<Budget>,
+    /// (cost, tokens) spent, and reserved per case in flight.
+    spent: (f64, f64),
+    reserve: (f64, f64),
+}
 
-impl Policy for WithinBudget<'_> {
+impl WithinBudget {
+    /// Works the reserve out once for the admission pass.
+    pub(crate) fn new(budget: Option<Budget>, spending: &Spending) -> Self {
+        let (spent, reserve) = match budget {
+            Some(_) => (spending.totals(), spending.reserve()),
+            None => Default::default(),
+        };
+        Self {
+            budget,
+            spent,
+            reserve,
+        }
+    }
+}
+
+impl Policy for WithinBudget {
     fn gate(&self, _lane: Lane, load: &Load) -> Gate {
-        let Some(budget) = self.0 else {
+        let Some(budget) = self.budget else {
             return Gate::Now;
         };
         let in_flight = load.running + load.tail + load.held;
-        if budget.admits(self.1, in_flight) {
+        if budget.admits_at(self.spent, self.reserve, in_flight) {
             Gate::Now
         } else if in_flight == 0 {
             Gate::Never
@@ -165,16 +185,16 @@ mod tests {
             cost_usd: Some(5.0),
             tokens: None,
         };
-        let p = WithinBudget(Some(&budget), &spending);
+        let p = WithinBudget::new(Some(budget), &spending);
         assert_eq!(p.gate(Lane::Slot, &load(1, 0, 0)), Gate::Now);
         assert_eq!(p.gate(Lane::Slot, &load(1, 1, 0)), Gate::Later);
         assert_eq!(p.gate(Lane::Ahead, &load(1, 0, 1)), Gate::Later);
         spending.record(&one, true);
         spending.record(&one, true);
-        let p = WithinBudget(Some(&budget), &spending);
+        let p = WithinBudget::new(Some(budget), &spending);
         assert_eq!(p.gate(Lane::Slot, &load(0, 0, 0)), Gate::Never);
         assert_eq!(
-            WithinBudget(None, &spending).gate(Lane::Slot, &load(0, 0, 0)),
+            WithinBudget::new(None, &spending).gate(Lane::Slot, &load(0, 0, 0)),
             Gate::Now
         );
     }

@@ -221,17 +221,15 @@ impl Run {
         if let Some(change) = ctx.state_mut(BatchWorkflow::record_rate_pressure) {
             note(ctx, None, change);
         }
-        let (concurrency, width, ahead, budget, spending) = ctx.state(|s| {
+        let (concurrency, width, ahead, within_budget) = ctx.state(|s| {
             (
                 Concurrency(s.concurrency),
                 // Open circuits and rate limits narrow the batch alike: the narrower counts.
                 CircuitWidth(s.width().min(s.shared.rate.width(s.concurrency.max(1)))),
                 ProvisionAhead(s.input.prepare_ahead),
-                s.input.budget,
-                s.spending.clone(),
+                WithinBudget::new(s.input.budget, &s.spending),
             )
         });
-        let within_budget = WithinBudget(budget.as_ref(), &spending);
         // Cases provisioned ahead were admitted under the budget: a slot is all they wait for.
         let granting: [&dyn Policy; 3] = [&concurrency, &width, &ahead];
         let policies: [&dyn Policy; 4] = [&concurrency, &width, &ahead, &within_budget];
