@@ -304,8 +304,13 @@ fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
         );
     }
     if c.queued > 0 {
+        // Resumed as it is, a spent budget ends the run at once.
+        let raise = match o.end {
+            BatchEnd::BudgetExhausted => " --budget cost_usd=<more>",
+            _ => "",
+        };
         say!(
-            "  queued work remains: casebatch batch resume --batch-id {} --output-dir {}",
+            "  queued work remains: casebatch batch resume --batch-id {} --output-dir {}{raise}",
             plan.batch_id,
             bundle
                 .root()
