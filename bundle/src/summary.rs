@@ -190,14 +190,7 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
     if let Some(tasks) = tasks.as_mut() {
         tasks.add_usage(&plan.cases, &rows);
     }
-    let total_usage = rows
-        .iter()
-        .filter_map(|r| r.usage.as_ref())
-        .fold(None, |sum, u| {
-            let mut sum: Usage = sum.unwrap_or_default();
-            sum.add(u);
-            Some(sum)
-        });
+    let total_usage = sum_usage(rows.iter().filter_map(|r| r.usage.as_ref()));
     let summary = BatchSummary {
         schema_version: RECORD_SCHEMA_VERSION.into(),
         batch_id: plan.batch_id.clone(),
@@ -299,7 +292,11 @@ pub fn write_assembled(bundle: &Bundle, plan: &Plan, a: &Assembled) -> Result<()
 
 /// The usage a case's attempts reported, summed (`None`: none reported any).
 fn usage_of(attempts: &[AttemptRecord]) -> Option<Usage> {
-    let reported = attempts.iter().filter_map(|a| a.summary.usage.as_ref());
+    sum_usage(attempts.iter().filter_map(|a| a.summary.usage.as_ref()))
+}
+
+/// `reported`, summed name by name (`None`: nothing was reported).
+fn sum_usage<'a>(reported: impl Iterator<Item = &'a Usage>) -> Option<Usage> {
     reported.fold(None, |sum, u| {
         let mut sum = sum.unwrap_or_default();
         sum.add(u);
