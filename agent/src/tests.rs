@@ -989,6 +989,11 @@ async fn evaluate_runs_the_evaluator_once_where_the_job_ran_and_cleanup_kills_wh
     assert!(first.failure.is_none(), "{first:?}");
     assert_eq!(evaluate(&mut c, &k).await.unwrap(), first);
     assert_eq!(lines(&counter), 1, "one evaluator run for three calls");
+    // The evaluator returns as soon as it forks: wait for its child to exec.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while running(&needle).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         !running(&needle).is_empty(),
         "the evaluator's process outlived it"
