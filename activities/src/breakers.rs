@@ -12,8 +12,9 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use casebatch_bundle::now_ms;
 use casebatch_proto::breaker::{
     Ask, BreakerAnswer, BreakerAsk, BreakerSettings, BreakerState, Grant,
 };
@@ -61,12 +62,6 @@ pub struct Pass {
 pub struct Breakers {
     client: Option<Client>,
     seen: Mutex<HashMap<String, (Instant, BreakerState)>>,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn circuit(runtime: &str, state: &BreakerState) -> Circuit {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use casebatch_bundle::{
     AttemptJournal, AttemptRecord, Bundle, BundleError, CaseResult, CleanupReceipt, Entry, Event,
@@ -28,6 +28,7 @@ use tracing::Instrument;
 use crate::beats::StageContext;
 use crate::breakers::{BreakerOf, Breakers};
 use crate::timings::StageTimings;
+use casebatch_bundle::now_ms;
 use casebatch_container::ContainerRuntime;
 use casebatch_runtime::agent::AgentRuntime;
 use casebatch_runtime::evaluator;
@@ -120,12 +121,6 @@ fn settles_at_start(env: &AttemptEnv) -> bool {
         RuntimeKind::LocalProcess => env.job.sandbox.is_none() && env.case.evaluator.is_none(),
         RuntimeKind::Agent => false,
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Runs `$body` with the case's runtime bound to `$rt`.
@@ -1137,13 +1132,10 @@ impl CaseActivities {
         write_final_batch_files(&bundle, &plan, input.status.counters.temporal_actions)?;
         append_jsonl(
             &bundle.events(),
-            &Event {
-                ts_ms: now_ms(),
-                kind: "run_ended".into(),
-                case_id: None,
-                attempt: None,
-                message: serde_json::to_string(&input.status.counts).unwrap_or_default(),
-            },
+            &Event::of_batch(
+                Event::RUN_ENDED,
+                serde_json::to_string(&input.status.counts).unwrap_or_default(),
+            ),
         )?;
         Ok(true)
     }

@@ -3,18 +3,11 @@
 //! attempt's journal (one write) and cleanup folds them into the attempt's record.
 
 use std::future::Future;
-use std::time::{SystemTime, UNIX_EPOCH};
 
+use casebatch_bundle::now_ms;
 use casebatch_bundle::{Entry, StageTiming};
 use casebatch_proto::Stage;
 use casebatch_runtime::AttemptEnv;
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// The stages one activity ran.
 #[derive(Debug, Default)]

@@ -31,7 +31,7 @@ pub use summary::{
     write_final_batch_files,
 };
 pub use write::{
-    append_jsonl, read_json, read_json_if_present, write_bytes_atomic, write_json_atomic,
+    append_jsonl, now_ms, read_json, read_json_if_present, write_bytes_atomic, write_json_atomic,
 };
 
 /// Errors reading or writing the bundle; each names the file.

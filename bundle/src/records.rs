@@ -267,6 +267,24 @@ pub struct Event {
     pub message: String,
 }
 
+impl Event {
+    /// A runner started a run of the batch's workflow.
+    pub const RUN_STARTED: &str = "run_started";
+    /// A run ended (finalize wrote the batch files).
+    pub const RUN_ENDED: &str = "run_ended";
+
+    /// An event of the batch as a whole (no case).
+    pub fn of_batch(kind: &str, message: String) -> Self {
+        Self {
+            ts_ms: crate::now_ms(),
+            kind: kind.into(),
+            case_id: None,
+            attempt: None,
+            message,
+        }
+    }
+}
+
 /// `manifest.json`: the manifest as the batch saw it, so a retry or an audit does not depend
 /// on what the file reads today.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -14,6 +14,13 @@ use serde::de::DeserializeOwned;
 
 use crate::BundleError;
 
+/// Wall-clock milliseconds since the epoch: what every record's `*_at_ms` counts in.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<(), BundleError> {
     let mut bytes = serde_json::to_vec_pretty(value).expect("bundle records always serialize");
     bytes.push(b'\n');

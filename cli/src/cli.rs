@@ -299,6 +299,11 @@ pub enum BatchCommand {
         #[arg(long, value_name = "FILE")]
         html: Option<PathBuf>,
     },
+    /// Print one attempt's logs from the bundle (by default the case's latest attempt): the
+    /// harness's stdout to stdout and its stderr to stderr, as written. With --follow, print
+    /// what is written until the attempt's job ends (waiting for its first attempt if the
+    /// case has not started). An agent's or a container's logs arrive when the attempt settles.
+    Logs(LogsArgs),
     /// Admit nothing new; admitted cases finish; the runner exits 1 with queued work left.
     Drain(BatchRef),
     /// Stop admissions; the runner keeps waiting.
@@ -615,6 +620,28 @@ pub struct RetryArgs {
     /// Do not run an in-process worker (standalone `casebatch worker` replicas do the work).
     #[arg(long)]
     pub no_worker: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LogsArgs {
+    /// The batch (its id within the output directory).
+    #[arg(long)]
+    pub batch_id: String,
+    /// Root of result bundles (`<output-dir>/<batch_id>/`).
+    #[arg(long, default_value = "logs/batch")]
+    pub output_dir: PathBuf,
+    /// The case's id (its task id; `<task_id>#<epoch>` for a task run several times).
+    #[arg(long)]
+    pub case: String,
+    /// Which attempt, from 1 (default: the latest).
+    #[arg(long)]
+    pub attempt: Option<u32>,
+    /// The evaluator's logs instead of the harness's.
+    #[arg(long)]
+    pub evaluator: bool,
+    /// Keep printing lines as they are written until the attempt's job ends.
+    #[arg(long, short)]
+    pub follow: bool,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -558,18 +558,39 @@ pub fn diff(d: &casebatch_control::BatchDiff) {
         rate(&d.pass_rate_excluding_infra.b),
         delta(&d.pass_rate_excluding_infra)
     );
-    for (name, s) in &d.scores {
+    let paired = |p: &casebatch_control::compare::PairedDelta| match &p.ci95 {
+        Some(ci) => format!(
+            "{:+.3}, 95% CI [{:+.3}, {:+.3}], n={}",
+            p.delta, ci.low, ci.high, p.n
+        ),
+        None => format!("{:+.3}, n={}", p.delta, p.n),
+    };
+    if d.paired_pass_rate.n > 0 {
+        let p = &d.paired_pass_rate;
         say!(
-            "  score {name}: {:.3} → {:.3} ({:+.3}, n={})",
-            s.mean_a,
-            s.mean_b,
-            s.delta,
-            s.n
+            "  pass rate over cases finished in both: {:.1}% → {:.1}% ({})",
+            100.0 * p.mean_a,
+            100.0 * p.mean_b,
+            paired(p)
         );
     }
-    say!("  flipped: {}", d.flipped.len());
+    for (name, s) in &d.scores {
+        say!(
+            "  score {name}: {:.3} → {:.3} ({})",
+            s.mean_a,
+            s.mean_b,
+            paired(s)
+        );
+    }
+    say!("  flipped (finished in both): {}", d.flipped.len());
     for f in &d.flipped {
         say!("    {:<29} {} → {}", truncate(&f.case_id, 29), f.from, f.to);
+    }
+    if !d.not_finished.is_empty() {
+        say!("  not finished in one of them: {}", d.not_finished.len());
+        for f in &d.not_finished {
+            say!("    {:<29} {} → {}", truncate(&f.case_id, 29), f.from, f.to);
+        }
     }
     for (side, ids) in [(&d.a, &d.only_in_a), (&d.b, &d.only_in_b)] {
         if !ids.is_empty() {
@@ -583,16 +604,25 @@ pub fn list(listed: &[casebatch_control::Listed]) {
         say!("no batch in this output directory");
         return;
     }
-    say!("  batch                          cases  outcome        pass rate  counts");
+    say!(
+        "  batch                          cases  outcome        pass rate  started (UTC)     \
+         took      counts"
+    );
     for b in listed {
         let counts: Vec<String> = b.counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
         say!(
-            "  {:<30} {:>5}  {:<14} {:>9}  {}",
+            "  {:<30} {:>5}  {:<14} {:>9}  {:<16}  {:<8}  {}",
             truncate(&b.batch_id, 30),
             b.cases,
             b.outcome,
             b.pass_rate
                 .map_or("-".into(), |r| format!("{:.1}%", 100.0 * r)),
+            b.started_at_ms.map_or("-".into(), utc_minute),
+            match (b.started_at_ms, b.duration_ms) {
+                (_, Some(ms)) => took(ms),
+                (Some(_), None) => "not ended".into(),
+                (None, None) => "-".into(),
+            },
             counts.join(" · ")
         );
     }
@@ -768,6 +798,36 @@ pub fn status(view: &StatusView) {
 fn clock(at_ms: u64) -> String {
     let s = at_ms / 1000;
     format!("{:02}:{:02}:{:02} UTC", s / 3600 % 24, s / 60 % 60, s % 60)
+}
+
+/// Wall-clock ms since the epoch as `YYYY-MM-DD HH:MM` in UTC (days to a civil date by
+/// Howard Hinnant's algorithm: no time-zone database needed for UTC).
+fn utc_minute(at_ms: u64) -> String {
+    let secs = at_ms / 1000;
+    let days = (secs / 86_400) as i64 + 719_468;
+    let era = days.div_euclid(146_097);
+    let doe = days.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}",
+        secs / 3600 % 24,
+        secs / 60 % 60
+    )
+}
+
+/// A span as people say it: `42s`, `3m05s`, `2h07m`.
+fn took(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s / 60 % 60),
+    }
 }
 
 /// History names cases by plan index to stay compact; people read ids.

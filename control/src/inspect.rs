@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use casebatch_bundle::{
-    AttemptRecord, BatchSummary, Bundle, summary, write_assembled, write_bytes_atomic,
+    AttemptRecord, BatchSummary, Bundle, CaseResult, summary, write_assembled, write_bytes_atomic,
 };
 use casebatch_manifest::Plan;
 use casebatch_proto::{BatchEnd, BatchStatus, Counts, FailureCode, Phase, workflow_id};
@@ -88,8 +88,12 @@ fn from_bundle(bundle: &Bundle, plan: &Plan, phase: Phase) -> Result<BatchStatus
 pub struct ReportView {
     pub plan: Plan,
     pub summary: BatchSummary,
+    /// Each case's latest result, in plan order (`None`: no attempt finished).
+    pub results: Vec<Option<CaseResult>>,
     /// Every attempt record, in case order (what the HTML report plots).
     pub attempts: Vec<AttemptRecord>,
+    /// The bundle's root directory (what the HTML report links into).
+    pub bundle_root: std::path::PathBuf,
     /// Attempts whose job was lost with nothing to adopt, so the case was run again.
     pub redispatched: usize,
 }
@@ -112,7 +116,9 @@ pub fn report(location: &BatchLocation) -> Result<ReportView> {
     Ok(ReportView {
         plan,
         summary: assembled.summary,
+        results: assembled.results,
         attempts: assembled.attempts,
+        bundle_root: bundle.root().to_path_buf(),
         redispatched,
     })
 }

@@ -14,6 +14,7 @@
 //! (`scripts/import-cycles.py control` checks there is no circle).
 
 mod begin;
+mod bootstrap;
 mod carry;
 pub mod compare;
 mod drive;
@@ -25,6 +26,7 @@ mod host;
 mod input;
 mod inspect;
 mod location;
+mod logs;
 mod operate;
 mod options;
 mod prepare;
@@ -46,6 +48,7 @@ pub use events::{DriveEvent, Observer};
 pub use finish::{Ending, RunReport, Verdict};
 pub use inspect::{ReportView, StatusView, history, report, status};
 pub use location::{BatchLocation, EngineChoice};
+pub use logs::{LogsOf, LogsRequest, LogsShown, logs};
 pub use operate::{Applied, Control, control};
 pub use options::DriveOptions;
 pub use replica::Replica;

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use casebatch_bundle::Bundle;
+use casebatch_bundle::{Bundle, Event, append_jsonl};
 use casebatch_manifest::Plan;
 use casebatch_proto::visibility::{memo, outcome, search_attr};
 use casebatch_proto::{BatchInput, Carried, Counts, TASK_QUEUE};
@@ -49,6 +49,12 @@ pub(crate) async fn start(
         .start_workflow(BatchWorkflow::run, input, options)
         .await
         .map_err(|e| ControlError::engine_call(format!("start workflow {wid}"), e))?;
+    // For `batch list`'s start and duration; the run goes on without it if it cannot be
+    // written (a full disk is the run's to report, at its first record).
+    let _ = append_jsonl(
+        &bundle.events(),
+        &Event::of_batch(Event::RUN_STARTED, format!("workflow {wid}")),
+    );
     observer.on(DriveEvent::Started {
         workflow_id: &wid,
         cases: plan.cases.len(),

@@ -8,6 +8,7 @@ mod agent;
 mod agent_batches;
 mod browser_demo;
 mod budget;
+mod case_view;
 mod chaos_kills;
 mod cleanup;
 mod containers;

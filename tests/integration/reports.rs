@@ -17,9 +17,9 @@ defaults:
   pass_env: [SANDBOX]
   runtime: local-process
   max_retries: 0
-  harness: 'echo "{\"scores\": {\"accuracy\": $SCORE}}" > "$CASEBATCH_RESULT"'
+  harness: 'echo "line from $SCORE"; echo "{\"scores\": {\"accuracy\": $SCORE}, \"outputs\": {\"answer\": \"said $SCORE\"}}" > "$CASEBATCH_RESULT"'
 tasks:
-  - {task_id: right, env: {SCORE: "1.0"}}
+  - {task_id: right, query: "what is right", env: {SCORE: "1.0"}}
   - {task_id: wrong, env: {SCORE: "0.0"}}
   - task_id: crash
     harness: 'if [ -f "$SANDBOX/fixed" ]; then echo "{\"scores\": {\"accuracy\": 0.5}}" > "$CASEBATCH_RESULT"; else exit 3; fi'
@@ -157,6 +157,33 @@ tasks:
     }
     assert!(page.contains("66.7%") && page.contains("<code>casualty</code>"));
     if let Some(browser) = browser_or_skip("the HTML report in a browser") {
+        // The case-level view, as the browser sees it: each case's section with its input,
+        // outputs and failure, and links that reach the attempt's own logs.
+        let url = format!("file://{}", html.display());
+        let dom = dom_of(&browser, &url, sb.dir.path()).expect("chromium renders the report");
+        for needed in [
+            "id=\"case-0\"",
+            "said 1.0",
+            "said 0.0",
+            "NETWORK_DOWN",
+            "what is right",
+        ] {
+            assert!(dom.contains(needed), "no {needed} on the page: {dom}");
+        }
+        let stdout_link = dom
+            .split("href=\"")
+            .skip(1)
+            .map(|s| &s[..s.find('"').unwrap()])
+            .find(|h| h.ends_with("stdout.log"))
+            .expect("a link to an attempt's stdout");
+        let linked = sb.dir.path().join(stdout_link);
+        assert!(
+            std::fs::read_to_string(&linked)
+                .unwrap_or_default()
+                .starts_with("line from "),
+            "{stdout_link} does not reach the first case's log ({})",
+            linked.display()
+        );
         std::fs::create_dir_all(sb.path("shot")).unwrap();
         let shot = Screenshot::of(&browser, &html, &sb.path("shot"), (1000, 2400));
         use casebatch_report::colors;

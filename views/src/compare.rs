@@ -15,8 +15,13 @@ pub struct BatchDiff {
     pub b: String,
     /// The batches ran the same task list (equal plan fingerprints).
     pub same_task_list: bool,
-    /// Cases in both whose state changed, in plan order of `a`.
+    /// Cases finished (succeeded or failed) in both whose state changed, in plan order of `a`:
+    /// a result that changed.
     pub flipped: Vec<Flip>,
+    /// Cases in both whose state differs and that one side has not finished (queued, running,
+    /// retrying, cancelled): no result changed, a run is missing. In plan order of `a`.
+    #[serde(default)]
+    pub not_finished: Vec<Flip>,
     /// Case ids only `a` has.
     pub only_in_a: Vec<String>,
     /// Case ids only `b` has.
@@ -25,8 +30,37 @@ pub struct BatchDiff {
     pub pass_rate: RateDelta,
     /// Pass rate over finished cases whose failure is not infrastructure's.
     pub pass_rate_excluding_infra: RateDelta,
-    /// By score name, over the cases that report it as a number in both.
-    pub scores: BTreeMap<String, ScoreDelta>,
+    /// Pass rate over the cases finished in both, paired case by case, with a bootstrap
+    /// interval for its delta.
+    #[serde(default)]
+    pub paired_pass_rate: PairedDelta,
+    /// By score name, over the cases finished in both that report it as a number in both.
+    pub scores: BTreeMap<String, PairedDelta>,
+}
+
+/// A mean over cases present in both batches, paired case by case.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PairedDelta {
+    /// Cases in the pairing.
+    pub n: usize,
+    /// Mean in `a` (a pass rate: the share that succeeded).
+    pub mean_a: f64,
+    /// Mean in `b`.
+    pub mean_b: f64,
+    /// `mean_b − mean_a`.
+    pub delta: f64,
+    /// A 95 % paired bootstrap interval of `delta`; `None` with fewer than two pairs.
+    pub ci95: Option<Interval>,
+}
+
+/// A confidence interval and how it was computed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Interval {
+    pub low: f64,
+    pub high: f64,
+    /// Resamples of the cases (with replacement, seeded: the same bundles give the same
+    /// interval); the interval is their 2.5th and 97.5th percentile means.
+    pub resamples: u32,
 }
 
 /// A case whose state differs between the two batches.
@@ -51,19 +85,6 @@ pub struct RateDelta {
     pub delta: Option<f64>,
 }
 
-/// One score's mean in both batches.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct ScoreDelta {
-    /// Cases with the score in both batches.
-    pub n: usize,
-    /// Mean in `a`.
-    pub mean_a: f64,
-    /// Mean in `b`.
-    pub mean_b: f64,
-    /// `mean_b − mean_a`.
-    pub delta: f64,
-}
-
 /// One batch of an output root, as its bundle shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Listed {
@@ -77,4 +98,11 @@ pub struct Listed {
     pub outcome: String,
     /// Succeeded over finished cases; `null` when none finished.
     pub pass_rate: Option<f64>,
+    /// When its first run started (ms since the epoch; the earliest event of an older bundle);
+    /// `null` before any.
+    #[serde(default)]
+    pub started_at_ms: Option<u64>,
+    /// From the first start to the end of its last run; `null` while a run has not ended.
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
 }

@@ -18,7 +18,7 @@ pub mod start;
 use schemars::{JsonSchema, generate::SchemaSettings};
 use serde_json::Value;
 
-pub use compare::{BatchDiff, Flip, Listed, RateDelta, ScoreDelta};
+pub use compare::{BatchDiff, Flip, Interval, Listed, PairedDelta, RateDelta};
 pub use engine::EngineStatus;
 pub use inspect::{BatchHistoryView, ReportView, StatusView};
 pub use manifest::{PlanView, ValidateView};

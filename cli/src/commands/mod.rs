@@ -37,6 +37,7 @@ pub async fn dispatch(command: Command) -> CliResult {
             BatchCommand::Rerun(args) => run::rerun(args).await,
             BatchCommand::Status(r) => status::status(&r).await,
             BatchCommand::Report { batch, html } => status::report(&batch, html.as_deref()),
+            BatchCommand::Logs(args) => status::logs(&args),
             BatchCommand::Drain(r) => ops::control(&r, ops::Control::Drain).await,
             BatchCommand::Pause(r) => ops::control(&r, ops::Control::Pause).await,
             BatchCommand::Unpause(r) => ops::control(&r, ops::Control::Unpause).await,

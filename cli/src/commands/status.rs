@@ -5,7 +5,7 @@ use std::path::Path;
 
 use casebatch_control::BatchLocation;
 
-use crate::cli::{BatchRef, HistoryArgs, HistoryCommand};
+use crate::cli::{BatchRef, HistoryArgs, HistoryCommand, LogsArgs};
 use crate::exit::{CliResult, Exit};
 use crate::render;
 
@@ -26,7 +26,14 @@ pub async fn status(r: &BatchRef) -> CliResult {
 pub fn report(r: &BatchRef, html: Option<&Path>) -> CliResult {
     let view = casebatch_control::report(&r.location()?)?;
     if let Some(out) = html {
-        let page = casebatch_report::render_html(&view.summary, &view.attempts);
+        let page = casebatch_report::render_html(&casebatch_report::ReportInput {
+            plan: &view.plan,
+            summary: &view.summary,
+            results: &view.results,
+            attempts: &view.attempts,
+            bundle_dir: &view.bundle_root,
+            bundle_href: bundle_href(out, &view.bundle_root)?,
+        });
         casebatch_bundle::write_bytes_atomic(out, page.as_bytes())
             .map_err(casebatch_control::ControlError::Write)?;
         // On stderr: with --json, stdout is the JSON alone.
@@ -39,6 +46,47 @@ pub fn report(r: &BatchRef, html: Option<&Path>) -> CliResult {
         });
     } else {
         render::report(&view);
+    }
+    Ok(Exit::Success)
+}
+
+/// The bundle as a link from the directory the report is written to.
+fn bundle_href(report: &Path, bundle: &Path) -> Result<String, crate::exit::CliError> {
+    let absolute = |p: &Path| {
+        std::path::absolute(p).map_err(|source| {
+            casebatch_control::ControlError::Write(casebatch_bundle::BundleError::Write {
+                path: p.display().to_string(),
+                source,
+            })
+        })
+    };
+    let dir = absolute(report)?;
+    let dir = dir.parent().unwrap_or(Path::new("/"));
+    Ok(casebatch_report::relative_href(dir, &absolute(bundle)?))
+}
+
+pub fn logs(args: &LogsArgs) -> CliResult {
+    let request = casebatch_control::LogsRequest {
+        case_id: args.case.clone(),
+        attempt: args.attempt,
+        of: if args.evaluator {
+            casebatch_control::LogsOf::Evaluator
+        } else {
+            casebatch_control::LogsOf::Harness
+        },
+        follow: args.follow,
+    };
+    let shown = casebatch_control::logs(
+        &BatchLocation::new(&args.output_dir, &args.batch_id)?,
+        &request,
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
+    )?;
+    if shown == casebatch_control::LogsShown::NoAttemptYet {
+        eprintln!(
+            "case {} has not started an attempt yet (--follow waits for it)",
+            args.case
+        );
     }
     Ok(Exit::Success)
 }
