@@ -482,3 +482,35 @@ grep -q "5 succeeded" "$WORK/ratelimited.log" || { cat "$WORK/ratelimited.log"; 
 show ratelimited "" rate-limited
 has_patch rate-limited rate-limit-rules
 fi
+
+# 21. Paces (`defaults.rate`): a batch on its own pace (a timer to each start that does not
+# conform yet), and two batches sharing a `rate_key` (each start booked on the key's
+# `RatePacer` by a `reserve_start` activity); the pacer's own history is recorded too.
+if [ "${STEP:-all}" = all ] || [ "${STEP:-}" = 21 ]; then
+paced_manifest() { # batch-id rate
+  cat > "$WORK/$1.yaml" <<YAML
+batch_id: $1
+defaults:
+  runtime: local-process
+  concurrency: 4
+  rate: $2
+  harness: 'echo {} > "\$CASEBATCH_RESULT"'
+tasks: [{task_id: p0}, {task_id: p1}, {task_id: p2}, {task_id: p3}, {task_id: p4}]
+YAML
+}
+paced_manifest paced "{starts_per_minute: 120}"
+cb batch run --manifest "$WORK/paced.yaml" --output-dir "$WORK/out" > "$WORK/paced.log"
+grep -q "5 succeeded" "$WORK/paced.log" || { cat "$WORK/paced.log"; exit 1; }
+show paced "" paced
+paced_manifest shared-a "{starts_per_minute: 120, rate_key: histories}"
+paced_manifest shared-b "{starts_per_minute: 120, rate_key: histories}"
+cb batch run --manifest "$WORK/shared-a.yaml" --output-dir "$WORK/out" > "$WORK/shared-a.log" & OTHER=$!
+cb batch run --manifest "$WORK/shared-b.yaml" --output-dir "$WORK/out" > "$WORK/shared-b.log"
+wait "$OTHER"
+for b in shared-a shared-b; do grep -q "5 succeeded" "$WORK/$b.log" || { cat "$WORK/$b.log"; exit 1; }; done
+show shared-a "" paced-shared
+if [ ! -f "$OUT/pacer-shared.json" ] || [ -n "${FORCE:-}" ]; then
+  cb batch history --batch-id shared-a --output-dir "$WORK/out" --pace --out "$OUT/pacer-shared.json" > /dev/null
+  echo "recorded pacer-shared"
+fi
+fi

@@ -13,6 +13,7 @@ use casebatch_bundle::{
     read_json, write_final_batch_files, write_json_atomic,
 };
 use casebatch_manifest::model::{Plan, RuntimeKind, RuntimeSpec};
+use casebatch_proto::pace::PaceAsk;
 use casebatch_proto::{
     ActorReport, ActorStatus, AttemptKey, AttemptSummary, AwaitInput, CleanupInput, CleanupReport,
     Evaluation, Failure, FailureCode, FinalizeInput, JobRef, Prepared, ReleaseInput, SettleInput,
@@ -50,6 +51,9 @@ pub struct CaseActivities {
     plans: Mutex<HashMap<String, Arc<Plan>>>,
     /// Without a client (unit tests) every breaker reads as closed.
     breakers: Breakers,
+    /// For the shared paces (`reserve_start`); `None` on the host queue's instance, which
+    /// never gets that activity.
+    client: Option<temporalio_client::Client>,
     /// Recorded as attempts end; a no-op meter unless the worker serves metrics.
     metrics: Metrics,
     /// Set by the worker as it begins shutting down.
@@ -149,10 +153,12 @@ macro_rules! with_runtime {
 }
 
 impl CaseActivities {
-    /// Activities that consult the runtimes' circuit breakers through `client`.
+    /// Activities that consult the runtimes' circuit breakers and the shared paces through
+    /// `client`.
     pub fn with_breakers(client: temporalio_client::Client) -> Self {
         Self {
-            breakers: Breakers::new(client),
+            breakers: Breakers::new(client.clone()),
+            client: Some(client),
             ..Self::default()
         }
     }
@@ -1022,6 +1028,28 @@ impl CaseActivities {
     /// `supersede`'s force-kill: every agent of the plan kills the batch's jobs at once. The
     /// cases' own cancel and cleanup still run after it (and stop local processes, which
     /// live with a worker); this only makes sure no job keeps burning compute meanwhile.
+    /// Books one case start on the batch's shared pace (`rate_key`).
+    #[activity(definition = contracts::ReserveStart)]
+    pub async fn reserve_start(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        ask: PaceAsk,
+    ) -> Result<u64, ActivityError> {
+        // Counted as an action; the ask is short and sends no heartbeat.
+        let _ctx = StageContext::new(ctx, &self.metrics);
+        let unanswered = |message: String| {
+            ActivityError::application(ApplicationFailure::builder(message).build())
+        };
+        let Some(client) = &self.client else {
+            return Err(unanswered(
+                "this worker has no client for the shared paces".into(),
+            ));
+        };
+        crate::pacers::reserve(client, ask)
+            .await
+            .map_err(unanswered)
+    }
+
     #[activity(definition = contracts::Sweep)]
     pub async fn sweep(
         self: Arc<Self>,

@@ -4,11 +4,13 @@
 //! `casebatch-runtime`: provisioning attempt directories, submitting and awaiting jobs,
 //! having the runtime evaluate them, pulling traces, cleanup with receipts, and writing each attempt's
 //! evidence into the bundle, and consulting and reporting to the runtimes' shared circuit
-//! breakers (`breakers.rs`) for cases routed over a runtime list. Must not decide retries or ordering: that is the workflow's job.
+//! breakers (`breakers.rs`) for cases routed over a runtime list, and booking starts on shared
+//! paces (`pacers.rs`, for `rate_key`). Must not decide retries or ordering: that is the workflow's job.
 
 mod beats;
 mod breakers;
 mod case_activities;
+mod pacers;
 mod timings;
 pub mod trace;
 

@@ -364,6 +364,10 @@ pub enum BatchCommand {
         /// instead of the batch's.
         #[arg(long)]
         breaker: Option<String>,
+        /// The history of the shared pace the batch's plan names (`defaults.rate.rate_key`)
+        /// instead of the batch's.
+        #[arg(long, conflicts_with = "breaker")]
+        pace: bool,
         /// Where to write the history.
         #[arg(long)]
         out: PathBuf,

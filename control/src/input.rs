@@ -54,6 +54,7 @@ pub(crate) fn batch_input(
         heartbeat_every_ms: plan.settings.heartbeat_every_seconds.map(|s| s * 1000),
         budget: budget(plan, opts),
         max_rate_limit_retries: plan.settings.max_rate_limit_retries,
+        pace: plan.settings.rate.clone().map(Into::into),
     };
     // Only cases dealt from a `runtime:` list are raced.
     if input.routes.is_some() && !opts.no_speculation {

@@ -123,20 +123,41 @@ pub fn report(location: &BatchLocation) -> Result<ReportView> {
     })
 }
 
+/// Whose history: the batch's, or a shared workflow its plan names.
+#[derive(Debug, Clone, Copy)]
+pub enum HistoryOf<'a> {
+    Batch,
+    /// The circuit breaker of this runtime of the plan.
+    Breaker(&'a str),
+    /// The shared pace of the plan's `rate_key`.
+    Pace,
+}
+
 /// Writes a run's history as JSON (the latest run unless `run_id` names one); returns the
 /// workflow id.
 pub async fn history(
     location: &BatchLocation,
     engine: &EngineChoice,
     run_id: Option<String>,
-    breaker: Option<&str>,
+    of: HistoryOf<'_>,
     out: &Path,
 ) -> Result<String> {
     let Attached { plan, engine, .. } = location.attach(engine).await?;
-    let wid = match breaker {
-        None => workflow_id(&plan.batch_id),
-        // Only the breaker of a runtime this batch's plan names.
-        Some(name) => plan
+    let wid = match of {
+        HistoryOf::Batch => workflow_id(&plan.batch_id),
+        // Only the shared workflows this batch's plan names.
+        HistoryOf::Pace => plan
+            .settings
+            .rate
+            .as_ref()
+            .and_then(|r| r.rate_key.as_deref())
+            .map(casebatch_proto::pace::pacer_workflow_id)
+            .ok_or(ControlError::BadArgument {
+                what: "--pace",
+                value: plan.batch_id.clone(),
+                hint: "the batch's plan names no defaults.rate.rate_key",
+            })?,
+        HistoryOf::Breaker(name) => plan
             .breaker_id(name, &casebatch_runtime::local_process::hostname())
             .ok_or(ControlError::BadArgument {
                 what: "--breaker",

@@ -46,7 +46,7 @@ pub use compare::{BatchDiff, Listed, diff, list};
 pub use error::{ControlError, Result};
 pub use events::{DriveEvent, Observer};
 pub use finish::{Ending, RunReport, Verdict};
-pub use inspect::{ReportView, StatusView, history, report, status};
+pub use inspect::{HistoryOf, ReportView, StatusView, history, report, status};
 pub use location::{BatchLocation, EngineChoice};
 pub use logs::{LogsOf, LogsRequest, LogsShown, logs};
 pub use operate::{Applied, Control, control};

@@ -35,6 +35,8 @@ pub const MAX_FAKE_DURATION_MS: u64 = MAX_TIMEOUT_SECONDS * 1000;
 pub const MAX_PREPARE_AHEAD: u32 = 64;
 /// Most rate-limited attempts of one case retried on their own cap.
 pub const MAX_RATE_LIMIT_RETRIES: u32 = 100;
+/// `defaults.rate.starts_per_minute`: up to 1,000 starts a second.
+pub const MAX_STARTS_PER_MINUTE: u32 = 60_000;
 
 /// The slowest heartbeat cadence, in seconds: a dead worker's stage is taken over within a
 /// quarter more than this.
@@ -95,6 +97,7 @@ pub(crate) fn expected_of_field(field: &str) -> Option<String> {
         "lifetime" => seconds(MAX_SANDBOX_LIFETIME_SECONDS),
         "prepare_ahead" => whole(&(0..=MAX_PREPARE_AHEAD), ""),
         "max_rate_limit_retries" => whole(&(0..=MAX_RATE_LIMIT_RETRIES), ""),
+        "starts_per_minute" => whole(&(1..=MAX_STARTS_PER_MINUTE), ""),
         "epochs" => whole(&EPOCHS_RANGE, ""),
         "memory_mb" | "memory_budget_mb" => whole(&(1..=MAX_MEMORY_MB), " of MiB"),
         "cpu" => format!("a number more than 0, up to {MAX_CPU}"),

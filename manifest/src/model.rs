@@ -100,6 +100,10 @@ pub struct Defaults {
     /// finished cases spent) would pass a limit; running cases finish and the batch ends
     /// `budget_exhausted` (exit 1), for `batch resume --budget` to continue.
     pub budget: Option<BudgetSpec>,
+    /// How fast cases may start: `starts_per_minute` paces admissions (bursts of at most a
+    /// second's worth), and a `rate_key` shares one pace with every batch and worker replica
+    /// naming the same key on the namespace (two teams' batches against one API key).
+    pub rate: Option<RateSpec>,
     /// Extra environment variables for the harness and evaluator, as literal values (they are
     /// in the plan: put secrets in `pass_env`, not here). Names are `[A-Za-z_][A-Za-z0-9_]*`
     /// and may not start with `CASEBATCH_`. A task's `env` is merged over the defaults' by name.
@@ -162,6 +166,29 @@ impl Sandbox {
     /// One container per attempt.
     pub fn is_container(&self) -> bool {
         self.provider == "container"
+    }
+}
+
+/// `defaults.rate`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateSpec {
+    /// Case starts per minute, 1 to 60000: starts are spaced `60 / n` seconds apart, with
+    /// bursts of up to `n / 60` starts when the batch has waited.
+    #[schemars(range(min = 1, max = crate::limits::MAX_STARTS_PER_MINUTE))]
+    pub starts_per_minute: u32,
+    /// Shares this pace with every batch that names the same key on the namespace (one
+    /// long-lived `RatePacer` workflow per key): `[A-Za-z0-9._-]`, 1 to 64 characters.
+    #[schemars(regex(pattern = r"^[A-Za-z0-9._-]{1,64}$"))]
+    pub rate_key: Option<String>,
+}
+
+impl From<RateSpec> for casebatch_proto::Pace {
+    fn from(r: RateSpec) -> Self {
+        Self {
+            starts_per_minute: r.starts_per_minute,
+            key: r.rate_key,
+        }
     }
 }
 
@@ -501,6 +528,9 @@ pub struct BatchSettings {
     /// Rate-limited attempts retried on their own cap (`None`: the default, 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rate_limit_retries: Option<u32>,
+    /// How fast cases may start (`None`: as fast as the other limits allow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateSpec>,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -165,6 +165,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
             heartbeat_every_seconds: defaults.heartbeat_every_seconds,
             budget: defaults.budget,
             max_rate_limit_retries: defaults.max_rate_limit_retries,
+            rate: defaults.rate,
         },
         fingerprint,
         spread: None,
@@ -245,6 +246,7 @@ fn overlay(lower: Defaults, upper: &Defaults) -> Defaults {
         heartbeat_every_seconds: u.heartbeat_every_seconds.or(lower.heartbeat_every_seconds),
         epochs: u.epochs.or(lower.epochs),
         budget: u.budget.or(lower.budget),
+        rate: u.rate.or(lower.rate),
         env,
         pass_env,
     }

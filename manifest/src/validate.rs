@@ -5,11 +5,12 @@ use std::collections::BTreeMap;
 use crate::limits::{
     CONCURRENCY_RANGE, EPOCHS_RANGE, MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS,
     MAX_FAKE_INFRA_FAILURES, MAX_HEARTBEAT_EVERY_SECONDS, MAX_MEMORY_MB, MAX_PREPARE_AHEAD,
-    MAX_RATE_LIMIT_RETRIES, MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS, RESERVED_ENV_PREFIX,
-    SANDBOX_NETWORKS, SANDBOX_PROVIDERS, SANDBOX_PULLS, TIMEOUT_SECONDS_RANGE,
+    MAX_RATE_LIMIT_RETRIES, MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS, MAX_STARTS_PER_MINUTE,
+    RESERVED_ENV_PREFIX, SANDBOX_NETWORKS, SANDBOX_PROVIDERS, SANDBOX_PULLS, TIMEOUT_SECONDS_RANGE,
 };
 use crate::model::{
-    BudgetSpec, CommandSpec, Defaults, FakeScript, Resources, RunSpec, Sandbox, SummarySpec,
+    BudgetSpec, CommandSpec, Defaults, FakeScript, RateSpec, Resources, RunSpec, Sandbox,
+    SummarySpec,
 };
 use crate::report::{FieldPath, Report};
 
@@ -91,6 +92,9 @@ pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
     if let Some(b) = &d.budget {
         budget(b, &path.key("budget"), r);
     }
+    if let Some(rate_spec) = &d.rate {
+        rate(rate_spec, &path.key("rate"), r);
+    }
     timeout(d.timeout_seconds, path, r);
     if let Some(s) = &d.sandbox {
         sandbox(s, &path.key("sandbox"), r);
@@ -122,6 +126,33 @@ pub(crate) fn spec(s: &RunSpec, path: &FieldPath, r: &mut Report) {
         fake(f, &path.key("fake"), r);
     }
     environment(s.env.as_ref(), s.pass_env.as_deref(), path, r);
+}
+
+/// A pace within its range; a shared key a workflow id can carry.
+fn rate(spec: &RateSpec, path: &FieldPath, r: &mut Report) {
+    let n = spec.starts_per_minute;
+    if !(1..=MAX_STARTS_PER_MINUTE).contains(&n) {
+        let p = path.key("starts_per_minute");
+        r.at(
+            &p,
+            format!("starts_per_minute {n} is outside 1..={MAX_STARTS_PER_MINUTE}"),
+            format!("set {p} to how many cases may start per minute"),
+        );
+    }
+    if let Some(key) = &spec.rate_key {
+        let ok = (1..=64).contains(&key.len())
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !ok {
+            let p = path.key("rate_key");
+            r.at(
+                &p,
+                format!("rate_key {key:?} is not 1 to 64 of A-Z a-z 0-9 . _ -"),
+                format!("name the shared pace in {p} with those characters, e.g. team-openai"),
+            );
+        }
+    }
 }
 
 /// A budget names at least one limit, each positive.
@@ -608,6 +639,10 @@ mod tests {
                 cost_usd: Some(-1.0),
                 tokens: Some(0),
             }),
+            rate: Some(RateSpec {
+                starts_per_minute: 0,
+                rate_key: Some("team a/../b".into()),
+            }),
             ..Defaults::default()
         };
         defaults(&d, &FieldPath::root().key("defaults"), &mut r);
@@ -621,6 +656,8 @@ mod tests {
                 "defaults.epochs",
                 "defaults.budget.cost_usd",
                 "defaults.budget.tokens",
+                "defaults.rate.starts_per_minute",
+                "defaults.rate.rate_key",
                 "defaults.timeout_seconds"
             ]
         );

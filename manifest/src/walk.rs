@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::model::{
-    BudgetSpec, CommandSpec, Defaults, FakeOutcome, FakeScript, Resources, RunSpec, RuntimeChoice,
-    RuntimeKind, Sandbox, SummarySpec, Task,
+    BudgetSpec, CommandSpec, Defaults, FakeOutcome, FakeScript, RateSpec, Resources, RunSpec,
+    RuntimeChoice, RuntimeKind, Sandbox, SummarySpec, Task,
 };
 use crate::report::{FieldPath, Report};
 
@@ -34,10 +34,12 @@ pub(crate) const DEFAULTS_FIELDS: &[&str] = &[
     "heartbeat_every_seconds",
     "epochs",
     "budget",
+    "rate",
     "env",
     "pass_env",
 ];
 pub(crate) const BUDGET_FIELDS: &[&str] = &["cost_usd", "tokens"];
+pub(crate) const RATE_FIELDS: &[&str] = &["starts_per_minute", "rate_key"];
 pub(crate) const SANDBOX_FIELDS: &[&str] = &[
     "provider", "template", "platform", "lifetime", "network", "pull", "user",
 ];
@@ -290,6 +292,7 @@ pub(crate) fn defaults(value: &Value, path: &FieldPath, r: &mut Report) -> Optio
         heartbeat_every_seconds: o.opt("heartbeat_every_seconds", r),
         epochs: o.opt("epochs", r),
         budget: o.nested("budget", r, budget),
+        rate: o.nested("rate", r, rate),
         env: o.nested("env", r, env),
         pass_env: o.opt("pass_env", r),
     })
@@ -301,6 +304,19 @@ pub(crate) fn budget(value: &Value, path: &FieldPath, r: &mut Report) -> Option<
     Some(BudgetSpec {
         cost_usd: o.opt("cost_usd", r),
         tokens: o.opt("tokens", r),
+    })
+}
+
+pub(crate) fn rate(value: &Value, path: &FieldPath, r: &mut Report) -> Option<RateSpec> {
+    let o = Obj::new(value, path, RATE_FIELDS, r)?;
+    o.deny_unknown(r);
+    Some(RateSpec {
+        starts_per_minute: o.req(
+            "starts_per_minute",
+            "set how many cases may start per minute, e.g. starts_per_minute: 60",
+            r,
+        )?,
+        rate_key: o.opt("rate_key", r),
     })
 }
 

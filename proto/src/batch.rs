@@ -76,6 +76,10 @@ pub struct BatchInput {
     /// `None`: the default, 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rate_limit_retries: Option<u32>,
+    /// How fast cases may start (`defaults.rate`). `None`: unpaced, as every batch started
+    /// before paces existed (so their histories have no pacing commands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace: Option<crate::Pace>,
 }
 
 impl BatchInput {

@@ -8,6 +8,7 @@
 pub mod batch;
 pub mod breaker;
 pub mod failure;
+pub mod pace;
 pub mod packed;
 pub mod planned_case_v1;
 pub mod runtime_v1;
@@ -18,6 +19,7 @@ pub mod visibility;
 pub use batch::*;
 pub use breaker::{BreakerSettings, Circuit};
 pub use failure::{Failure, FailureClass, FailureCode, Stage};
+pub use pace::Pace;
 pub use stage::*;
 pub use usage::{Budget, Spending, Usage};
 

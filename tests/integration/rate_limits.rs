@@ -1,10 +1,13 @@
 //! A harness rate limited by the API it calls: each attempt waits what it asked for
 //! (`retry_after_s`) before the next, on a cap of its own (not `max_retries`), and the batch
-//! narrows while its cases are limited and widens back as they finish.
+//! narrows while its cases are limited and widens back as they finish. A pace
+//! (`defaults.rate`) spaces starts, and a shared `rate_key` spaces two batches' together.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
 
-use crate::support::{Sandbox, assert_exit};
+use crate::support::{Sandbox, assert_exit, wait_child};
 
 #[test]
 fn a_rate_limited_case_waits_as_asked_without_spending_retries_and_the_width_recovers() {
@@ -71,4 +74,79 @@ tasks:
         matches!((cut, eased), (Some(c), Some(e)) if c < e),
         "the width narrows, then recovers: {steps:#?}"
     );
+}
+
+/// A manifest of `n` quick cases paced at `per_minute`, optionally on a shared `key`; each
+/// harness appends the wall-clock millisecond it started to `starts.log`.
+fn paced_manifest(sb: &Sandbox, batch_id: &str, n: usize, per_minute: u32, key: &str) -> PathBuf {
+    let tasks: String = (1..=n).map(|i| format!("  - task_id: p{i}\n")).collect();
+    let key = if key.is_empty() {
+        String::new()
+    } else {
+        format!(", rate_key: {key}")
+    };
+    sb.write(
+        &format!("{batch_id}.yaml"),
+        &format!(
+            r#"batch_id: {batch_id}
+defaults:
+  runtime: local-process
+  concurrency: {n}
+  pass_env: [SANDBOX]
+  rate: {{starts_per_minute: {per_minute}{key}}}
+  harness: 'date +%s%3N >> "$SANDBOX/starts.log"'
+tasks:
+{tasks}"#
+        ),
+    )
+}
+
+/// The harnesses' own start times, sorted, and the smallest gap between two of them.
+fn starts(sb: &Sandbox) -> (Vec<u64>, u64) {
+    let mut at: Vec<u64> = sb
+        .read("starts.log")
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    at.sort_unstable();
+    let gap = at.windows(2).map(|w| w[1] - w[0]).min().unwrap_or(u64::MAX);
+    (at, gap)
+}
+
+#[test]
+fn sixty_starts_a_minute_spread_twenty_cases_a_second_apart() {
+    let sb = Sandbox::engine();
+    let manifest = paced_manifest(&sb, "paced", 20, 60, "");
+    assert_exit(&sb.run_batch(&manifest), 0);
+    let (at, gap) = starts(&sb);
+    assert_eq!(at.len(), 20, "every case ran once");
+    // A second apart, give or take the dispatch of one start (tens of milliseconds).
+    assert!(gap >= 850, "two starts {gap} ms apart: {at:?}");
+    assert!(at[19] - at[0] >= 18_500, "{at:?}");
+    let status = sb.status("paced");
+    let steps = status["status"]["timeline"].to_string();
+    assert!(steps.contains("paced: 60 starts/min"), "{status:#}");
+}
+
+#[test]
+fn two_batches_sharing_a_rate_key_stay_within_it_together() {
+    let sb = Sandbox::engine();
+    let (a, b) = (
+        paced_manifest(&sb, "team-a", 6, 60, "shared-api"),
+        paced_manifest(&sb, "team-b", 6, 60, "shared-api"),
+    );
+    let mut runners = [sb.spawn_batch(&a, "a.log"), sb.spawn_batch(&b, "b.log")];
+    for r in &mut runners {
+        assert_eq!(wait_child(r, Duration::from_secs(120)), 0);
+    }
+    let (at, gap) = starts(&sb);
+    assert_eq!(at.len(), 12, "every case of both ran once");
+    // Each alone would start at 60 a minute: together they would start two at a time.
+    assert!(gap >= 850, "two starts {gap} ms apart: {at:?}");
+    assert!(at[11] - at[0] >= 10_000, "{at:?}");
+    for batch in ["team-a", "team-b"] {
+        let steps = sb.status(batch)["status"]["timeline"].to_string();
+        assert!(steps.contains("shared by rate key shared-api"), "{steps}");
+        assert!(!steps.contains("did not answer"), "paced alone: {steps}");
+    }
 }

@@ -1,4 +1,4 @@
-//! The worker: registers `BatchWorkflow`, the runtimes' `RuntimeBreaker`s and `CaseActivities`
+//! The worker: registers `BatchWorkflow`, the runtimes' `RuntimeBreaker`s, the shared paces' `RatePacer`s and `CaseActivities`
 //! on the casebatch task queue.
 //! Several replicas on one task queue share batches safely: the workflow owns continuation.
 
@@ -9,7 +9,7 @@ use casebatch_activities::{CaseActivities, Stopping};
 use casebatch_proto::{TASK_QUEUE, host_task_queue};
 use casebatch_runtime::local_process::hostname;
 use casebatch_telemetry::{Listen, Metrics, Readiness, Telemetry};
-use casebatch_workflows::{BatchWorkflow, RuntimeBreaker};
+use casebatch_workflows::{BatchWorkflow, RatePacer, RuntimeBreaker};
 use temporalio_client::Client;
 use temporalio_common::telemetry::TelemetryOptions;
 use temporalio_sdk::runtime::{PollerBehavior, RuntimeOptions};
@@ -59,6 +59,7 @@ pub fn build_worker(
     let shared = WorkerOptions::new(TASK_QUEUE)
         .register_workflow::<BatchWorkflow>()?
         .register_workflow::<RuntimeBreaker>()?
+        .register_workflow::<RatePacer>()?
         // `start` runs here, and consults the runtimes' breakers through the client.
         .register_activities(
             CaseActivities::with_breakers(client.clone())

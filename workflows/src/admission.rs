@@ -6,6 +6,8 @@
 
 use casebatch_proto::{Budget, Spending};
 
+use crate::pace::Pacing;
+
 /// What a policy says about one more case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Gate {
@@ -88,6 +90,32 @@ impl Policy for WithinBudget {
         } else {
             // What the running cases really spend may leave room.
             Gate::Later
+        }
+    }
+}
+
+/// The batch's pace (`defaults.rate`): a start conforms now, or later (the loop then waits
+/// for it on a timer, or asks the shared pace). Provisioning ahead is no start. Each start it
+/// lets through must be booked with [`Paced::took`].
+pub(crate) struct Paced<'a> {
+    pub pacing: Option<&'a Pacing>,
+    /// Workflow time of this admission pass.
+    pub now_us: u64,
+}
+
+impl Paced<'_> {
+    pub(crate) fn took(&self) {
+        if let Some(p) = self.pacing {
+            p.started(self.now_us);
+        }
+    }
+}
+
+impl Policy for Paced<'_> {
+    fn gate(&self, lane: Lane, _load: &Load) -> Gate {
+        match (lane, self.pacing) {
+            (Lane::Slot, Some(p)) if !p.may_start(self.now_us) => Gate::Later,
+            _ => Gate::Now,
         }
     }
 }

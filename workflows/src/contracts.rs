@@ -8,6 +8,7 @@
 //! started before that change still call as local activities; workers keep serving them
 //! until no such batch can be running.
 
+use casebatch_proto::pace::PaceAsk;
 use casebatch_proto::{
     ActorReport, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation, Failure,
     FinalizeInput, Prepared, ReleaseInput, SettleInput, Settled, StageResult, StartInput,
@@ -86,4 +87,9 @@ contract!(
     /// Kill every job of the batch on every runtime of its plan that can kill by batch (the
     /// agents), without waiting for each case's own cancel: `supersede`'s force-kill.
     Sweep, "casebatch.sweep", SweepInput => SweepReport
+);
+contract!(
+    /// Book one case start on a shared pace (`rate_key`): the `RatePacer` workflow of the key
+    /// answers when it may go (µs since the epoch), started by the ask if none runs.
+    ReserveStart, "casebatch.reserve_start", PaceAsk => u64
 );

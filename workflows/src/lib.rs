@@ -15,6 +15,8 @@ pub mod contracts;
 pub mod decide;
 mod envelopes;
 mod lifecycle;
+pub mod pace;
+pub mod pacer;
 mod rate;
 mod shared;
 mod tail;
@@ -22,3 +24,4 @@ mod visibility;
 
 pub use batch::BatchWorkflow;
 pub use breaker::RuntimeBreaker;
+pub use pacer::RatePacer;

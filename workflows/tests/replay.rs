@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use casebatch_workflows::{BatchWorkflow, RuntimeBreaker};
+use casebatch_workflows::{BatchWorkflow, RatePacer, RuntimeBreaker};
 use temporalio_client::WorkflowHistory;
 use temporalio_common::protos::temporal::api::enums::v1::EventType;
 use temporalio_common::protos::temporal::api::history::v1::History;
@@ -36,6 +36,9 @@ const EXPECTED: &[&str] = &[
     "activities-failover.json",
     "activities-oom-auto-boost.json",
     "activities-operated.json",
+    // Paces: a batch's own (timers), and one shared by a rate key (`reserve_start`).
+    "activities-paced-shared.json",
+    "activities-paced.json",
     "activities-outage-probes-spill.json",
     "activities-outage-reattached.json",
     "activities-outage-stranded.json",
@@ -59,6 +62,8 @@ const EXPECTED: &[&str] = &[
     "activities-superseded.json",
     // A runtime's breaker workflow (the dead runtime of `activities-failover`).
     "breaker-failover.json",
+    // The shared pace of `activities-paced-shared` (a `RatePacer` workflow).
+    "pacer-shared.json",
     // The old local-activity pipeline: can no longer be recorded, never delete them.
     "cancelled.json",
     "completed-local.json",
@@ -79,6 +84,8 @@ fn replayer() -> WorkflowReplayer {
         .expect("BatchWorkflow registers")
         .register_workflow::<RuntimeBreaker>()
         .expect("RuntimeBreaker registers")
+        .register_workflow::<RatePacer>()
+        .expect("RatePacer registers")
         .build();
     WorkflowReplayer::new(options).expect("replayer")
 }

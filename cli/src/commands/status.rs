@@ -118,10 +118,17 @@ pub async fn history(
     r: &BatchRef,
     run_id: Option<String>,
     breaker: Option<&str>,
+    pace: bool,
     out: &std::path::Path,
 ) -> CliResult {
-    let wid = casebatch_control::history(&r.location()?, &r.engine.choice(), run_id, breaker, out)
-        .await?;
+    use casebatch_control::HistoryOf;
+    let of = match (breaker, pace) {
+        (Some(name), _) => HistoryOf::Breaker(name),
+        (None, true) => HistoryOf::Pace,
+        (None, false) => HistoryOf::Batch,
+    };
+    let wid =
+        casebatch_control::history(&r.location()?, &r.engine.choice(), run_id, of, out).await?;
     if r.json {
         render::json(&casebatch_views::BatchHistoryView {
             workflow_id: wid,

@@ -21,12 +21,13 @@ use temporalio_sdk::{
 
 use super::state::BatchWorkflow;
 use crate::admission::{
-    CircuitWidth, Concurrency, Gate, Lane, Load, Policy, ProvisionAhead, WithinBudget, gate,
+    CircuitWidth, Concurrency, Gate, Lane, Load, Paced, Policy, ProvisionAhead, WithinBudget, gate,
 };
 use crate::case::{CaseDone, CaseParams, CleanedUp, LeftBehind, Pipeline, run_case};
-use crate::contracts::{Finalize, Sweep};
+use crate::contracts::{Finalize, ReserveStart, Sweep};
 use crate::envelopes::Envelopes;
 use crate::lifecycle::{Control, Lifecycle};
+use crate::pace::{Due, Pacing};
 use crate::shared::{cost, note, workflow_ms};
 use crate::visibility;
 
@@ -50,7 +51,7 @@ pub(super) async fn run(ctx: &Ctx) -> WorkflowResult<BatchOutcome> {
         }
         let exhausted = run.admit(ctx, phase, history_full);
         run.arm_tail(ctx, exhausted);
-        if !run.is_idle() {
+        if !run.is_idle() || run.pace_waits {
             let event = run.next_event(ctx, phase, seen).await;
             run.record(ctx, event);
             continue;
@@ -143,6 +144,14 @@ struct Run {
     cursor: usize,
     /// Wakes the loop when the next straggler is due for speculation: (due at, timer).
     tail_timer: Option<(u64, Timer)>,
+    /// The batch's pace (`defaults.rate`); `None`: unpaced.
+    pacing: Option<Pacing>,
+    /// Cases wait for the pace (not for room): the loop waits for it even with none in flight.
+    pace_waits: bool,
+    /// Wakes the loop when the next start conforms: (due at, µs; timer).
+    pace_timer: Option<(u64, Timer)>,
+    /// The shared pace, asked for the next start: what it booked (`None`: no answer).
+    pace_ask: Option<LocalBoxFuture<'static, Option<u64>>>,
 }
 
 impl Run {
@@ -155,6 +164,10 @@ impl Run {
         let start_settles = pipeline.start_settles(ctx, settle_closes);
         // Last, for the same reason.
         let rate_limit_rules = pipeline.rate_limit_rules(ctx);
+        let pacing = ctx.state(|s| s.input.pace.clone()).map(Pacing::new);
+        if let Some(p) = &pacing {
+            note(ctx, None, format!("paced: {}", p.pace().describe()));
+        }
         let visible = visibility::of_run(ctx, ctx.state(|s| s.input.search_attributes));
         let throttled = visibility::throttled(ctx, visible);
         cost(ctx, |a| a.runs += 1);
@@ -182,6 +195,10 @@ impl Run {
             left_behind: Vec::new(),
             cursor: 0,
             tail_timer: None,
+            pacing,
+            pace_waits: false,
+            pace_timer: None,
+            pace_ask: None,
         }
     }
 
@@ -209,6 +226,7 @@ impl Run {
         // (once history is full too: they were admitted).
         let held = ctx.state(|s| s.shared.prepared.len());
         let granting = held > 0 && phase.admits();
+        self.pace_waits = false;
         if !admitting && !granting {
             return false;
         }
@@ -230,11 +248,20 @@ impl Run {
                 WithinBudget::new(s.input.budget, &s.spending),
             )
         });
+        // Taken out for the pass: the policy reading it books each start it lets through.
+        let pacing = self.pacing.take();
+        let now_us = workflow_ms(ctx) * 1000;
+        let paced = Paced {
+            pacing: pacing.as_ref(),
+            now_us,
+        };
         // Cases provisioned ahead were admitted under the budget: a slot is all they wait for.
-        let granting: [&dyn Policy; 3] = [&concurrency, &width, &ahead];
-        let policies: [&dyn Policy; 4] = [&concurrency, &width, &ahead, &within_budget];
+        let granting: [&dyn Policy; 4] = [&concurrency, &width, &ahead, &paced];
+        let policies: [&dyn Policy; 5] = [&concurrency, &width, &ahead, &within_budget, &paced];
         let load = |run: &Self| run.load(ctx);
-        while gate(&granting, Lane::Slot, &load(self)) == Gate::Now && grant_prepared(ctx) {}
+        while gate(&granting, Lane::Slot, &load(self)) == Gate::Now && grant_prepared(ctx) {
+            paced.took();
+        }
         let may = |run: &Self, lane| gate(&policies, lane, &run.load(ctx)) == Gate::Now;
         let mut exhausted = false;
         while admitting && may(self, Lane::Slot) {
@@ -243,6 +270,7 @@ impl Run {
                 break;
             };
             self.start_case(ctx, index, false);
+            paced.took();
         }
         while admitting && may(self, Lane::Ahead) {
             let Some(index) = self.next_case(ctx) else {
@@ -250,7 +278,59 @@ impl Run {
             };
             self.start_case(ctx, index, true);
         }
+        if let Some(p) = &pacing {
+            // Held back by the pace alone, with cases waiting: wait for the next start.
+            let unpaced = &policies[..4];
+            let room = gate(unpaced, Lane::Slot, &load(self)) == Gate::Now;
+            let waiting = || {
+                ctx.state(|s| {
+                    !s.shared.prepared.is_empty()
+                        || (admitting && s.slots.iter().any(|c| c.state == CaseState::Queued))
+                })
+            };
+            if !exhausted && !p.may_start(now_us) && room && waiting() {
+                self.pace_waits = true;
+                self.wait_for_pace(ctx, p, now_us);
+            }
+        }
+        self.pacing = pacing;
         exhausted
+    }
+
+    /// Arms what wakes the loop for the next start the pace allows: a timer to its time, or
+    /// an ask of the shared pace (one at a time).
+    fn wait_for_pace(&mut self, ctx: &Ctx, pacing: &Pacing, now_us: u64) {
+        match pacing.due() {
+            Due::At(at_us) => {
+                if self.pace_timer.as_ref().is_some_and(|(t, _)| *t <= at_us) {
+                    return;
+                }
+                let wait = Duration::from_micros(at_us.saturating_sub(now_us).max(1000));
+                let timer_ctx = ctx.clone();
+                self.pace_timer = Some((
+                    at_us,
+                    Box::pin(async move {
+                        cost(&timer_ctx, |a| a.timers += 1);
+                        let _ = timer_ctx.timer(wait).await;
+                    }),
+                ));
+            }
+            Due::Ask if self.pace_ask.is_none() => {
+                let ask = casebatch_proto::pace::PaceAsk {
+                    pace: pacing.pace().clone(),
+                };
+                let opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(15))
+                    .retry_policy(RetryPolicy::builder().maximum_attempts(3).build())
+                    .cancellation_token(WorkflowCancellationToken::new())
+                    .build();
+                let ask_ctx = ctx.clone();
+                self.pace_ask = Some(Box::pin(async move {
+                    cost(&ask_ctx, |a| a.activities += 1);
+                    ask_ctx.execute_activity(ReserveStart, ask, opts).await.ok()
+                }));
+            }
+            Due::Ask => {}
+        }
     }
 
     /// What the admission policies see now.
@@ -352,6 +432,29 @@ impl Run {
                 if let Poll::Ready(cleaned) = cleanup.as_mut().poll(cx) {
                     return Poll::Ready(Event::LeftBehind(i, cleaned));
                 }
+            }
+            if let Some(ask) = self.pace_ask.as_mut()
+                && let Poll::Ready(booked) = ask.as_mut().poll(cx)
+            {
+                self.pace_ask = None;
+                if let Some(p) = &self.pacing {
+                    let now_us = workflow_ms(ctx) * 1000;
+                    if booked.is_none() {
+                        note(
+                            ctx,
+                            None,
+                            "the shared pace did not answer: this batch paces itself".into(),
+                        );
+                    }
+                    p.grant(booked, now_us);
+                }
+                return Poll::Ready(Event::Woken);
+            }
+            if let Some((_, timer)) = self.pace_timer.as_mut()
+                && timer.as_mut().poll(cx).is_ready()
+            {
+                self.pace_timer = None;
+                return Poll::Ready(Event::Woken);
             }
             if let Some((_, timer)) = self.tail_timer.as_mut()
                 && timer.as_mut().poll(cx).is_ready()

@@ -1,0 +1,48 @@
+//! The `reserve_start` activity's side of the shared paces (`RatePacer` workflows, one per
+//! `rate_key`): book one start with update-with-start, so the first batch to ask starts the
+//! key's pacer and every later one, on any worker replica, asks the same one.
+
+use std::time::Duration;
+
+use casebatch_proto::TASK_QUEUE;
+use casebatch_proto::pace::{PaceAsk, pacer_workflow_id};
+use casebatch_workflows::RatePacer;
+use casebatch_workflows::pace::Gcra;
+use temporalio_client::{
+    Client, WorkflowIdConflictPolicy, WorkflowIdReusePolicy, WorkflowUpdateWithStartOptions,
+};
+
+/// An ask that takes longer fails; the activity's retry asks again, and the batch paces
+/// itself if none answers.
+const CALL_WITHIN: Duration = Duration::from_secs(10);
+
+/// Books one start on the pace of `ask`'s key: when it may go, µs since the epoch.
+pub async fn reserve(client: &Client, ask: PaceAsk) -> Result<u64, String> {
+    let key = ask
+        .pace
+        .key
+        .clone()
+        .ok_or("a pace without a rate_key is the batch's own, not a shared one")?;
+    let id = pacer_workflow_id(&key);
+    let options = WorkflowUpdateWithStartOptions::new(
+        TASK_QUEUE,
+        id.clone(),
+        WorkflowIdConflictPolicy::UseExisting,
+    )
+    .id_reuse_policy(WorkflowIdReusePolicy::AllowDuplicate)
+    .build();
+    let call = client.execute_update_with_start_workflow(
+        RatePacer::run,
+        Gcra::default(),
+        RatePacer::reserve,
+        ask,
+        options,
+    );
+    match tokio::time::timeout(CALL_WITHIN, call).await {
+        Ok(Ok(at_us)) => Ok(at_us),
+        Ok(Err(e)) => Err(format!("the shared pace {id} could not be asked: {e}")),
+        Err(_) => Err(format!(
+            "the shared pace {id} did not answer within {CALL_WITHIN:?}"
+        )),
+    }
+}
