@@ -11,7 +11,7 @@
 #   ONLY=local scripts/bench.sh # only the local-process cost per case (sleep 1, true, 256 wide;
 #                               # WIDE=1 adds 2,048 x sleep 10 at 512)
 #   ONLY=prepare scripts/bench.sh # only provision-ahead against provisioning at dispatch
-#   ONLY=policies scripts/bench.sh # only sleep 1 reporting usage, without and with a budget
+#   ONLY=policies scripts/bench.sh # only sleep 1 reporting usage: no policy, a budget, budget + pace
 #   ONLY=aged scripts/bench.sh  # only an agent with 300,000 ended jobs against a fresh one
 #   ONLY=huge scripts/bench.sh  # only 100,000 simulated cases (HUGE=N): completes, peak RSS,
 #                               # the slowest `batch status` answer during the run
@@ -300,30 +300,36 @@ prepare_vs_dispatch() {
     "$(printf "%s" "$ratios" | median)" "$RUNS"
 }
 
-# What the budget policy costs: N x `sleep 1` at C whose harness reports usage, without a
-# budget and with one it never reaches (every admission asks it), in paired rounds.
+# What the budget and pace policies cost: N x `sleep 1` at C whose harness reports usage,
+# without either, with a budget it never reaches (every admission asks it), and with that
+# budget and a pace it never reaches (every start is booked), in rounds of the three.
 policies_cost() {
   local h='sleep 1; echo "{\"usage\": {\"cost_usd\": 0.01, \"input_tokens\": 100}}" > "$CASEBATCH_RESULT"'
-  local f0 f1 a b walls_0="" walls_1="" cpus_0="" cpus_1="" ratios=""
-  f0=$(manifest unbudgeted local-process "$h" "$N" "$C")
-  f1=$(EXTRA="budget: {cost_usd: 1000000}" manifest budgeted local-process "$h" "$N" "$C")
+  local labels=("sleep 1 reporting usage, no policy" "sleep 1 reporting usage, a budget"
+    "sleep 1 reporting usage, budget + pace")
+  local files=() walls=("" "" "") cpus=("" "" "") ratios=("" "" "") r k
+  files[0]=$(manifest unbudgeted local-process "$h" "$N" "$C")
+  files[1]=$(EXTRA="budget: {cost_usd: 1000000}" manifest budgeted local-process "$h" "$N" "$C")
+  files[2]=$(EXTRA="budget: {cost_usd: 1000000}"$'\n'"  rate: {starts_per_minute: 60000}" \
+    manifest paced local-process "$h" "$N" "$C")
+  local ids=(unbudgeted budgeted paced)
   for _ in $(seq 1 "$RUNS"); do
-    a=$(run_batch unbudgeted "$f0")
-    b=$(run_batch budgeted "$f1")
-    walls_0+="${a%% *}"$'\n'; walls_1+="${b%% *}"$'\n'
-    cpus_0+="$(echo "$a" | cut -d' ' -f2)"$'\n'; cpus_1+="$(echo "$b" | cut -d' ' -f2)"$'\n'
-    ratios+="$(calc "${b%% *} / ${a%% *}")"$'\n'
+    local base=""
+    for k in 0 1 2; do
+      r=$(run_batch "${ids[$k]}" "${files[$k]}")
+      walls[$k]+="${r%% *}"$'\n'
+      cpus[$k]+="$(echo "$r" | cut -d' ' -f2)"$'\n'
+      if [ $k = 0 ]; then base=${r%% *}; else ratios[$k]+="$(calc "${r%% *} / $base")"$'\n'; fi
+    done
   done
   local cpu
-  for side in 0 1; do
-    if [ $side = 0 ]; then label="sleep 1 reporting usage, no budget"; w=$walls_0; cpu=$cpus_0
-    else label="sleep 1 reporting usage, a budget"; w=$walls_1; cpu=$cpus_1; fi
-    cpu=$(printf "%s" "$cpu" | median)
-    printf "%-40s %6d cases %7.2fs · CPU runner %.1fs (%.1f ms/case)\n" "$label" "$N" \
-      "$(printf "%s" "$w" | median)" "$cpu" "$(calc "1000 * $cpu / $N")"
+  for k in 0 1 2; do
+    cpu=$(printf "%s" "${cpus[$k]}" | median)
+    printf "%-40s %6d cases %7.2fs · CPU runner %.1fs (%.1f ms/case)\n" "${labels[$k]}" "$N" \
+      "$(printf "%s" "${walls[$k]}" | median)" "$cpu" "$(calc "1000 * $cpu / $N")"
   done
-  printf "  budget/no budget wall time %.3fx (median of %d paired rounds)\n" \
-    "$(printf "%s" "$ratios" | median)" "$RUNS"
+  printf "  budget/none wall time %.3fx, budget + pace/none %.3fx (medians of %d rounds)\n" \
+    "$(printf "%s" "${ratios[1]}" | median)" "$(printf "%s" "${ratios[2]}" | median)" "$RUNS"
 }
 
 echo "casebatch benchmark: N=$N, concurrency $C, $(nproc) cores, embedded dev server, median of $RUNS"

@@ -62,6 +62,62 @@ tasks:
     );
 }
 
+/// Epochs are cases like any other: a runner SIGKILLed with some epochs done, some running and
+/// some queued, then resumed, runs every epoch of every task exactly once, and the report's
+/// pass@k counts each once.
+#[test]
+fn sigkill_mid_epochs_then_resume_runs_every_epoch_exactly_once() {
+    let sb = Sandbox::engine();
+    let manifest = sb.write(
+        "epochs.yaml",
+        r#"batch_id: epochs-crash
+defaults:
+  pass_env: [SANDBOX]
+  concurrency: 3
+  runtime: local-process
+  epochs: 4
+  harness: 'echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/started.log"; sleep 2; echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/finished.log"; echo "{}" > "$CASEBATCH_RESULT"'
+tasks:
+  - task_id: t1
+  - task_id: t2
+  - task_id: t3
+"#,
+    );
+    let mut runner = sb.spawn_batch(&manifest, "run.log");
+    wait_until(Duration::from_secs(60), "a few epochs finish", || {
+        sb.lines("finished.log") >= 3 && sb.lines("started.log") >= 5
+    });
+    runner.kill().unwrap(); // SIGKILL
+    runner.wait().unwrap();
+    assert!(
+        sb.lines("started.log") < 12,
+        "killed with epochs still queued"
+    );
+
+    assert_exit(&sb.op("resume", "epochs-crash"), 0);
+    let mut started: Vec<String> = sb.read("started.log").lines().map(String::from).collect();
+    started.sort();
+    let expected: Vec<String> = ["t1", "t2", "t3"]
+        .iter()
+        .flat_map(|t| (1..=4).map(move |e| format!("{t}#{e}")))
+        .collect();
+    assert_eq!(
+        started, expected,
+        "each epoch of each task started exactly once"
+    );
+    assert_eq!(sb.lines("finished.log"), 12);
+    let summary = sb.json(&sb.bundle("epochs-crash").join("batch_summary.json"));
+    let tasks = &summary["stats"]["tasks"];
+    assert_eq!(summary["counts"]["succeeded"], 12, "{summary:#}");
+    for row in tasks["rows"].as_array().unwrap() {
+        assert_eq!(
+            (row["finished"].clone(), row["passed"].clone()),
+            (4.into(), 4.into()),
+            "{row:#}"
+        );
+    }
+}
+
 #[test]
 fn a_dev_server_killed_mid_batch_is_brought_back_and_the_batch_completes() {
     let sb = Sandbox::engine();
