@@ -296,7 +296,7 @@ fn usage_of(attempts: &[AttemptRecord]) -> Option<Usage> {
 }
 
 /// `reported`, summed name by name (`None`: nothing was reported).
-fn sum_usage<'a>(reported: impl Iterator<Item = &'a Usage>) -> Option<Usage> {
+pub fn sum_usage<'a>(reported: impl Iterator<Item = &'a Usage>) -> Option<Usage> {
     reported.fold(None, |sum, u| {
         let mut sum = sum.unwrap_or_default();
         sum.add(u);

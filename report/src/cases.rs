@@ -6,9 +6,9 @@
 use std::path::{Component, Path, PathBuf};
 
 use casebatch_bundle::layout::attempt_files;
-use casebatch_bundle::{AttemptRecord, CaseResult};
+use casebatch_bundle::summary::sum_usage;
+use casebatch_bundle::{AttemptRecord, CaseRecordState, CaseResult};
 use casebatch_manifest::PlannedCase;
-use casebatch_proto::Usage;
 use serde::Serialize;
 
 use crate::human;
@@ -62,8 +62,10 @@ pub fn sections(
     bundle_dir: &Path,
     bundle_href: &str,
 ) -> (Vec<CaseSection>, usize) {
-    let succeeded =
-        |e: &CaseEvidence<'_>| e.result.is_some_and(|r| r.state.as_str() == "succeeded");
+    let succeeded = |e: &CaseEvidence<'_>| {
+        e.result
+            .is_some_and(|r| r.state == CaseRecordState::Succeeded)
+    };
     let mut shown: Vec<usize> = (0..cases.len())
         .filter(|&i| !succeeded(&cases[i]))
         .collect();
@@ -123,11 +125,8 @@ fn section(e: &CaseEvidence<'_>, bundle_dir: &Path, bundle_href: &str) -> CaseSe
 
 /// What every attempt of the case reported, summed (`None`: nothing was reported).
 fn usage(attempts: &[&AttemptRecord]) -> Option<String> {
-    let mut sum: Option<Usage> = None;
-    for u in attempts.iter().filter_map(|a| a.summary.usage.as_ref()) {
-        sum.get_or_insert_default().add(u);
-    }
-    let parts: Vec<String> = sum?.0.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let sum = sum_usage(attempts.iter().filter_map(|a| a.summary.usage.as_ref()))?;
+    let parts: Vec<String> = sum.0.iter().map(|(k, v)| format!("{k} {v}")).collect();
     Some(parts.join(" · "))
 }
 
