@@ -15,6 +15,7 @@ pub mod fake;
 pub mod harness;
 pub mod job_spec;
 pub mod local_process;
+pub mod marker_walks;
 pub mod memlimit;
 pub mod procfs;
 pub mod scratch;

@@ -52,6 +52,7 @@ use tokio::process::{Child, Command};
 use crate::attempt_io;
 use crate::cgroup::{self, Tracking};
 use crate::harness;
+use crate::marker_walks;
 use crate::memlimit::MemoryLimit;
 use crate::procfs;
 use crate::scratch::Scratch;
@@ -775,7 +776,9 @@ impl LocalProcess {
     /// marker left the cgroup. Each is named and killed (by the marker this very scan read).
     async fn kill_escaped(&self, env: &Attempt, job: Option<&JobRecord>) -> Vec<(u32, String)> {
         let since = job.and_then(|j| j.start_ticks);
-        let marked = procfs::scan_marker_since(&env.marker(), since).marked;
+        let marked = marker_walks::scan_marker_since(&env.marker(), since)
+            .await
+            .marked;
         let escaped: Vec<(u32, String)> =
             marked.iter().map(|&p| (p, procfs::describe(p))).collect();
         for &(pid, _) in &escaped {
@@ -806,7 +809,9 @@ impl LocalProcess {
             let found = self.kill_all(env, job);
             if found.is_empty() {
                 let since = job.and_then(|j| j.start_ticks);
-                remaining = procfs::scan_marker_since(&env.marker(), since).unreadable;
+                remaining = marker_walks::scan_marker_since(&env.marker(), since)
+                    .await
+                    .unreadable;
                 // Only a process that stays unreadable can keep cleanup unconfirmed.
                 for _ in 0..5 {
                     if remaining.is_empty() {

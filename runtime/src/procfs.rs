@@ -15,9 +15,8 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may contain spaces and parentheses: parse after the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
     // `rest` starts at field 3 (state), so field 22 is index 19.
-    fields.get(19)?.parse().ok()
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// Fields of `/proc/<pid>/stat` from field 3 (state) on.
@@ -103,11 +102,18 @@ pub fn scan_marker(marker: &str) -> MarkerScan {
 /// given: an attempt's processes are all younger than its job, so older ones are skipped on
 /// their start time without reading their environment.
 pub fn scan_marker_since(marker: &str, since_ticks: Option<u64>) -> MarkerScan {
-    let needle = format!("{MARKER_ENV}={marker}");
+    walk(since_ticks).select(marker, since_ticks)
+}
+
+/// One walk of `/proc`: every process (but this one) started at or after `floor_ticks` when
+/// it is given, with what its environment says about markers. Any number of marker scans
+/// can be answered from one walk ([`Walk::select`]).
+pub fn walk(floor_ticks: Option<u64>) -> Walk {
+    let prefix = format!("{MARKER_ENV}=");
     let me = std::process::id();
-    let mut scan = MarkerScan::default();
+    let mut seen = Vec::new();
     let Ok(entries) = fs::read_dir("/proc") else {
-        return scan;
+        return Walk { seen };
     };
     for entry in entries.flatten() {
         let Some(pid) = entry
@@ -120,32 +126,78 @@ pub fn scan_marker_since(marker: &str, since_ticks: Option<u64>) -> MarkerScan {
         if pid == me {
             continue;
         }
-        if let Some(since) = since_ticks
-            && start_ticks(pid).is_some_and(|t| t < since)
+        let ticks = start_ticks(pid);
+        if let Some(floor) = floor_ticks
+            && ticks.is_some_and(|t| t < floor)
         {
             continue;
         }
-        match fs::read(format!("/proc/{pid}/environ")) {
+        let env = match fs::read(format!("/proc/{pid}/environ")) {
             Ok(env) => {
-                if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes())
-                    && !matches!(state(pid), Some('Z' | 'X') | None)
-                {
-                    scan.marked.push(pid);
+                let marker = env
+                    .split(|b| *b == 0)
+                    .find_map(|kv| kv.strip_prefix(prefix.as_bytes()));
+                match marker {
+                    Some(m) if is_alive(pid) => Environ::Marked(m.to_vec()),
+                    _ => continue,
                 }
             }
             // Gone between listing and reading: not a survivor.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(_) => {
-                let Some(since) = since_ticks else { continue };
-                let newer = start_ticks(pid).is_some_and(|t| t >= since);
-                if newer && !is_kernel_thread(pid) && !matches!(state(pid), Some('Z' | 'X') | None)
-                {
-                    scan.unreadable.push(pid);
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(_) if is_kernel_thread(pid) || !is_alive(pid) => continue,
+            Err(_) => Environ::Unreadable,
+        };
+        seen.push(Seen { pid, ticks, env });
+    }
+    Walk { seen }
+}
+
+/// The processes one walk of `/proc` saw carrying a marker, or whose environment it could
+/// not read.
+#[derive(Debug, Default)]
+pub struct Walk {
+    seen: Vec<Seen>,
+}
+
+#[derive(Debug)]
+struct Seen {
+    pid: u32,
+    ticks: Option<u64>,
+    env: Environ,
+}
+
+#[derive(Debug)]
+enum Environ {
+    /// The value of its `MARKER_ENV`.
+    Marked(Vec<u8>),
+    Unreadable,
+}
+
+impl Walk {
+    /// What a scan for `marker` among processes started at or after `since_ticks` finds in
+    /// this walk (which must have started no later than the scan was asked for, with a floor
+    /// no higher than `since_ticks`). Unreadable processes count only when `since_ticks` is
+    /// given and they are known to be that young: older ones cannot be the attempt's.
+    pub fn select(&self, marker: &str, since_ticks: Option<u64>) -> MarkerScan {
+        let mut scan = MarkerScan::default();
+        for s in &self.seen {
+            let young = |unknown| match (since_ticks, s.ticks) {
+                (None, _) => true,
+                (Some(since), Some(t)) => t >= since,
+                (Some(_), None) => unknown,
+            };
+            match &s.env {
+                Environ::Marked(m) if m == marker.as_bytes() && young(true) => {
+                    scan.marked.push(s.pid)
                 }
+                Environ::Unreadable if since_ticks.is_some() && young(false) => {
+                    scan.unreadable.push(s.pid)
+                }
+                _ => {}
             }
         }
+        scan
     }
-    scan
 }
 
 /// Re-examines processes a scan could not read: a process that was exiting (or starting) at
