@@ -704,8 +704,10 @@ fn stop_engine(record: &EngineRecord, child: Option<&mut Child>) {
         let _ = c.kill();
         let _ = c.wait();
     }
+    // Gone means exited, not only "no longer names its database": an exiting process's
+    // command line reads empty (its memory goes first) while it still holds its files.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while record.is_alive() && Instant::now() < deadline {
+    while is_same_process(record.pid, record.start_ticks) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
