@@ -8,18 +8,20 @@
 //!
 //! Correctness: a scan must not be answered by a walk that began before it was asked for (the
 //! walk could predate the kill it checks). Each ask takes a ticket; a walk serves the tickets
-//! taken before it began, at the lowest start time any of them asks about.
+//! taken before it began, at the lowest start time any of them asks about, looking for the
+//! markers they ask about (and passing over every other case's processes).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use crate::procfs::{self, MarkerScan, Walk};
 
-/// Scans waiting for a walk: ticket → the start time (clock ticks) each asks about.
+/// Scans waiting for a walk: ticket → the marker and the start time (clock ticks) each
+/// asks about.
 #[derive(Default)]
 struct Asks {
     next: u64,
-    waiting: BTreeMap<u64, Option<u64>>,
+    waiting: BTreeMap<u64, (String, Option<u64>)>,
 }
 
 /// The latest walk and the first ticket it does not serve.
@@ -41,7 +43,8 @@ pub async fn scan_marker_since(marker: &str, since_ticks: Option<u64>) -> Marker
         let mut asks = ASKS.lock().expect("asks");
         let ticket = asks.next;
         asks.next += 1;
-        asks.waiting.insert(ticket, since_ticks);
+        asks.waiting
+            .insert(ticket, (marker.to_string(), since_ticks));
         ticket
     };
     let walk = {
@@ -49,19 +52,24 @@ pub async fn scan_marker_since(marker: &str, since_ticks: Option<u64>) -> Marker
         match latest.as_ref() {
             Some(l) if ticket < l.serves_below => l.walk.clone(),
             _ => {
-                let (serves_below, floor) = {
+                let (serves_below, floor, markers) = {
                     let asks = ASKS.lock().expect("asks");
                     let floor = asks
                         .waiting
                         .values()
-                        .try_fold(u64::MAX, |low, since| since.map(|s| low.min(s)));
-                    (asks.next, floor)
+                        .try_fold(u64::MAX, |low, (_, since)| since.map(|s| low.min(s)));
+                    let markers: Vec<String> =
+                        asks.waiting.values().map(|(m, _)| m.clone()).collect();
+                    (asks.next, floor, markers)
                 };
-                let walk = tokio::task::spawn_blocking(move || procfs::walk(floor))
-                    .await
-                    .map(Arc::new)
-                    // A panicked walk: this ask walks alone, on this thread.
-                    .unwrap_or_else(|_| Arc::new(procfs::walk(since_ticks)));
+                let walk = tokio::task::spawn_blocking(move || {
+                    let markers: Vec<&str> = markers.iter().map(String::as_str).collect();
+                    procfs::walk(floor, &markers)
+                })
+                .await
+                .map(Arc::new)
+                // A panicked walk: this ask walks alone, on this thread.
+                .unwrap_or_else(|_| Arc::new(procfs::walk(since_ticks, &[marker])));
                 *latest = Some(Latest {
                     serves_below,
                     walk: walk.clone(),

@@ -10,48 +10,94 @@ use nix::unistd::Pid;
 /// Environment variable carrying the allocation marker into every process of an attempt.
 pub const MARKER_ENV: &str = "CASEBATCH_ALLOC_MARKER";
 
-/// Start time of a process in clock ticks since boot (field 22 of `/proc/<pid>/stat`).
-pub fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces and parentheses: parse after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // `rest` starts at field 3 (state), so field 22 is index 19.
-    rest.split_whitespace().nth(19)?.parse().ok()
+/// What cleanup needs of `/proc/<pid>/stat`, from one read of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// State letter (`R`, `S`, `Z`, ...), field 3.
+    pub state: u8,
+    /// Process group, field 5.
+    pub pgrp: u32,
+    /// Kernel flags (`PF_*`), field 9.
+    pub flags: u64,
+    /// Start time in clock ticks since boot, field 22.
+    pub start_ticks: u64,
 }
 
-/// Fields of `/proc/<pid>/stat` from field 3 (state) on.
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    Some(rest.split_whitespace().map(str::to_string).collect())
+impl Stat {
+    /// Neither a zombie nor dead.
+    pub fn is_alive(&self) -> bool {
+        !matches!(self.state, b'Z' | b'X')
+    }
+
+    /// Kernel threads have no environment to read and are never an attempt's descendants.
+    fn is_kernel_thread(&self) -> bool {
+        const PF_KTHREAD: u64 = 0x0020_0000;
+        self.flags & PF_KTHREAD != 0
+    }
+
+    /// Parses a stat line. The command name (field 2) may contain spaces and parentheses:
+    /// fields are counted after the last `)`.
+    fn parse(line: &[u8]) -> Option<Self> {
+        let close = line.iter().rposition(|b| *b == b')')?;
+        let mut fields = line[close + 1..]
+            .split(|b| b.is_ascii_whitespace())
+            .filter(|f| !f.is_empty());
+        let number = |f: &[u8]| std::str::from_utf8(f).ok()?.parse().ok();
+        let state = *fields.next()?.first()?;
+        let pgrp = number(fields.nth(1)?)?;
+        let flags = number(fields.nth(3)?)?;
+        let start_ticks = number(fields.nth(12)?)?;
+        Some(Self {
+            state,
+            pgrp: u32::try_from(pgrp).ok()?,
+            flags,
+            start_ticks,
+        })
+    }
+}
+
+/// One read of `/proc/<pid>/stat`, into a buffer on the stack: cleanup reads the stat of
+/// every process on the host, so this is its hottest path.
+pub fn stat(pid: u32) -> Option<Stat> {
+    use std::io::Read;
+    let mut file = fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    // The line is a few hundred bytes; a command name is at most 64.
+    let mut buf = [0u8; 1024];
+    let mut len = 0;
+    while len < buf.len() {
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    Stat::parse(&buf[..len])
+}
+
+/// Start time of a process in clock ticks since boot (field 22 of `/proc/<pid>/stat`).
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    stat(pid).map(|s| s.start_ticks)
 }
 
 /// Process group of a process (field 5 of `/proc/<pid>/stat`).
 pub fn process_group(pid: u32) -> Option<u32> {
-    stat_fields(pid)?.get(2)?.parse().ok()
+    stat(pid).map(|s| s.pgrp)
 }
 
 /// Process state letter (`R`, `S`, `Z`, ...).
 fn state(pid: u32) -> Option<char> {
-    stat_fields(pid)?.first()?.chars().next()
-}
-
-/// Kernel threads have no environment to read and are never an attempt's descendants.
-fn is_kernel_thread(pid: u32) -> bool {
-    const PF_KTHREAD: u64 = 0x0020_0000;
-    stat_fields(pid)
-        .and_then(|f| f.get(6)?.parse::<u64>().ok())
-        .is_some_and(|flags| flags & PF_KTHREAD != 0)
+    stat(pid).map(|s| char::from(s.state))
 }
 
 /// True when `pid` names a live process (not a zombie).
 pub fn is_alive(pid: u32) -> bool {
-    !matches!(state(pid), Some('Z' | 'X') | None)
+    stat(pid).is_some_and(|s| s.is_alive())
 }
 
 /// True when `pid` is alive and is the same process that had `ticks` as its start time.
 pub fn is_same_process(pid: u32, ticks: u64) -> bool {
-    start_ticks(pid) == Some(ticks) && !matches!(state(pid), Some('Z' | 'X'))
+    stat(pid).is_some_and(|s| s.start_ticks == ticks && s.is_alive())
 }
 
 /// A process named by pid and start time (a recycled pid has another start time).
@@ -102,13 +148,15 @@ pub fn scan_marker(marker: &str) -> MarkerScan {
 /// given: an attempt's processes are all younger than its job, so older ones are skipped on
 /// their start time without reading their environment.
 pub fn scan_marker_since(marker: &str, since_ticks: Option<u64>) -> MarkerScan {
-    walk(since_ticks).select(marker, since_ticks)
+    walk(since_ticks, &[marker]).select(marker, since_ticks)
 }
 
 /// One walk of `/proc`: every process (but this one) started at or after `floor_ticks` when
-/// it is given, with what its environment says about markers. Any number of marker scans
-/// can be answered from one walk ([`Walk::select`]).
-pub fn walk(floor_ticks: Option<u64>) -> Walk {
+/// it is given, with what its environment says about `markers`. One walk answers a marker
+/// scan for each of them ([`Walk::select`]); processes carrying other markers (the other
+/// cases' processes, in a wide batch most of the host's) are passed over after one read of
+/// their stat and their environment.
+pub fn walk(floor_ticks: Option<u64>, markers: &[&str]) -> Walk {
     let prefix = format!("{MARKER_ENV}=");
     let me = std::process::id();
     let mut seen = Vec::new();
@@ -126,10 +174,15 @@ pub fn walk(floor_ticks: Option<u64>) -> Walk {
         if pid == me {
             continue;
         }
-        let ticks = start_ticks(pid);
+        let stat = stat(pid);
+        let ticks = stat.map(|s| s.start_ticks);
         if let Some(floor) = floor_ticks
             && ticks.is_some_and(|t| t < floor)
         {
+            continue;
+        }
+        // A zombie has no environment left, and nothing of it survives to be killed.
+        if stat.is_some_and(|s| !s.is_alive()) {
             continue;
         }
         let env = match fs::read(format!("/proc/{pid}/environ")) {
@@ -138,13 +191,16 @@ pub fn walk(floor_ticks: Option<u64>) -> Walk {
                     .split(|b| *b == 0)
                     .find_map(|kv| kv.strip_prefix(prefix.as_bytes()));
                 match marker {
-                    Some(m) if is_alive(pid) => Environ::Marked(m.to_vec()),
+                    // Alive still, after its environment was read (it may have been exiting).
+                    Some(m) if markers.iter().any(|w| w.as_bytes() == m) && is_alive(pid) => {
+                        Environ::Marked(m.to_vec())
+                    }
                     _ => continue,
                 }
             }
             // Gone between listing and reading: not a survivor.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(_) if is_kernel_thread(pid) || !is_alive(pid) => continue,
+            Err(_) if stat.is_some_and(|s| s.is_kernel_thread()) || !is_alive(pid) => continue,
             Err(_) => Environ::Unreadable,
         };
         seen.push(Seen { pid, ticks, env });
@@ -176,7 +232,7 @@ enum Environ {
 impl Walk {
     /// What a scan for `marker` among processes started at or after `since_ticks` finds in
     /// this walk (which must have started no later than the scan was asked for, with a floor
-    /// no higher than `since_ticks`). Unreadable processes count only when `since_ticks` is
+    /// no higher than `since_ticks`, looking for `marker`). Unreadable processes count only when `since_ticks` is
     /// given and they are known to be that young: older ones cannot be the attempt's.
     pub fn select(&self, marker: &str, since_ticks: Option<u64>) -> MarkerScan {
         let mut scan = MarkerScan::default();
@@ -338,6 +394,27 @@ mod tests {
         let _ = other.wait();
         drop(listener);
         assert!(!listens_on(std::process::id(), port));
+    }
+
+    #[test]
+    fn a_stat_line_is_read_after_the_last_parenthesis_of_its_command_name() {
+        // A command name may hold spaces and parentheses; field 22 is the start time.
+        let line = b"4242 (a) b (c) S 1 4240 4240 0 -1 4194560 97 0 0 0 1 2 0 0 20 0 1 0 \
+            123456 2490368 215 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n";
+        assert_eq!(
+            Stat::parse(line),
+            Some(Stat {
+                state: b'S',
+                pgrp: 4240,
+                flags: 4_194_560,
+                start_ticks: 123_456,
+            })
+        );
+        assert_eq!(Stat::parse(b"4242 (cut short) S 1 2"), None);
+        // This very process, as the kernel writes it.
+        let me = stat(std::process::id()).expect("own stat");
+        assert_eq!(me.pgrp, nix::unistd::getpgrp().as_raw() as u32);
+        assert!(me.is_alive() && !me.is_kernel_thread());
     }
 
     #[test]
