@@ -40,3 +40,4 @@ mod unreadable_bundle;
 mod unwritable_bundle;
 mod validation;
 mod visibility;
+mod width;

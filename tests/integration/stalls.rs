@@ -70,34 +70,8 @@ fn embedded_engine(out: &Path) -> (u32, String) {
 /// Waits until `n` `settle` activities of the batch are running: the waits a stall must not
 /// cost (a job whose settle has not started yet has nothing to lose).
 fn wait_for_settles(address: &str, batch: &str, n: usize) {
-    let wid = format!("casebatch-{batch}");
     wait_until(Duration::from_secs(60), "the settles run", || {
-        let o = std::process::Command::new(temporal_bin())
-            .args([
-                "workflow",
-                "describe",
-                "-w",
-                &wid,
-                "-o",
-                "json",
-                "--address",
-                address,
-            ])
-            .output()
-            .expect("temporal CLI runs");
-        let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        let running = d["pendingActivities"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|a| {
-                a["activityType"]["name"]
-                    .as_str()
-                    .is_some_and(|t| t.ends_with("settle"))
-                    && a["state"] == "PENDING_ACTIVITY_STATE_STARTED"
-            })
-            .count();
-        running == n
+        activities_running(address, batch, "settle") == n
     });
 }
 

@@ -800,6 +800,28 @@ pub fn engine_address(out: &Path) -> String {
     address.trim_start_matches("http://").to_string()
 }
 
+/// How many activities of the batch whose type ends with `kind` (`start`, `settle`) a worker
+/// is running now, as the server sees them (`temporal workflow describe` on `address`).
+pub fn activities_running(address: &str, batch: &str, kind: &str) -> usize {
+    let o = Command::new(temporal_bin())
+        .args(["workflow", "describe", "-o", "json", "--address", address])
+        .args(["-w", &format!("casebatch-{batch}")])
+        .output()
+        .expect("temporal CLI runs");
+    let d: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    d["pendingActivities"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| {
+            a["activityType"]["name"]
+                .as_str()
+                .is_some_and(|t| t.ends_with(kind))
+                && a["state"] == "PENDING_ACTIVITY_STATE_STARTED"
+        })
+        .count()
+}
+
 /// A command's stdout as JSON (its `--json` view).
 pub fn json_of(o: &std::process::Output) -> Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))

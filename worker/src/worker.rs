@@ -12,6 +12,7 @@ use casebatch_telemetry::{Listen, Metrics, Readiness, Telemetry};
 use casebatch_workflows::{BatchWorkflow, RatePacer, RuntimeBreaker};
 use temporalio_client::Client;
 use temporalio_common::telemetry::TelemetryOptions;
+use temporalio_sdk::runtime::worker_tuner::{FixedSizeSlotSupplier, TunerHolder};
 use temporalio_sdk::runtime::{PollerBehavior, RuntimeOptions};
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 
@@ -22,6 +23,15 @@ const ACTIVITY_POLLERS: usize = 16;
 /// eager execution): a task that admits a round of cases hands them all over at once, where
 /// the SDK's default of 3 would send the rest through matching.
 const EAGER_STARTS_PER_TASK: usize = 32;
+/// Activities each worker runs at once. A case in flight holds one (its `start` watching the
+/// job, or its `await`), two while a speculative duplicate or a cleanup runs beside it, and
+/// a batch has up to 512 in flight: the SDK's default of 100 held a 512-wide batch's starts
+/// in the server's queue (the last of a round began 10 s after the first). Activities here
+/// wait on processes and agents, so a slot costs a task, not a core; what bounds a host's
+/// load is the batches' `concurrency` and the runtimes' envelopes.
+const ACTIVITY_SLOTS: usize = 1024;
+/// The SDK's default for the other kinds of task (workflow tasks, local activities, Nexus).
+const OTHER_SLOTS: usize = 100;
 
 /// The two workers of one casebatch process: the shared task queue (workflows and every
 /// activity) and this host's queue (where `await` of jobs started on this host runs).
@@ -71,6 +81,7 @@ pub fn build_worker(
         .graceful_shutdown_period(Duration::from_secs(2))
         .activity_task_poller_behavior(PollerBehavior::SimpleMaximum(ACTIVITY_POLLERS))
         .max_eager_activity_reservations_per_workflow_task(EAGER_STARTS_PER_TASK)
+        .tuner(slots())
         .build();
     let host = WorkerOptions::new(host_task_queue(&hostname()))
         .register_activities(
@@ -80,6 +91,7 @@ pub fn build_worker(
         )
         .graceful_shutdown_period(Duration::from_secs(2))
         .activity_task_poller_behavior(PollerBehavior::SimpleMaximum(ACTIVITY_POLLERS))
+        .tuner(slots())
         .build();
     Ok(Workers {
         shared: Worker::new(runtime, client.clone(), shared)?,
@@ -87,6 +99,17 @@ pub fn build_worker(
         ready: telemetry.map(|t| t.ready.clone()),
         stopping,
     })
+}
+
+/// How many tasks of each kind a worker runs at once.
+fn slots() -> TunerHolder {
+    let fixed = FixedSizeSlotSupplier::new;
+    TunerHolder::builder()
+        .workflow_task_slot_supplier(fixed(OTHER_SLOTS))
+        .activity_task_slot_supplier(fixed(ACTIVITY_SLOTS))
+        .local_activity_task_slot_supplier(fixed(OTHER_SLOTS))
+        .nexus_task_slot_supplier(fixed(OTHER_SLOTS))
+        .build()
 }
 
 /// Hosts this process's workers on `client` until `until` completes, serving metrics and
