@@ -10,6 +10,7 @@
 #   ONLY=tail scripts/bench.sh  # only the uniform-vs-weighted split over a fast and a slow agent
 #   ONLY=local scripts/bench.sh # only the local-process cost per case (sleep 1, true, 256 wide;
 #                               # WIDE=1 adds 2,048 x sleep 10 at 512)
+#   ONLY=wide scripts/bench.sh  # only 2,048 x sleep 10 at 512 (about four minutes a round)
 #   ONLY=prepare scripts/bench.sh # only provision-ahead against provisioning at dispatch
 #   ONLY=policies scripts/bench.sh # only sleep 1 reporting usage: no policy, a budget, budget + pace
 #   ONLY=aged scripts/bench.sh  # only an agent with 300,000 ended jobs against a fresh one
@@ -226,9 +227,11 @@ local_cost() {
   scenario "local-process, sleep 1" local-process 'sleep 1' "$N" 'sleep 1'
   scenario "local-process, trivial command (true)" local-process 'true' "$N" 'true'
   C=256 scenario "local-process, sleep 1, 256 in flight" local-process 'sleep 1' 1024 'sleep 1'
-  if [ -n "${WIDE:-}" ]; then
-    C=512 scenario "local-process, sleep 10, 512 in flight" local-process 'sleep 10' 2048 'sleep 10'
-  fi
+  if [ -n "${WIDE:-}" ]; then wide_cost; fi
+}
+
+wide_cost() {
+  C=512 scenario "local-process, sleep 10, 512 in flight" local-process 'sleep 10' 2048 'sleep 10'
 }
 
 # An agent that has run for months keeps every ended job's row: the same `true` batch through
@@ -383,6 +386,7 @@ if [ "${ONLY:-}" = containers ]; then containers_vs_podman_run; exit 0; fi
 if [ "${ONLY:-}" = agent ]; then agent_vs_local; exit 0; fi
 if [ "${ONLY:-}" = tail ]; then tail_vs_uniform; exit 0; fi
 if [ "${ONLY:-}" = local ]; then local_cost; exit 0; fi
+if [ "${ONLY:-}" = wide ]; then wide_cost; exit 0; fi
 if [ "${ONLY:-}" = prepare ]; then prepare_vs_dispatch; exit 0; fi
 if [ "${ONLY:-}" = policies ]; then policies_cost; exit 0; fi
 if [ "${ONLY:-}" = aged ]; then aged_vs_fresh; exit 0; fi

@@ -58,6 +58,8 @@ const LOG_FILE: &str = "temporal.log";
 const DB_FILE: &str = "temporal.db";
 /// How often a watcher checks that the server is alive.
 const WATCH_INTERVAL: Duration = Duration::from_millis(200);
+/// How often a starting server is checked for its port (a check reads one `/proc` file).
+const READY_POLL: Duration = Duration::from_millis(10);
 /// Longest pause between failed restarts (e.g. while the old port is still held).
 const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -594,7 +596,8 @@ fn start_server(
             );
             return Err(fail(&mut child, reason));
         }
-        std::thread::sleep(Duration::from_millis(100));
+        // Every batch on the embedded engine waits here first: a coarse poll is its latency.
+        std::thread::sleep(READY_POLL);
     };
     let keeper = if keeper_started {
         ProcessId::of(child.id())
