@@ -22,7 +22,7 @@ defaults:
   concurrency: 4
   pass_env: [SANDBOX]
   runtime: local-process
-  harness: 'case "$CASEBATCH_CASE_ID" in crash) exit 3;; gated) sleep 3; while [ ! -e "$SANDBOX/go" ]; do sleep 0.05; done;; esac; echo "{}" > "$CASEBATCH_RESULT"'
+  harness: 'case "$CASEBATCH_CASE_ID" in crash) exit 3;; gated) while [ ! -e "$SANDBOX/go" ]; do sleep 0.05; done;; esac; echo "{}" > "$CASEBATCH_RESULT"'
 tasks:
   - task_id: ok-1
   - task_id: ok-2
@@ -87,6 +87,13 @@ tasks:
         "no SDK worker metric: {text}"
     );
 
+    // The gated case outlasts its `start`'s watch: a `settle` takes its job over.
+    let address = engine_address(&sb.out());
+    wait_until(
+        Duration::from_secs(60),
+        "the gated case's settle runs",
+        || activities_running(&address, "metered", "settle") == 1,
+    );
     sb.write("go", "");
     assert_eq!(
         wait_child(&mut runner, Duration::from_secs(120)),
