@@ -280,20 +280,10 @@ fn replicas_on_a_cluster(sb: &Sandbox) -> (Cluster, Child, Child) {
 /// The pids of the workers running the batch's `settle` activities, once `n` of them run
 /// (pending activities name their worker: `<pid>@<host>`).
 fn settle_holders(cluster: &Cluster, batch: &str, n: usize) -> BTreeSet<u32> {
-    let wid = format!("casebatch-{batch}");
     let mut holders = BTreeSet::new();
     wait_until(Duration::from_secs(60), "the settles run", || {
-        let o = cluster.temporal(&["workflow", "describe", "-w", &wid, "-o", "json"]);
-        let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        let settles: Vec<u32> = d["pendingActivities"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|a| {
-                a["activityType"]["name"]
-                    .as_str()
-                    .is_some_and(|t| t.ends_with("settle"))
-            })
+        let settles: Vec<u32> = pending_activities(&cluster.address, batch, "settle")
+            .iter()
             .filter_map(|a| {
                 a["lastWorkerIdentity"]
                     .as_str()?

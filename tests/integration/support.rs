@@ -800,25 +800,31 @@ pub fn engine_address(out: &Path) -> String {
     address.trim_start_matches("http://").to_string()
 }
 
-/// How many activities of the batch whose type ends with `kind` (`start`, `settle`) a worker
-/// is running now, as the server sees them (`temporal workflow describe` on `address`).
-pub fn activities_running(address: &str, batch: &str, kind: &str) -> usize {
+/// The batch's pending activities whose type ends with `kind` (`start`, `settle`), as the
+/// server sees them (`temporal workflow describe` on `address`).
+pub fn pending_activities(address: &str, batch: &str, kind: &str) -> Vec<Value> {
     let o = Command::new(temporal_bin())
         .args(["workflow", "describe", "-o", "json", "--address", address])
         .args(["-w", &format!("casebatch-{batch}")])
         .output()
         .expect("temporal CLI runs");
-    let d: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-    d["pendingActivities"]
-        .as_array()
-        .into_iter()
+    let mut d: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    let all = d["pendingActivities"].as_array_mut().map(std::mem::take);
+    all.into_iter()
         .flatten()
         .filter(|a| {
             a["activityType"]["name"]
                 .as_str()
                 .is_some_and(|t| t.ends_with(kind))
-                && a["state"] == "PENDING_ACTIVITY_STATE_STARTED"
         })
+        .collect()
+}
+
+/// How many of those a worker is running now.
+pub fn activities_running(address: &str, batch: &str, kind: &str) -> usize {
+    pending_activities(address, batch, kind)
+        .iter()
+        .filter(|a| a["state"] == "PENDING_ACTIVITY_STATE_STARTED")
         .count()
 }
 
