@@ -24,7 +24,7 @@ const ACTIVITY_POLLERS: usize = 16;
 /// the SDK's default of 3 would send the rest through matching.
 const EAGER_STARTS_PER_TASK: usize = 32;
 /// Activities each worker runs at once. A case in flight holds one (its `start` watching the
-/// job, or its `await`), two while a speculative duplicate or a cleanup runs beside it, and
+/// job, or its `settle`), two while a speculative duplicate or a cleanup runs beside it, and
 /// a batch has up to 512 in flight: the SDK's default of 100 held a 512-wide batch's starts
 /// in the server's queue (the last of a round began 10 s after the first). Activities here
 /// wait on processes and agents, so a slot costs a task, not a core; what bounds a host's
