@@ -85,11 +85,6 @@ pub fn process_group(pid: u32) -> Option<u32> {
     stat(pid).map(|s| s.pgrp)
 }
 
-/// Process state letter (`R`, `S`, `Z`, ...).
-fn state(pid: u32) -> Option<char> {
-    stat(pid).map(|s| char::from(s.state))
-}
-
 /// True when `pid` names a live process (not a zombie).
 pub fn is_alive(pid: u32) -> bool {
     stat(pid).is_some_and(|s| s.is_alive())
@@ -265,7 +260,7 @@ pub fn recheck_unreadable(marker: &str, pids: &[u32]) -> Vec<u32> {
         .copied()
         .filter(|pid| match fs::read(format!("/proc/{pid}/environ")) {
             Ok(env) => env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()),
-            Err(_) => !matches!(state(*pid), Some('Z' | 'X') | None),
+            Err(_) => is_alive(*pid),
         })
         .collect()
 }
