@@ -21,18 +21,32 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// `value` as pretty JSON, atomically ([`write_atomic`]). Streamed into the temp file: a batch
+/// file of 100,000 cases is never held as one buffer beside the records it is made of.
 pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<(), BundleError> {
-    let mut bytes = serde_json::to_vec_pretty(value).expect("bundle records always serialize");
-    bytes.push(b'\n');
-    write_bytes_atomic(path, &bytes)
+    write_atomic(path, |out| {
+        let mut out = std::io::BufWriter::new(out);
+        serde_json::to_writer_pretty(&mut out, value).map_err(std::io::Error::from)?;
+        out.write_all(b"\n")?;
+        out.flush()
+    })
 }
 
-/// Writes `bytes` to a fresh temp file beside `path`, then renames it over `path`. The temp
-/// file is created exclusively under a random name (`tempfile`: `O_CREAT|O_EXCL`, which never
-/// follows a symlink, retried under a new name if taken), so a file planted at its name by an
-/// attempt's processes is never written through; the rename replaces whatever entry `path`
-/// was (a symlink or FIFO included) without opening it. A failed write removes the temp file.
+/// `bytes`, atomically ([`write_atomic`]).
 pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<(), BundleError> {
+    write_atomic(path, |out| out.write_all(bytes))
+}
+
+/// Writes through `fill` into a fresh temp file beside `path`, then renames it over `path`.
+/// The temp file is created exclusively under a random name (`tempfile`: `O_CREAT|O_EXCL`,
+/// which never follows a symlink, retried under a new name if taken), so a file planted at its
+/// name by an attempt's processes is never written through; the rename replaces whatever entry
+/// `path` was (a symlink or FIFO included) without opening it. A failed write removes the temp
+/// file.
+fn write_atomic(
+    path: &Path,
+    fill: impl FnOnce(&mut fs::File) -> std::io::Result<()>,
+) -> Result<(), BundleError> {
     let werr = |source| BundleError::Write {
         path: path.display().to_string(),
         source,
@@ -54,7 +68,7 @@ pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<(), BundleError> 
         .permissions(fs::Permissions::from_mode(0o666))
         .tempfile_in(parent)
         .map_err(werr)?;
-    tmp.write_all(bytes).map_err(werr)?;
+    fill(tmp.as_file_mut()).map_err(werr)?;
     tmp.persist(path).map_err(|e| werr(e.error))?;
     Ok(())
 }
