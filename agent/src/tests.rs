@@ -989,15 +989,16 @@ async fn evaluate_runs_the_evaluator_once_where_the_job_ran_and_cleanup_kills_wh
     assert!(first.failure.is_none(), "{first:?}");
     assert_eq!(evaluate(&mut c, &k).await.unwrap(), first);
     assert_eq!(lines(&counter), 1, "one evaluator run for three calls");
-    // The evaluator returns as soon as it forks: wait for its child to exec.
+    // The evaluator returns as soon as it forks: wait for its child to exec. What the wait
+    // saw is what counts: a process between two execs (setsid → env → sleep) reads as no
+    // command line for a moment, so a second look can miss it.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while running(&needle).is_empty() && std::time::Instant::now() < deadline {
+    let mut seen = running(&needle);
+    while seen.is_empty() && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
+        seen = running(&needle);
     }
-    assert!(
-        !running(&needle).is_empty(),
-        "the evaluator's process outlived it"
-    );
+    assert!(!seen.is_empty(), "the evaluator's process outlived it");
 
     // The evaluator's files, and only those.
     let mut stream = c
