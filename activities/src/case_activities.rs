@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use casebatch_bundle::{
     AttemptJournal, AttemptRecord, Bundle, BundleError, CaseResult, CleanupReceipt, Entry, Event,
-    PreparedRecord, RECORD_SCHEMA_VERSION, ReleasedRecord, append_jsonl, layout::attempt_files,
-    read_json, write_final_batch_files, write_json_atomic,
+    PlanIndex, PreparedRecord, RECORD_SCHEMA_VERSION, ReleasedRecord, append_jsonl,
+    layout::attempt_files, read_json, write_final_batch_files, write_json_atomic,
 };
-use casebatch_manifest::model::{Plan, RuntimeKind, RuntimeSpec};
+use casebatch_manifest::model::{RuntimeKind, RuntimeSpec};
 use casebatch_proto::pace::PaceAsk;
 use casebatch_proto::{
     ActorReport, ActorStatus, AttemptKey, AttemptSummary, AwaitInput, CleanupInput, CleanupReport,
@@ -40,15 +40,16 @@ use casebatch_runtime::{AttemptEnv, Liveness, NotStarted, Runtime};
 use casebatch_telemetry::{AttemptEnd, Metrics};
 
 /// The stage activities. One instance per worker; runtimes keep per-process state (children
-/// this worker spawned, connections to agents) and plans are cached per bundle because they
-/// never change.
+/// this worker spawned, connections to agents) and plans are indexed once per bundle because
+/// they never change (a case is read from the file when an activity needs it: a worker never
+/// holds a 100,000-case plan whole).
 #[derive(Default)]
 pub struct CaseActivities {
     local: LocalProcess,
     container: ContainerRuntime,
     fake: Fake,
     agent: AgentRuntime,
-    plans: Mutex<HashMap<String, Arc<Plan>>>,
+    plans: Mutex<HashMap<String, Arc<PlanIndex>>>,
     /// Without a client (unit tests) every breaker reads as closed.
     breakers: Breakers,
     /// For the shared paces (`reserve_start`); `None` on the host queue's instance, which
@@ -173,18 +174,12 @@ impl CaseActivities {
         Self { stopping, ..self }
     }
 
-    fn plan(&self, bundle_dir: &str) -> Result<Arc<Plan>, ActivityError> {
+    fn plan(&self, bundle_dir: &str) -> Result<Arc<PlanIndex>, ActivityError> {
         if let Some(p) = self.plans.lock().expect("lock").get(bundle_dir) {
             return Ok(p.clone());
         }
-        // Shared storage can blip: an unreadable plan is infra, retried by the activity policy.
-        let plan = Arc::new(Bundle::at(bundle_dir).read_plan().map_err(|e| {
-            classified(&Failure::infra(
-                Stage::Provision,
-                FailureCode::BundleUnreadable,
-                e.to_string(),
-            ))
-        })?);
+        let plan =
+            Arc::new(PlanIndex::open(&Bundle::at(bundle_dir).plan()).map_err(unreadable_plan)?);
         self.plans
             .lock()
             .expect("lock")
@@ -193,18 +188,21 @@ impl CaseActivities {
     }
 
     fn env(&self, key: &AttemptKey) -> Result<AttemptEnv, ActivityError> {
-        let plan = self.plan(&key.bundle_dir)?;
-        let case = plan.cases.get(key.case_index as usize).ok_or_else(|| {
-            classified(&Failure::config(
-                Stage::Provision,
-                FailureCode::CaseNotInPlan,
-                format!(
-                    "case index {} is not in the plan of {}: the bundle does not match the batch",
-                    key.case_index, key.bundle_dir
-                ),
-            ))
-        })?;
-        let mut case = case.clone();
+        let index = self.plan(&key.bundle_dir)?;
+        let plan = index.plan();
+        let mut case = index
+            .case(key.case_index)
+            .map_err(unreadable_plan)?
+            .ok_or_else(|| {
+                classified(&Failure::config(
+                    Stage::Provision,
+                    FailureCode::CaseNotInPlan,
+                    format!(
+                        "case index {} is not in the plan of {}: the bundle does not match the batch",
+                        key.case_index, key.bundle_dir
+                    ),
+                ))
+            })?;
         // A routed attempt runs where the workflow sent it, one of the case's list.
         if let Some(name) = &key.runtime {
             let (kind, spec) = plan.runtime_named(name).ok_or_else(|| {
@@ -221,28 +219,24 @@ impl CaseActivities {
             case.runtime = kind;
             case.runtime_name = spec.map(|_| name.clone());
         }
-        let case = &case;
-        let env = AttemptEnv::new(key.clone(), case.clone());
         // The agent's entry of the runtimes table; a missing one is the runtime's to report
         // (a config failure of the stage, an unconfirmed cleanup), not an activity error.
-        Ok(
-            match case
-                .runtime_name
-                .as_ref()
-                .and_then(|n| plan.runtimes.get(n))
-            {
-                Some(spec) if case.runtime == RuntimeKind::Agent => {
-                    env.with_runtime_spec(spec.clone())
-                }
-                _ => env,
-            },
-        )
+        let spec = match &case.runtime_name {
+            Some(n) if case.runtime == RuntimeKind::Agent => plan.runtimes.get(n).cloned(),
+            _ => None,
+        };
+        let env = AttemptEnv::new(key.clone(), case);
+        Ok(match spec {
+            Some(spec) => env.with_runtime_spec(spec),
+            None => env,
+        })
     }
 
     /// The breaker a routed attempt consults; `None` for a case on one runtime.
     fn breaker_of(&self, env: &AttemptEnv) -> Option<BreakerOf> {
         let runtime = env.key.runtime.clone()?;
-        let plan = self.plan(&env.key.bundle_dir).ok()?;
+        let index = self.plan(&env.key.bundle_dir).ok()?;
+        let plan = index.plan();
         let spec = plan.runtime_named(&runtime).and_then(|(_, spec)| spec);
         let settings = spec.map(RuntimeSpec::breaker).unwrap_or_default();
         Some(BreakerOf {
@@ -264,6 +258,15 @@ impl CaseActivities {
             },
         );
     }
+}
+
+/// Shared storage can blip: an unreadable plan is infra, retried by the activity policy.
+fn unreadable_plan(e: BundleError) -> ActivityError {
+    classified(&Failure::infra(
+        Stage::Provision,
+        FailureCode::BundleUnreadable,
+        e.to_string(),
+    ))
 }
 
 /// A classified failure as a Temporal failure of type `casebatch.<class>`, so activity retry
@@ -1058,7 +1061,10 @@ impl CaseActivities {
     ) -> Result<SweepReport, ActivityError> {
         // Counted as an action; the sweep is short and sends no heartbeat.
         let _ctx = StageContext::new(ctx, &self.metrics);
-        let plan = self.plan(&input.bundle_dir)?;
+        // The whole plan, for the sandboxes of its cases: a supersede is rare.
+        let plan = Bundle::at(&input.bundle_dir)
+            .read_plan()
+            .map_err(unreadable_plan)?;
         let mut report = SweepReport::default();
         let agents: Vec<_> = plan
             .runtimes
@@ -1155,8 +1161,8 @@ impl CaseActivities {
         _ctx: ActivityContext,
         input: FinalizeInput,
     ) -> Result<bool, ActivityError> {
-        let plan = self.plan(&input.bundle_dir)?;
         let bundle = Bundle::at(&input.bundle_dir);
+        let plan = bundle.read_plan_head().map_err(unreadable_plan)?;
         write_final_batch_files(&bundle, &plan, input.status.counters.temporal_actions)?;
         append_jsonl(
             &bundle.events(),

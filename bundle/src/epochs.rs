@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use casebatch_manifest::model::PlannedCase;
+use casebatch_manifest::model::CaseIdentity;
 use serde::{Deserialize, Serialize};
 
 use crate::stats::{ScoreStat, mean_and_stderr};
@@ -70,17 +70,17 @@ pub fn pass_at_k(n: u32, c: u32, k: u32) -> f64 {
 
 impl TaskStats {
     /// `None` unless some task runs more than once (the batch's pass rate says it all then).
-    pub fn of(cases: &[PlannedCase], results: &[Option<CaseResult>]) -> Option<Self> {
-        if cases.iter().all(|c| c.epoch.is_none()) {
+    pub fn of<C: CaseIdentity>(cases: &[C], results: &[Option<CaseResult>]) -> Option<Self> {
+        if cases.iter().all(|c| c.epoch().is_none()) {
             return None;
         }
         // In plan order: a task's runs are consecutive, its first run places it.
         let mut order: Vec<&str> = Vec::new();
         let mut runs: BTreeMap<&str, (u32, Vec<Option<&CaseResult>>)> = BTreeMap::new();
         for (case, result) in cases.iter().zip(results) {
-            let (task, epochs) = match &case.epoch {
+            let (task, epochs) = match case.epoch() {
                 Some(e) => (e.task_id.as_str(), e.of),
-                None => (case.case_id.as_str(), 1),
+                None => (case.case_id(), 1),
             };
             let entry = runs.entry(task).or_insert_with(|| {
                 order.push(task);
@@ -128,10 +128,10 @@ impl TaskStats {
     }
 
     /// Sums each task's runs' usage (`rows`: the summary's, in plan order) into its row.
-    pub fn add_usage(&mut self, cases: &[PlannedCase], rows: &[crate::SummaryRow]) {
+    pub fn add_usage<C: CaseIdentity>(&mut self, cases: &[C], rows: &[crate::SummaryRow]) {
         let mut by_task: BTreeMap<&str, casebatch_proto::Usage> = BTreeMap::new();
         for (case, row) in cases.iter().zip(rows) {
-            let task = case.epoch.as_ref().map_or(&case.case_id, |e| &e.task_id);
+            let task = case.epoch().map_or(case.case_id(), |e| &e.task_id);
             if let Some(u) = &row.usage {
                 by_task.entry(task).or_default().add(u);
             }

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use casebatch_manifest::model::Plan;
+use casebatch_manifest::model::{Plan, PlanHead};
 
 use crate::{BundleError, read_json};
 
@@ -84,6 +84,12 @@ impl Bundle {
     }
 
     pub fn read_plan(&self) -> Result<Plan, BundleError> {
+        read_json(&self.plan())
+    }
+
+    /// The plan without its cases' specs (ids, directories, runtimes): what status and the
+    /// run's views need, without parsing every case whole.
+    pub fn read_plan_head(&self) -> Result<PlanHead, BundleError> {
         read_json(&self.plan())
     }
 }

@@ -18,6 +18,7 @@
 pub mod epochs;
 pub mod journal;
 pub mod layout;
+pub mod plan_file;
 pub mod records;
 pub mod stats;
 pub mod summary;
@@ -25,6 +26,7 @@ mod write;
 
 pub use journal::{AttemptJournal, Entry};
 pub use layout::Bundle;
+pub use plan_file::PlanIndex;
 pub use records::*;
 pub use summary::{
     BatchSummary, SummaryRow, assemble, case_usage, write_assembled, write_batch_files,

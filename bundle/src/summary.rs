@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use casebatch_manifest::model::Plan;
+use casebatch_manifest::model::{CaseIdentity, Plan};
 use casebatch_proto::Usage;
 use serde::{Deserialize, Serialize};
 
@@ -104,7 +104,10 @@ pub struct Assembled {
 }
 
 /// Reads every case's records and builds the batch-level view.
-pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> {
+pub fn assemble<C: CaseIdentity>(
+    bundle: &Bundle,
+    plan: &Plan<C>,
+) -> Result<Assembled, BundleError> {
     let mut results = Vec::with_capacity(plan.cases.len());
     let mut attempts = Vec::new();
     let mut rows = Vec::with_capacity(plan.cases.len());
@@ -117,8 +120,9 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
 
     for case in &plan.cases {
         // Absent: the case has not finished an attempt yet. Damaged: an error, never "queued".
-        let result: Option<CaseResult> = read_json_if_present(&bundle.case_result(&case.case_dir))?;
-        let case_attempts = read_attempts(bundle, &case.case_dir)?;
+        let result: Option<CaseResult> =
+            read_json_if_present(&bundle.case_result(case.case_dir()))?;
+        let case_attempts = read_attempts(bundle, case.case_dir())?;
         adopted += case_attempts.iter().filter(|a| a.summary.adopted).count();
         let usage = usage_of(&case_attempts);
         attempts.extend(case_attempts);
@@ -142,7 +146,9 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
                 if let Some(runtime) = &r.runtime {
                     *by_runtime.entry(runtime.clone()).or_default() += 1;
                 }
-                let json = serde_json::to_value(r).expect("records serialize");
+                // As JSON only for the fields the manifest asks for.
+                let json = (!plan.summary.fields.is_empty())
+                    .then(|| serde_json::to_value(r).expect("records serialize"));
                 SummaryRow {
                     case_id: r.case_id.clone(),
                     case_dir: r.case_dir.clone(),
@@ -160,14 +166,14 @@ pub fn assemble(bundle: &Bundle, plan: &Plan) -> Result<Assembled, BundleError> 
                         .summary
                         .fields
                         .iter()
-                        .map(|p| (p.clone(), lookup(&json, p)))
+                        .filter_map(|p| Some((p.clone(), lookup(json.as_ref()?, p))))
                         .collect(),
                     usage,
                 }
             }
             None => SummaryRow {
-                case_id: case.case_id.clone(),
-                case_dir: case.case_dir.clone(),
+                case_id: case.case_id().to_owned(),
+                case_dir: case.case_dir().to_owned(),
                 state,
                 attempts: 0,
                 actor_status: None,
@@ -243,16 +249,19 @@ fn previous_actions(bundle: &Bundle) -> Option<casebatch_proto::TemporalActions>
 
 /// Writes `batch_results.json`, `batch_attempts.json`, `batch_summary.json` (and the CSV when
 /// the manifest asks for it).
-pub fn write_batch_files(bundle: &Bundle, plan: &Plan) -> Result<BatchSummary, BundleError> {
+pub fn write_batch_files<C: CaseIdentity>(
+    bundle: &Bundle,
+    plan: &Plan<C>,
+) -> Result<BatchSummary, BundleError> {
     let a = assemble(bundle, plan)?;
     write_assembled(bundle, plan, &a)?;
     Ok(a.summary)
 }
 
 /// [`write_batch_files`] at the batch's end, with the Temporal actions its workflow counted.
-pub fn write_final_batch_files(
+pub fn write_final_batch_files<C: CaseIdentity>(
     bundle: &Bundle,
-    plan: &Plan,
+    plan: &Plan<C>,
     actions: casebatch_proto::TemporalActions,
 ) -> Result<BatchSummary, BundleError> {
     let mut a = assemble(bundle, plan)?;
@@ -262,23 +271,40 @@ pub fn write_final_batch_files(
 }
 
 /// [`write_batch_files`] for records already read.
-pub fn write_assembled(bundle: &Bundle, plan: &Plan, a: &Assembled) -> Result<(), BundleError> {
-    let results: Vec<_> = a.results.iter().flatten().collect();
+pub fn write_assembled<C>(
+    bundle: &Bundle,
+    plan: &Plan<C>,
+    a: &Assembled,
+) -> Result<(), BundleError> {
+    // Serialized from where the records are: a `json!` value would copy 100,000 of them into
+    // a JSON tree first.
+    #[derive(Serialize)]
+    struct ResultsFile<'a> {
+        schema_version: &'a str,
+        batch_id: &'a str,
+        results: Vec<&'a CaseResult>,
+    }
+    #[derive(Serialize)]
+    struct AttemptsFile<'a> {
+        schema_version: &'a str,
+        batch_id: &'a str,
+        attempts: &'a [AttemptRecord],
+    }
     write_json_atomic(
         &bundle.results(),
-        &serde_json::json!({
-            "schema_version": RECORD_SCHEMA_VERSION,
-            "batch_id": plan.batch_id,
-            "results": results,
-        }),
+        &ResultsFile {
+            schema_version: RECORD_SCHEMA_VERSION,
+            batch_id: &plan.batch_id,
+            results: a.results.iter().flatten().collect(),
+        },
     )?;
     write_json_atomic(
         &bundle.attempts(),
-        &serde_json::json!({
-            "schema_version": RECORD_SCHEMA_VERSION,
-            "batch_id": plan.batch_id,
-            "attempts": a.attempts,
-        }),
+        &AttemptsFile {
+            schema_version: RECORD_SCHEMA_VERSION,
+            batch_id: &plan.batch_id,
+            attempts: &a.attempts,
+        },
     )?;
     write_json_atomic(&bundle.summary(), &a.summary)?;
     if plan.summary.write_csv {

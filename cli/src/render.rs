@@ -9,7 +9,7 @@ use casebatch_bundle::{Bundle, Lineage};
 use casebatch_control::{
     DriveEvent, Ending, HistoryView, Observer, ReportView, RunReport, StatusView,
 };
-use casebatch_manifest::{Plan, RuntimeKind};
+use casebatch_manifest::{CaseIdentity, Plan, PlanHead};
 use casebatch_proto::{BatchEnd, BatchOutcome, BatchStatus, Counters, Counts, OOM_BOOST_CAP_MB};
 
 use casebatch_views::{RunEnd, RunView};
@@ -17,8 +17,8 @@ use casebatch_views::{RunEnd, RunView};
 use crate::exit::Exit;
 
 /// `[simulation] ` when any case runs on the fake runtime.
-pub fn sim_tag(plan: &Plan) -> &'static str {
-    if plan.cases.iter().any(|c| c.runtime == RuntimeKind::Fake) {
+pub fn sim_tag<C: CaseIdentity>(plan: &Plan<C>) -> &'static str {
+    if plan.simulated() {
         "[simulation: fake runtime, nothing executed] "
     } else {
         ""
@@ -259,7 +259,7 @@ pub fn run_report(report: &RunReport) -> Exit {
     report.verdict().into()
 }
 
-fn outcome(bundle: &Bundle, plan: &Plan, o: &BatchOutcome) {
+fn outcome(bundle: &Bundle, plan: &PlanHead, o: &BatchOutcome) {
     let c = &o.status.counts;
     let tag = sim_tag(plan);
     say!(
@@ -344,13 +344,13 @@ fn prepared_line(k: &Counters) -> Option<String> {
 }
 
 /// How the plan's `runtime:` lists were dealt, when by weight.
-pub fn spread(plan: &Plan) {
+pub fn spread(plan: &PlanHead) {
     if let Some(line) = spread_weights_line(plan) {
         say!("{line}");
     }
 }
 
-fn spread_weights_line(plan: &Plan) -> Option<String> {
+fn spread_weights_line(plan: &PlanHead) -> Option<String> {
     let spread = plan.spread.as_ref()?;
     let weights: Vec<String> = spread
         .weights
@@ -772,12 +772,12 @@ pub fn status(view: &StatusView) {
         let ids: Vec<&str> = s
             .in_flight
             .iter()
-            .filter_map(|i| case_id(plan, *i))
+            .filter_map(|i| plan.case_id(*i))
             .collect();
         say!("  in flight: {}", ids.join(", "));
     }
     for step in s.timeline.iter().rev().take(10).rev() {
-        match step.case.and_then(|i| case_id(plan, i)) {
+        match step.case.and_then(|i| plan.case_id(i)) {
             Some(id) => say!("  · case {id}: {}", step.message),
             None => say!("  · {}", step.message),
         }
@@ -828,11 +828,6 @@ fn took(ms: u64) -> String {
         60..3600 => format!("{}m{:02}s", s / 60, s % 60),
         _ => format!("{}h{:02}m", s / 3600, s / 60 % 60),
     }
-}
-
-/// History names cases by plan index to stay compact; people read ids.
-fn case_id(plan: &Plan, index: u32) -> Option<&str> {
-    plan.cases.get(index as usize).map(|c| c.case_id.as_str())
 }
 
 pub fn report(view: &ReportView) {

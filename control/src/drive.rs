@@ -26,17 +26,22 @@ pub(crate) async fn drive(
     observer: &mut dyn Observer,
 ) -> Result<RunReport> {
     let handle = workflow::handle(&engine.client, &plan);
+    let head = plan.head();
     let ui = engine.embedded.as_ref().and_then(|s| s.ui_address());
     let run = async {
-        observer.on(DriveEvent::Batch(&plan));
+        observer.on(DriveEvent::Batch(&head));
         if let Some(ui) = &ui {
             observer.on(DriveEvent::EngineUi(ui));
         }
-        match begin(&handle, &bundle, &plan, &opts, observer).await? {
+        let begun = begin(&handle, &bundle, &plan, &opts, observer).await?;
+        // Begun, the cases' specs are the workers' to read from the bundle: a 100,000-case
+        // plan held whole for the hours a batch runs was most of a runner's memory.
+        drop(plan);
+        match begun {
             Begun::Following => follow(&handle, observer).await.map(Some),
             Begun::AlreadyComplete => Ok(None),
         }
     };
-    let ran = hosted(&mut engine, &bundle, &plan.batch_id, &opts, run).await?;
-    finish(bundle, plan, ran)
+    let ran = hosted(&mut engine, &bundle, &head.batch_id, &opts, run).await?;
+    finish(bundle, head, ran)
 }

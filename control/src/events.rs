@@ -1,14 +1,14 @@
 //! What a runner reports while it drives a batch: [`DriveEvent`]s, received by an
 //! [`Observer`] (the CLI draws them). Every step of a run reports here; none prints.
 
-use casebatch_manifest::Plan;
+use casebatch_manifest::PlanHead;
 use casebatch_proto::BatchStatus;
 
 /// What a runner sees while it follows a batch; the CLI draws it.
 #[derive(Debug)]
 pub enum DriveEvent<'a> {
     /// The batch being followed; always the first event.
-    Batch(&'a Plan),
+    Batch(&'a PlanHead),
     /// The batch was running already: this runner follows it.
     Reattached,
     /// The batch was running already: that run is superseded, and this one replaces it once

@@ -6,7 +6,7 @@ use casebatch_bundle::{
     BatchSummary, Bundle, CaseRecordState, CaseResult, RECORD_SCHEMA_VERSION, write_batch_files,
     write_json_atomic,
 };
-use casebatch_manifest::Plan;
+use casebatch_manifest::PlanHead;
 use casebatch_proto::{BatchEnd, BatchOutcome, UnrecordedFailure};
 
 use crate::error::{ControlError, Result};
@@ -15,7 +15,7 @@ use crate::error::{ControlError, Result};
 #[derive(Debug)]
 pub struct RunReport {
     pub bundle: Bundle,
-    pub plan: Plan,
+    pub plan: PlanHead,
     pub ending: Ending,
 }
 
@@ -64,7 +64,11 @@ impl RunReport {
 
 /// Records the run's end in the bundle. `None`: nothing was started, every case was
 /// already terminal, and the batch files are rebuilt from the per-case records.
-pub(crate) fn finish(bundle: Bundle, plan: Plan, ran: Option<BatchOutcome>) -> Result<RunReport> {
+pub(crate) fn finish(
+    bundle: Bundle,
+    plan: PlanHead,
+    ran: Option<BatchOutcome>,
+) -> Result<RunReport> {
     let ending = match ran {
         Some(outcome) => {
             record_unrecorded(&bundle, &plan, &outcome.status.unrecorded)?;
@@ -82,7 +86,11 @@ pub(crate) fn finish(bundle: Bundle, plan: Plan, ran: Option<BatchOutcome>) -> R
 /// Writes the results a worker could not (it may not write the bundle; the engine kept their
 /// failures), so the bundle and `batch report` show why those cases failed. A result the
 /// worker did write is left alone.
-fn record_unrecorded(bundle: &Bundle, plan: &Plan, unrecorded: &[UnrecordedFailure]) -> Result<()> {
+fn record_unrecorded(
+    bundle: &Bundle,
+    plan: &PlanHead,
+    unrecorded: &[UnrecordedFailure],
+) -> Result<()> {
     let mut wrote = false;
     for u in unrecorded {
         let Some(case) = plan.cases.get(u.case as usize) else {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use casebatch_bundle::{
     AttemptRecord, BatchSummary, Bundle, CaseResult, summary, write_assembled, write_bytes_atomic,
 };
-use casebatch_manifest::Plan;
+use casebatch_manifest::{Plan, PlanHead};
 use casebatch_proto::{BatchEnd, BatchStatus, Counts, FailureCode, Phase, workflow_id};
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::{
@@ -24,7 +24,7 @@ const QUERY_WAIT: Duration = Duration::from_secs(5);
 /// A batch's status and where it came from.
 #[derive(Debug)]
 pub struct StatusView {
-    pub plan: Plan,
+    pub plan: PlanHead,
     pub status: BatchStatus,
     /// The workflow is running (the status may still come from the bundle when no worker
     /// answers the query).
@@ -65,7 +65,7 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
 }
 
 /// Status as the bundle's per-case records show it.
-fn from_bundle(bundle: &Bundle, plan: &Plan, phase: Phase) -> Result<BatchStatus> {
+fn from_bundle(bundle: &Bundle, plan: &PlanHead, phase: Phase) -> Result<BatchStatus> {
     let s = summary::assemble(bundle, plan)?.summary;
     let get = |k: &str| s.count(k) as u32;
     Ok(BatchStatus {

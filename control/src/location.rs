@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use casebatch_bundle::{Bundle, EngineMode, RunConfig, read_json_if_present};
-use casebatch_manifest::Plan;
+use casebatch_manifest::{Plan, PlanHead};
 use casebatch_worker::{DevServer, Engine, EngineTarget};
 
 use crate::error::{ControlError, Result};
@@ -35,6 +35,12 @@ impl BatchLocation {
 
     /// The batch's bundle and its saved plan; an existing batch never re-reads its manifest.
     pub fn open(&self) -> Result<(Bundle, Plan)> {
+        let bundle = self.existing_bundle()?;
+        let plan = bundle.read_plan()?;
+        Ok((bundle, plan))
+    }
+
+    fn existing_bundle(&self) -> Result<Bundle> {
         let bundle = self.bundle();
         if !bundle.exists() {
             return Err(ControlError::NoBundle {
@@ -42,15 +48,15 @@ impl BatchLocation {
                 path: bundle.root().to_path_buf(),
             });
         }
-        let plan = bundle.read_plan()?;
-        Ok((bundle, plan))
+        Ok(bundle)
     }
 }
 
 /// An existing batch on its own engine, its workflow proven to be this batch.
 pub(crate) struct Attached {
     pub bundle: Bundle,
-    pub plan: Plan,
+    /// The plan's head: its cases' specs stay in the bundle (`Bundle::read_plan` for them).
+    pub plan: PlanHead,
     pub engine: Engine,
     pub handle: Handle,
     pub presence: Presence,
@@ -60,7 +66,8 @@ impl BatchLocation {
     /// Opens the bundle, connects to the engine it records, and finds its workflow (refusing
     /// one that belongs to another batch).
     pub(crate) async fn attach(&self, engine: &EngineChoice) -> Result<Attached> {
-        let (bundle, plan) = self.open()?;
+        let bundle = self.existing_bundle()?;
+        let plan = bundle.read_plan_head()?;
         let engine = engine
             .for_batch(&bundle)?
             .connect(&self.output_root)

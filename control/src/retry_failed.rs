@@ -80,11 +80,11 @@ struct Sorted {
 pub async fn prepare(req: RetryRequest) -> Result<PreparedRetry> {
     let Attached {
         bundle: source,
-        plan,
         engine,
         presence,
         ..
     } = req.source.attach(&req.engine).await?;
+    let plan = source.read_plan()?;
     if presence == Presence::Running {
         return Err(ControlError::StillRunning {
             batch_id: plan.batch_id.clone(),

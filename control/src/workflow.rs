@@ -21,7 +21,7 @@ use crate::error::{ControlError, Result};
 pub(crate) type Handle = WorkflowHandle<Client, BatchWorkflow>;
 
 /// The handle of the batch's workflow (its latest run).
-pub(crate) fn handle(client: &Client, plan: &Plan) -> Handle {
+pub(crate) fn handle<C>(client: &Client, plan: &Plan<C>) -> Handle {
     client.get_workflow_handle(workflow_id(&plan.batch_id))
 }
 
@@ -35,7 +35,11 @@ pub(crate) enum Presence {
 
 /// Finds the batch's workflow and proves it is this batch (see the module doc). Nothing is
 /// attached to, signalled or carried over unless this holds.
-pub(crate) async fn presence(handle: &Handle, bundle: &Bundle, plan: &Plan) -> Result<Presence> {
+pub(crate) async fn presence<C>(
+    handle: &Handle,
+    bundle: &Bundle,
+    plan: &Plan<C>,
+) -> Result<Presence> {
     let wid = &handle.info().workflow_id;
     let found = match handle.describe(WorkflowDescribeOptions::default()).await {
         Ok(d) if d.status() == WorkflowExecutionStatus::Running => Presence::Running,
@@ -65,7 +69,7 @@ struct Owner {
 }
 
 impl Owner {
-    fn of(bundle: &Bundle, plan: &Plan) -> Self {
+    fn of<C>(bundle: &Bundle, plan: &Plan<C>) -> Self {
         Owner {
             fingerprint: plan.fingerprint.clone(),
             bundle_dir: bundle.root().display().to_string(),

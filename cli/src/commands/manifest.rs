@@ -59,7 +59,7 @@ pub fn plan(m: &ManifestArgs, output_dir: &Path, as_json: bool) -> CliResult {
         return Ok(Exit::Success);
     }
     render::warnings(&planned.plan);
-    render::spread(&planned.plan);
+    render::spread(&planned.plan.head());
     say!(
         "planned {} case(s) of batch {} into {} (nothing executed)",
         planned.plan.cases.len(),

@@ -19,7 +19,7 @@ pub async fn run(args: RunArgs) -> CliResult {
             render::json(&super::manifest::plan_view(&planned));
             return Ok(Exit::Success);
         }
-        render::spread(&planned.plan);
+        render::spread(&planned.plan.head());
         say!(
             "dry run: planned {} case(s) into {}; nothing executed",
             planned.plan.cases.len(),
