@@ -20,7 +20,7 @@ struct Side {
 }
 
 fn side(location: &BatchLocation) -> Result<Side> {
-    let (bundle, plan) = location.open()?;
+    let (bundle, plan) = location.open_head()?;
     let assembled = summary::assemble(&bundle, &plan)?;
     let stats = BatchStats::of(&assembled.results, &assembled.attempts);
     let cases = plan
@@ -136,7 +136,7 @@ pub fn list(output_dir: &Path) -> Result<Vec<Listed>> {
         .filter_map(|e| {
             let name = e.file_name().to_str()?.to_string();
             let bundle = Bundle::new(&root, &name);
-            let plan = bundle.read_plan().ok()?;
+            let plan = bundle.read_plan_head().ok()?;
             let summary: Option<summary::BatchSummary> = read_json(&bundle.summary()).ok();
             let counts = summary
                 .as_ref()

@@ -40,6 +40,13 @@ impl BatchLocation {
         Ok((bundle, plan))
     }
 
+    /// [`Self::open`] with the plan's head only.
+    pub fn open_head(&self) -> Result<(Bundle, PlanHead)> {
+        let bundle = self.existing_bundle()?;
+        let plan = bundle.read_plan_head()?;
+        Ok((bundle, plan))
+    }
+
     fn existing_bundle(&self) -> Result<Bundle> {
         let bundle = self.bundle();
         if !bundle.exists() {
@@ -66,8 +73,7 @@ impl BatchLocation {
     /// Opens the bundle, connects to the engine it records, and finds its workflow (refusing
     /// one that belongs to another batch).
     pub(crate) async fn attach(&self, engine: &EngineChoice) -> Result<Attached> {
-        let bundle = self.existing_bundle()?;
-        let plan = bundle.read_plan_head()?;
+        let (bundle, plan) = self.open_head()?;
         let engine = engine
             .for_batch(&bundle)?
             .connect(&self.output_root)
