@@ -614,7 +614,7 @@ impl RuntimeChoice {
 }
 
 /// A plan with what status, control and the run's views need of each case, not its spec:
-/// read from `batch_plan.json` in a third of the time and a small share of the memory.
+/// read from `batch_plan.json` in under half the time and a small share of the memory.
 pub type PlanHead = Plan<CaseHead>;
 
 /// What a case is called and where it runs: a [`PlannedCase`] without its spec.
