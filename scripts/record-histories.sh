@@ -514,3 +514,13 @@ if [ ! -f "$OUT/pacer-shared.json" ] || [ -n "${FORCE:-}" ]; then
   echo "recorded pacer-shared"
 fi
 fi
+
+# 22. The closing write of the batch files as a regular activity (the `finalize-as-activity`
+# patch): a simulated batch with a retried infra failure, a harness crash, a failed verdict
+# and a success, run to its end.
+if [ "${STEP:-all}" = all ] || [ "${STEP:-}" = 22 ]; then
+mixed_manifest finalized
+cb batch run --manifest "$WORK/finalized.yaml" --output-dir "$WORK/out" > /dev/null || true
+show finalized "" finalized
+has_patch finalized finalize-as-activity
+fi

@@ -1158,20 +1158,29 @@ impl CaseActivities {
     #[activity(definition = contracts::Finalize)]
     pub async fn finalize(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         input: FinalizeInput,
     ) -> Result<bool, ActivityError> {
-        let bundle = Bundle::at(&input.bundle_dir);
-        let plan = bundle.read_plan_head().map_err(unreadable_plan)?;
-        write_final_batch_files(&bundle, &plan, input.status.counters.temporal_actions)?;
-        append_jsonl(
-            &bundle.events(),
-            &Event::of_batch(
-                Event::RUN_ENDED,
-                serde_json::to_string(&input.status.counts).unwrap_or_default(),
-            ),
-        )?;
-        Ok(true)
+        let ctx = StageContext::new(ctx, &self.metrics);
+        // Reading every case's records takes seconds on a large batch: off the async
+        // threads, heartbeating meanwhile (as a regular activity; a local one does not).
+        let write = tokio::task::spawn_blocking(move || -> Result<bool, ActivityError> {
+            let bundle = Bundle::at(&input.bundle_dir);
+            let plan = bundle.read_plan_head().map_err(unreadable_plan)?;
+            write_final_batch_files(&bundle, &plan, input.status.counters.temporal_actions)?;
+            append_jsonl(
+                &bundle.events(),
+                &Event::of_batch(
+                    Event::RUN_ENDED,
+                    serde_json::to_string(&input.status.counts).unwrap_or_default(),
+                ),
+            )?;
+            Ok(true)
+        });
+        heartbeating(&ctx, (), write).await.map_err(|e| {
+            let message = format!("the closing write of the batch files stopped: {e}");
+            ActivityError::application(ApplicationFailure::builder(message).build())
+        })?
     }
 }
 

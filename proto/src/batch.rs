@@ -308,7 +308,8 @@ pub struct Counters {
 pub struct TemporalActions {
     /// Workflow runs: the start, and each continue-as-new.
     pub runs: u32,
-    /// Activities scheduled (every stage of every attempt, a supersede's sweep).
+    /// Activities scheduled (every stage of every attempt, a supersede's sweep, the closing
+    /// write of the batch files).
     pub activities: u32,
     /// Heartbeats the activities sent, as their results report them.
     pub heartbeats: u32,

@@ -202,13 +202,36 @@ tasks:
 
     // The default cadence (4 s) sends none for a 1 s case: what it costs is its activities,
     // the run's start and its markers. Its `start` sees it end and settles and closes it:
-    // one activity, one engine round trip.
+    // one activity, one engine round trip. The batch adds one: its closing write.
     let quiet = summary_of("quiet");
     assert_eq!(quiet["heartbeats"], 0, "{quiet}");
     assert_eq!(quiet["runs"], 1, "{quiet}");
     assert_eq!(
-        quiet["activities"], 2,
-        "a short case costs one activity, its start: {quiet}"
+        quiet["activities"], 3,
+        "a short case costs one activity, its start; the batch's finalize one more: {quiet}"
+    );
+
+    // The closing write is a regular activity, the batch's last: as a local activity it held
+    // the workflow task, and every `status` query behind it, for as long as it read the
+    // cases' records.
+    let history = sb.path("quiet-history.json");
+    assert_exit(
+        &sb.op_with("history", "quiet", &["--out", history.to_str().unwrap()]),
+        0,
+    );
+    let scheduled: Vec<String> = sb.json(&history)["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| {
+            let a = &e["attributes"]["ActivityTaskScheduledEventAttributes"];
+            a["activity_type"]["name"].as_str().map(String::from)
+        })
+        .collect();
+    assert_eq!(
+        scheduled.last().map(String::as_str),
+        Some("casebatch.finalize"),
+        "{scheduled:?}"
     );
 
     // `report` rebuilds the summary from the case files and keeps the workflow's count.

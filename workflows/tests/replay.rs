@@ -34,6 +34,8 @@ const EXPECTED: &[&str] = &[
     "activities-drained.json",
     "activities-enveloped.json",
     "activities-failover.json",
+    // The closing write of the batch files as a regular activity (`finalize-as-activity`).
+    "activities-finalized.json",
     "activities-oom-auto-boost.json",
     "activities-operated.json",
     // Paces: a batch's own (timers), and one shared by a rate key (`reserve_start`).

@@ -36,6 +36,18 @@ use crate::visibility;
 /// because every continue-as-new briefly stops admissions while in-flight cases finish.
 const DEFAULT_HISTORY_BUDGET: u32 = 20_000;
 
+/// Patch id recorded by runs whose closing write of the batch files is a regular activity.
+/// As a local activity it held the workflow task open for as long as it read every case's
+/// records (seconds at 100,000 cases), and the server holds queries until that task
+/// completes: `batch status` waited for it, then fell back to reading the bundle itself.
+/// Runs recorded before it replay their local activity.
+pub(crate) const FINALIZE_AS_ACTIVITY: &str = "finalize-as-activity";
+
+/// How long the closing write may take: it reads two files per case (about a minute per
+/// 100,000 cases with a cold page cache); it heartbeats, so a dead worker's is retried at the
+/// batch's heartbeat timeout, not at this one.
+const FINALIZE_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+
 type Ctx = WorkflowContext<BatchWorkflow>;
 type CaseFuture = LocalBoxFuture<'static, CaseDone>;
 type Timer = LocalBoxFuture<'static, ()>;
@@ -679,21 +691,38 @@ async fn finish(ctx: &Ctx, end: BatchEnd, visible: bool) -> WorkflowResult<Batch
     );
     note(ctx, None, ended);
     ctx.state_mut(|s| s.lifecycle = Lifecycle::Finished);
-    // The finalize below is a local activity: its marker is counted in what it writes.
-    cost(ctx, |a| a.markers += 1);
+    // Asked here, once per batch: its marker is the only action it adds.
+    let as_activity = ctx.patched(FINALIZE_AS_ACTIVITY);
+    // The finalize below is counted in what it writes: an activity (and the patch's marker),
+    // or the local activity's marker.
+    cost(ctx, |a| {
+        a.markers += 1;
+        a.activities += u32::from(as_activity);
+    });
     let status = ctx.state(|s| s.snapshot());
     let input = ctx.state(|s| FinalizeInput {
         batch_id: s.input.batch_id.clone(),
         bundle_dir: s.input.bundle_dir.clone(),
         status: status.clone(),
     });
-    let opts = LocalActivityOptions::builder()
-        .start_to_close_timeout(Duration::from_secs(120))
-        .retry_policy(RetryPolicy::builder().maximum_attempts(3).build())
-        .cancellation_token(WorkflowCancellationToken::new())
-        .build();
+    let retry = RetryPolicy::builder().maximum_attempts(3).build();
     // The bundle can always be rebuilt by `report`; a failed write must not lose the outcome.
-    let _ = ctx.execute_local_activity(Finalize, input, opts).await;
+    if as_activity {
+        let opts = ActivityOptions::with_start_to_close_timeout(FINALIZE_TIMEOUT)
+            .activity_id("finalize".to_string())
+            .heartbeat_timeout(ctx.state(|s| s.shared.heartbeat_timeout))
+            .retry_policy(retry)
+            .cancellation_token(WorkflowCancellationToken::new())
+            .build();
+        let _ = ctx.execute_activity(Finalize, input, opts).await;
+    } else {
+        let opts = LocalActivityOptions::builder()
+            .start_to_close_timeout(Duration::from_secs(120))
+            .retry_policy(retry)
+            .cancellation_token(WorkflowCancellationToken::new())
+            .build();
+        let _ = ctx.execute_local_activity(Finalize, input, opts).await;
+    }
     let slots = ctx.state(|s| s.slots.clone());
     Ok(BatchOutcome { end, status, slots })
 }
