@@ -98,11 +98,12 @@ impl PlanIndex {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{Bundle, write_json_atomic};
 
-    fn plan_of(n: u32) -> Plan {
+    /// A plan of `n` simulated cases, `case-0` to `case-{n-1}`, each in a directory so named.
+    pub(crate) fn plan_of(n: u32) -> Plan {
         let case = |i: u32| -> PlannedCase {
             serde_json::from_value(serde_json::json!({
                 "index": i, "case_id": format!("case-{i}"), "case_dir": format!("case-{i}"),

@@ -234,6 +234,26 @@ pub fn assemble<C: CaseIdentity>(
     })
 }
 
+/// Cases by state as their results show them (queued: no attempt finished yet), from one
+/// small read per case: what `status` shows when no worker answers, without the attempts'
+/// records that [`assemble`] reads too.
+pub fn count_states<C: CaseIdentity>(
+    bundle: &Bundle,
+    plan: &Plan<C>,
+) -> Result<BTreeMap<CaseRecordState, usize>, BundleError> {
+    #[derive(Deserialize)]
+    struct StateOnly {
+        state: CaseRecordState,
+    }
+    let mut counts = BTreeMap::new();
+    for case in &plan.cases {
+        let result: Option<StateOnly> = read_json_if_present(&bundle.case_result(case.case_dir()))?;
+        let state = result.map_or(CaseRecordState::Queued, |r| r.state);
+        *counts.entry(state).or_default() += 1;
+    }
+    Ok(counts)
+}
+
 /// The actions count of the summary written before, which only the workflow can know.
 fn previous_actions(bundle: &Bundle) -> Option<casebatch_proto::TemporalActions> {
     #[derive(Deserialize)]
@@ -471,6 +491,37 @@ fn csv_cell(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn states_are_counted_from_the_results_and_damage_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = Bundle::new(dir.path(), "b");
+        let plan = crate::plan_file::tests::plan_of(5);
+        let result = |i: u32, state: &str| {
+            let path = bundle.case_result(&format!("case-{i}"));
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(
+                &path,
+                format!(r#"{{"case_id": "case-{i}", "state": "{state}"}}"#),
+            )
+            .unwrap();
+            path
+        };
+        result(0, "succeeded");
+        result(1, "failed");
+        result(3, "succeeded");
+        let counts = count_states(&bundle, &plan).unwrap();
+        let expected = [
+            (CaseRecordState::Queued, 2),
+            (CaseRecordState::Succeeded, 2),
+            (CaseRecordState::Failed, 1),
+        ];
+        assert_eq!(counts, BTreeMap::from(expected));
+        // A damaged result is an error naming it, never a case counted as queued.
+        let damaged = result(2, "succ");
+        let err = count_states(&bundle, &plan).unwrap_err().to_string();
+        assert!(err.contains(&damaged.display().to_string()), "{err}");
+    }
 
     #[test]
     fn dotted_lookup_and_csv_quoting() {

@@ -2,10 +2,11 @@
 //! or the bundle), the report (from the bundle alone), and the raw history.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use casebatch_bundle::{
-    AttemptRecord, BatchSummary, Bundle, CaseResult, summary, write_assembled, write_bytes_atomic,
+    AttemptRecord, BatchSummary, Bundle, CaseRecordState, CaseResult, summary, write_assembled,
+    write_bytes_atomic,
 };
 use casebatch_manifest::{Plan, PlanHead};
 use casebatch_proto::{BatchEnd, BatchStatus, Counts, FailureCode, Phase, workflow_id};
@@ -16,10 +17,12 @@ use temporalio_client::{
 
 use crate::error::{ControlError, Result};
 use crate::location::{Attached, BatchLocation, EngineChoice};
-use crate::workflow::{Presence, query_status};
+use crate::workflow::{Presence, presence as presence_of, query_status};
 
 /// How long a status query may take before the bundle's view is shown instead.
 const QUERY_WAIT: Duration = Duration::from_secs(5);
+/// The pause before a failed status query is asked again (within [`QUERY_WAIT`]).
+const QUERY_AGAIN_AFTER: Duration = Duration::from_millis(100);
 
 /// A batch's status and where it came from.
 #[derive(Debug)]
@@ -38,23 +41,39 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
         bundle,
         plan,
         handle,
-        presence,
+        mut presence,
         // Held to the end: dropping the engine stops an embedded server this command started.
         engine: _engine,
         ..
     } = location.attach(engine).await?;
-    let running = presence == Presence::Running;
-    let (status, end) = if running {
-        match tokio::time::timeout(QUERY_WAIT, query_status(&handle)).await {
-            Ok(Ok(s)) => (s, None),
-            // Running but no worker answers (its runner died): show the bundle's view.
-            _ => (from_bundle(&bundle, &plan, Phase::Running)?, None),
+    let deadline = Instant::now() + QUERY_WAIT;
+    let mut live = None;
+    while presence == Presence::Running {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, query_status(&handle)).await {
+            Ok(Ok(s)) => {
+                live = Some(s);
+                break;
+            }
+            // No worker answers in time (its runner died): the bundle's view, below.
+            Err(_) => break,
+            // The run it reached ended meanwhile: a query caught by a continue-as-new fails
+            // with its run, and the next run answers. Asked again of whichever run is the
+            // batch's now, once that is proven again.
+            Ok(Err(_)) => {
+                tokio::time::sleep(QUERY_AGAIN_AFTER).await;
+                presence = presence_of(&handle, &bundle, &plan).await?;
+            }
         }
-    } else {
-        match handle.get_result(WorkflowGetResultOptions::default()).await {
+    }
+    let running = presence == Presence::Running;
+    let (status, end) = match live {
+        Some(s) => (s, None),
+        None if running => (from_bundle(&bundle, &plan, Phase::Running)?, None),
+        None => match handle.get_result(WorkflowGetResultOptions::default()).await {
             Ok(o) => (o.status, Some(o.end)),
             Err(_) => (from_bundle(&bundle, &plan, Phase::Finished)?, None),
-        }
+        },
     };
     Ok(StatusView {
         plan,
@@ -66,17 +85,19 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
 
 /// Status as the bundle's per-case records show it.
 fn from_bundle(bundle: &Bundle, plan: &PlanHead, phase: Phase) -> Result<BatchStatus> {
-    let s = summary::assemble(bundle, plan)?.summary;
-    let get = |k: &str| s.count(k) as u32;
+    let counts = summary::count_states(bundle, plan)?;
+    let get = |state| counts.get(&state).map_or(0, |n| *n as u32);
     Ok(BatchStatus {
         batch_id: plan.batch_id.clone(),
         phase,
         counts: Counts {
-            queued: get("queued") + get("retrying") + get("running"),
+            queued: get(CaseRecordState::Queued)
+                + get(CaseRecordState::Retrying)
+                + get(CaseRecordState::Running),
             running: 0,
-            succeeded: get("succeeded"),
-            failed: get("failed"),
-            cancelled: get("cancelled"),
+            succeeded: get(CaseRecordState::Succeeded),
+            failed: get(CaseRecordState::Failed),
+            cancelled: get(CaseRecordState::Cancelled),
         },
         concurrency: plan.settings.concurrency,
         ..BatchStatus::default()
