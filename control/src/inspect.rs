@@ -21,7 +21,9 @@ use crate::workflow::{Presence, presence as presence_of, query_status};
 
 /// How long a status query may take before the bundle's view is shown instead.
 const QUERY_WAIT: Duration = Duration::from_secs(5);
-/// The pause before a failed status query is asked again (within [`QUERY_WAIT`]).
+/// How long one status query may take before it is asked again (within [`QUERY_WAIT`]).
+const QUERY_TRY: Duration = Duration::from_secs(2);
+/// The pause before a refused or unanswered status query is asked again.
 const QUERY_AGAIN_AFTER: Duration = Duration::from_millis(100);
 
 /// A batch's status and where it came from.
@@ -48,19 +50,19 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
     } = location.attach(engine).await?;
     let deadline = Instant::now() + QUERY_WAIT;
     let mut live = None;
-    while presence == Presence::Running {
+    while presence == Presence::Running && Instant::now() < deadline {
         let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, query_status(&handle)).await {
+        match tokio::time::timeout(left.min(QUERY_TRY), query_status(&handle)).await {
             Ok(Ok(s)) => {
                 live = Some(s);
                 break;
             }
-            // No worker answers in time (its runner died): the bundle's view, below.
-            Err(_) => break,
-            // The run it reached ended meanwhile: a query caught by a continue-as-new fails
-            // with its run, and the next run answers. Asked again of whichever run is the
-            // batch's now, once that is proven again.
-            Ok(Err(_)) => {
+            // Refused or unanswered: asked again of whichever run is the batch's now, once
+            // that is proven again. The server refuses a query at once while it holds another
+            // behind the workflow task in flight (it holds one; the runner's own progress
+            // queries take it), and a query held as its run continues as new can wait on a
+            // run that is over. No answer at all (no worker) ends in the bundle's view.
+            Ok(Err(_)) | Err(_) => {
                 tokio::time::sleep(QUERY_AGAIN_AFTER).await;
                 presence = presence_of(&handle, &bundle, &plan).await?;
             }
