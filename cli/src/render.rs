@@ -12,7 +12,7 @@ use casebatch_control::{
 use casebatch_manifest::{CaseIdentity, Plan, PlanHead};
 use casebatch_proto::{BatchEnd, BatchOutcome, BatchStatus, Counters, Counts, OOM_BOOST_CAP_MB};
 
-use casebatch_views::{RunEnd, RunView};
+use casebatch_views::{RunEnd, RunView, StatusSource};
 
 use crate::exit::Exit;
 
@@ -689,6 +689,16 @@ pub fn status(view: &StatusView) {
         s.segment,
         s.concurrency
     );
+    if view.source == StatusSource::Bundle {
+        say!(
+            "  from the cases' records in the bundle: {}",
+            if view.live {
+                "no worker answered the status query in time (is a runner or worker up?)"
+            } else {
+                "the workflow ended without a result"
+            }
+        );
+    }
     say!(
         "  queued {} · running {} · succeeded {} · failed {} · cancelled {}",
         c.queued,

@@ -10,6 +10,7 @@ use casebatch_bundle::{
 };
 use casebatch_manifest::{Plan, PlanHead};
 use casebatch_proto::{BatchEnd, BatchStatus, Counts, FailureCode, Phase, workflow_id};
+use casebatch_views::StatusSource;
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::{
     WorkflowExecutionInfo, WorkflowFetchHistoryOptions, WorkflowGetResultOptions, WorkflowHandle,
@@ -36,6 +37,8 @@ pub struct StatusView {
     pub live: bool,
     /// How the last run ended, when it ended with a result.
     pub end: Option<BatchEnd>,
+    /// Where the status was read.
+    pub source: StatusSource,
 }
 
 pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<StatusView> {
@@ -69,12 +72,13 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
         }
     }
     let running = presence == Presence::Running;
-    let (status, end) = match live {
-        Some(s) => (s, None),
-        None if running => (from_bundle(&bundle, &plan, Phase::Running)?, None),
+    let bundle_view = |phase| Ok::<_, ControlError>((from_bundle(&bundle, &plan, phase)?, None));
+    let ((status, end), source) = match live {
+        Some(s) => ((s, None), StatusSource::Workflow),
+        None if running => (bundle_view(Phase::Running)?, StatusSource::Bundle),
         None => match handle.get_result(WorkflowGetResultOptions::default()).await {
-            Ok(o) => (o.status, Some(o.end)),
-            Err(_) => (from_bundle(&bundle, &plan, Phase::Finished)?, None),
+            Ok(o) => ((o.status, Some(o.end)), StatusSource::Result),
+            Err(_) => (bundle_view(Phase::Finished)?, StatusSource::Bundle),
         },
     };
     Ok(StatusView {
@@ -82,6 +86,7 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
         status,
         live: running,
         end,
+        source,
     })
 }
 

@@ -93,8 +93,30 @@ tasks:
         sb.lines("started.log") < 12,
         "killed with epochs still queued"
     );
+    // No worker answers the running workflow's query: status says so and counts what the
+    // cases' records hold.
+    let view = sb.status("epochs-crash");
+    assert_eq!(
+        (&view["live"], &view["source"]),
+        (&true.into(), &"bundle".into())
+    );
+    let recorded = std::fs::read_dir(sb.bundle("epochs-crash").join("cases"))
+        .unwrap()
+        .filter(|d| {
+            let result = d.as_ref().unwrap().path().join("result.json");
+            std::fs::read_to_string(result).is_ok_and(|r| r.contains("\"succeeded\""))
+        })
+        .count();
+    let counts = &view["status"]["counts"];
+    assert_eq!(counts["succeeded"], recorded, "{view:#}");
+    assert_eq!(counts["queued"], 12 - recorded, "{view:#}");
 
     assert_exit(&sb.op("resume", "epochs-crash"), 0);
+    let view = sb.status("epochs-crash");
+    assert_eq!(
+        (&view["live"], &view["source"]),
+        (&false.into(), &"result".into())
+    );
     let mut started: Vec<String> = sb.read("started.log").lines().map(String::from).collect();
     started.sort();
     let expected: Vec<String> = ["t1", "t2", "t3"]

@@ -15,8 +15,23 @@ pub struct StatusView {
     pub live: bool,
     /// How the last run ended, when it ended with a result.
     pub end: Option<BatchEnd>,
+    /// Where the status was read.
+    pub source: StatusSource,
     /// The batch's status, as its workflow (or its bundle) reports it.
     pub status: BatchStatus,
+}
+
+/// Where `batch status` read the batch's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StatusSource {
+    /// The running workflow answered its status query.
+    Workflow,
+    /// The workflow's result: how its last run ended.
+    Result,
+    /// The cases' result records alone (counts only): the workflow runs but no worker
+    /// answered within 5 s, or it ended without a result (terminated, failed).
+    Bundle,
 }
 
 /// The answer of `batch report --json` (read from the bundle alone).

@@ -15,6 +15,7 @@ pub async fn status(r: &BatchRef) -> CliResult {
         render::json(&casebatch_views::StatusView {
             live: view.live,
             end: view.end,
+            source: view.source,
             status: view.status,
         });
     } else {
