@@ -621,6 +621,14 @@ fn start_server(
     Ok((child, record))
 }
 
+/// How many events the server buffers for a workflow while one of its tasks is in flight
+/// before it force-closes that task (100 by default). A force-closed task costs the worker a
+/// replay of the run's whole history (up to its budget of 20,000 events: seconds of CPU and
+/// tens of MB, during which queries wait). A fast batch at 64 wide hit the default about
+/// five times per run; every case in flight can end during one task, with two events each
+/// (started, completed), and tail speculation can double the attempts in flight: 4 × 512.
+pub(crate) const MAX_BUFFERED_EVENTS: u32 = 4 * 512;
+
 /// The dev server's command line, on `port` and the state dir's database.
 pub(crate) fn server_command(bin: &str, port: u16, ui: Option<u16>, dir: &Path) -> Command {
     let mut cmd = Command::new(bin);
@@ -652,6 +660,10 @@ pub(crate) fn server_args(cmd: &mut Command, port: u16, ui: Option<u16>, dir: &P
         .args([
             "--dynamic-config-value",
             "system.enableActivityEagerExecution=true",
+        ])
+        .args([
+            "--dynamic-config-value".to_string(),
+            format!("history.maximumBufferedEventsBatch={MAX_BUFFERED_EVENTS}"),
         ])
         // Batches are found by these (`temporal workflow list --query "CasebatchBatchId='x'"`).
         .args(search_attribute_args())
@@ -839,7 +851,7 @@ fn port_is_free(port: u16) -> bool {
     TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).is_ok()
 }
 
-fn free_port() -> std::io::Result<u16> {
+pub(crate) fn free_port() -> std::io::Result<u16> {
     let l = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))?;
     Ok(l.local_addr()?.port())
 }

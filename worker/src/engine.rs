@@ -367,6 +367,104 @@ fn transport_text(e: &tonic::transport::Error) -> String {
 mod tests {
     use super::*;
 
+    /// A workflow task held open while more events arrive than the server buffers by default
+    /// (100) is not force-closed on the embedded engine: its completion is accepted, and the
+    /// worker keeps the run in its cache instead of replaying its whole history.
+    #[tokio::test]
+    async fn the_embedded_engine_waits_out_a_long_workflow_task() {
+        use temporalio_common::protos::temporal::api::common::v1::{
+            WorkflowExecution, WorkflowType,
+        };
+        use temporalio_common::protos::temporal::api::taskqueue::v1::TaskQueue;
+        use temporalio_common::protos::temporal::api::workflowservice::v1::{
+            PollWorkflowTaskQueueRequest, RespondWorkflowTaskCompletedRequest,
+            SignalWorkflowExecutionRequest, StartWorkflowExecutionRequest,
+        };
+        use tonic::Request;
+
+        /// The server, stopped however the test ends.
+        struct Server(std::process::Child);
+        impl Drop for Server {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        // The embedded engine's command line; its keeper would be this test binary.
+        let dir = tempfile::tempdir().unwrap();
+        let port = crate::devserver::free_port().unwrap();
+        let bin = std::env::var(crate::devserver::TEMPORAL_BIN_ENV).unwrap_or("temporal".into());
+        let _server = Server(
+            crate::devserver::server_command(&bin, port, None, dir.path())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let url: temporalio_client::Url = format!("http://127.0.0.1:{port}").parse().unwrap();
+        let conn = ConnectionOptions::new(url)
+            .connect_timeout(ATTEMPT_TIMEOUT)
+            .build();
+        let client = connect_until_serving(conn, "default", Mode::Embedded)
+            .await
+            .unwrap();
+        let mut service = client.connection().workflow_service();
+        let queue = TaskQueue {
+            name: "held".into(),
+            ..Default::default()
+        };
+        service
+            .start_workflow_execution(Request::new(StartWorkflowExecutionRequest {
+                namespace: "default".into(),
+                workflow_id: "held".into(),
+                workflow_type: Some(WorkflowType {
+                    name: "held".into(),
+                }),
+                task_queue: Some(queue.clone()),
+                request_id: "held-start".into(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap();
+        let task = service
+            .poll_workflow_task_queue(Request::new(PollWorkflowTaskQueueRequest {
+                namespace: "default".into(),
+                task_queue: Some(queue),
+                ..Default::default()
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!task.task_token.is_empty(), "the task was handed out");
+        // While the task is out, each signal is buffered: twice the server's default.
+        for i in 0..200 {
+            service
+                .signal_workflow_execution(Request::new(SignalWorkflowExecutionRequest {
+                    namespace: "default".into(),
+                    workflow_execution: Some(WorkflowExecution {
+                        workflow_id: "held".into(),
+                        run_id: String::new(),
+                    }),
+                    signal_name: "nudge".into(),
+                    request_id: format!("nudge-{i}"),
+                    ..Default::default()
+                }))
+                .await
+                .unwrap();
+        }
+        let completed = service
+            .respond_workflow_task_completed(Request::new(RespondWorkflowTaskCompletedRequest {
+                namespace: "default".into(),
+                task_token: task.task_token,
+                ..Default::default()
+            }))
+            .await;
+        assert!(
+            completed.is_ok(),
+            "the server force-closed the task: {completed:?}"
+        );
+    }
+
     #[tokio::test]
     async fn nothing_listening_gives_up_after_the_bound_with_the_last_error() {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
