@@ -22,6 +22,9 @@ use casebatch_cli::{cli, exit, logs, manual};
 
 use clap::FromArgMatches;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     // The derived command, with the exit codes after every command's help.
     let matches = manual::command().get_matches();
