@@ -86,8 +86,54 @@ pub struct BatchStats {
     pub tasks: Option<Box<crate::epochs::TaskStats>>,
 }
 
+/// What the batch files need from its attempt records, counted one record at a time: the
+/// closing write of a large batch streams the records to disk and keeps only this.
+#[derive(Debug, Default)]
+pub struct AttemptTally {
+    pub total: usize,
+    pub adopted: usize,
+    pub speculative_losers: usize,
+    pub stranded: usize,
+    /// Attempts kept as evidence whose runtime held a job for them.
+    pub jobs_paid_twice: usize,
+    /// Dispatch to end, speculative losers left out.
+    durations_ms: Vec<u64>,
+    stage_ms: BTreeMap<Stage, Vec<u64>>,
+}
+
+impl AttemptTally {
+    pub fn of(attempts: &[AttemptRecord]) -> Self {
+        let mut tally = Self::default();
+        attempts.iter().for_each(|a| tally.add(a));
+        tally
+    }
+
+    pub fn add(&mut self, a: &AttemptRecord) {
+        let s = &a.summary;
+        self.total += 1;
+        self.adopted += usize::from(s.adopted);
+        self.speculative_losers += usize::from(s.speculative_loser);
+        self.stranded += usize::from(s.stranded);
+        self.jobs_paid_twice += usize::from(s.is_evidence_only() && a.held_job == Some(true));
+        if let Some(ms) = s.duration_ms().filter(|_| !s.speculative_loser) {
+            self.durations_ms.push(ms);
+        }
+        for t in &a.stages {
+            self.stage_ms
+                .entry(t.stage)
+                .or_default()
+                .push(t.duration_ms);
+        }
+    }
+}
+
 impl BatchStats {
     pub fn of(results: &[Option<CaseResult>], attempts: &[AttemptRecord]) -> Self {
+        Self::of_tally(results, AttemptTally::of(attempts))
+    }
+
+    /// [`BatchStats::of`] with the attempts already counted.
+    pub fn of_tally(results: &[Option<CaseResult>], attempts: AttemptTally) -> Self {
         let finished: Vec<&CaseResult> = results
             .iter()
             .flatten()
@@ -121,16 +167,6 @@ impl BatchStats {
             }
         }
 
-        let ms: Vec<u64> = attempts
-            .iter()
-            .filter(|a| !a.summary.speculative_loser)
-            .filter_map(|a| a.summary.duration_ms())
-            .collect();
-        let mut by_stage: BTreeMap<Stage, Vec<u64>> = BTreeMap::new();
-        for t in attempts.iter().flat_map(|a| &a.stages) {
-            by_stage.entry(t.stage).or_default().push(t.duration_ms);
-        }
-
         Self {
             pass_rate: Rate::new(
                 passed,
@@ -146,8 +182,9 @@ impl BatchStats {
                 .into_iter()
                 .map(|(name, xs)| (name, mean_and_stderr(&xs)))
                 .collect(),
-            durations: Durations::of(ms),
-            stage_durations: by_stage
+            durations: Durations::of(attempts.durations_ms),
+            stage_durations: attempts
+                .stage_ms
                 .into_iter()
                 .filter_map(|(stage, ms)| Some((stage, Durations::of(ms)?)))
                 .collect(),

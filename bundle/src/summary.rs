@@ -3,6 +3,7 @@
 //! Per-case files are the source of truth on disk (they stream in as each case finishes);
 //! the batch files are a projection that `finalize` and `report` rebuild at any time.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -12,6 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::journal::AttemptJournal;
 use crate::records::{AttemptRecord, CaseRecordState, CaseResult, RECORD_SCHEMA_VERSION};
+use crate::stats::{AttemptTally, BatchStats};
+use crate::write::prepare_json_atomic;
 use crate::{Bundle, BundleError, read_json_if_present, write_json_atomic};
 
 /// `batch_summary.json`: counts, failure breakdown, one row per case.
@@ -108,69 +111,66 @@ pub fn assemble<C: CaseIdentity>(
     bundle: &Bundle,
     plan: &Plan<C>,
 ) -> Result<Assembled, BundleError> {
-    let mut results = Vec::with_capacity(plan.cases.len());
+    let mut scan = Scan::new(plan);
     let mut attempts = Vec::new();
-    let mut rows = Vec::with_capacity(plan.cases.len());
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    let mut by_stage_class = BTreeMap::new();
-    let mut by_code = BTreeMap::new();
-    let mut by_runtime = BTreeMap::new();
-    let (mut cleanup_unconfirmed, mut collect_failed, mut adopted) = (0, 0, 0);
-    let mut simulated = false;
-
     for case in &plan.cases {
+        attempts.extend(scan.case(bundle, case)?);
+    }
+    let (results, summary) = scan.finish(bundle);
+    Ok(Assembled {
+        results,
+        attempts,
+        summary,
+    })
+}
+
+/// Every case's records read once, in plan order, into what the batch files say. Each case's
+/// attempts are handed back once counted: [`assemble`] keeps them, the batch files' write
+/// streams them to disk.
+struct Scan<'p, C> {
+    plan: &'p Plan<C>,
+    results: Vec<Option<CaseResult>>,
+    rows: Vec<SummaryRow>,
+    counts: BTreeMap<String, usize>,
+    by_stage_class: BTreeMap<String, usize>,
+    by_code: BTreeMap<String, usize>,
+    by_runtime: BTreeMap<String, usize>,
+    cleanup_unconfirmed: usize,
+    collect_failed: usize,
+    simulated: bool,
+    attempts: AttemptTally,
+}
+
+impl<'p, C: CaseIdentity> Scan<'p, C> {
+    fn new(plan: &'p Plan<C>) -> Self {
+        Self {
+            plan,
+            results: Vec::with_capacity(plan.cases.len()),
+            rows: Vec::with_capacity(plan.cases.len()),
+            counts: BTreeMap::new(),
+            by_stage_class: BTreeMap::new(),
+            by_code: BTreeMap::new(),
+            by_runtime: BTreeMap::new(),
+            cleanup_unconfirmed: 0,
+            collect_failed: 0,
+            simulated: false,
+            attempts: AttemptTally::default(),
+        }
+    }
+
+    /// Reads `case`'s result and attempts, counts them, and returns the attempts.
+    fn case(&mut self, bundle: &Bundle, case: &C) -> Result<Vec<AttemptRecord>, BundleError> {
         // Absent: the case has not finished an attempt yet. Damaged: an error, never "queued".
         let result: Option<CaseResult> =
             read_json_if_present(&bundle.case_result(case.case_dir()))?;
         let case_attempts = read_attempts(bundle, case.case_dir())?;
-        adopted += case_attempts.iter().filter(|a| a.summary.adopted).count();
+        case_attempts.iter().for_each(|a| self.attempts.add(a));
         let usage = usage_of(&case_attempts);
-        attempts.extend(case_attempts);
 
         let state = result.as_ref().map_or(CaseRecordState::Queued, |r| r.state);
-        *counts.entry(state.as_str().to_string()).or_default() += 1;
+        *self.counts.entry(state.as_str().to_string()).or_default() += 1;
         let row = match &result {
-            Some(r) => {
-                simulated |= r.simulated;
-                if !r.cleanup_confirmed {
-                    cleanup_unconfirmed += 1;
-                }
-                if r.collect_failure.is_some() {
-                    collect_failed += 1;
-                }
-                if let (CaseRecordState::Failed, Some(f)) = (r.state, &r.failure) {
-                    let key = format!("{}/{}", f.stage.as_str(), f.class.as_str());
-                    *by_stage_class.entry(key).or_default() += 1;
-                    *by_code.entry(f.code.to_string()).or_default() += 1;
-                }
-                if let Some(runtime) = &r.runtime {
-                    *by_runtime.entry(runtime.clone()).or_default() += 1;
-                }
-                // As JSON only for the fields the manifest asks for.
-                let json = (!plan.summary.fields.is_empty())
-                    .then(|| serde_json::to_value(r).expect("records serialize"));
-                SummaryRow {
-                    case_id: r.case_id.clone(),
-                    case_dir: r.case_dir.clone(),
-                    state: r.state,
-                    attempts: r.attempts,
-                    actor_status: r.actor_status.map(|a| enum_name(&a)),
-                    verdict: r.verdict.map(|v| enum_name(&v)),
-                    cleanup_confirmed: Some(r.cleanup_confirmed),
-                    failure_stage: r.failure.as_ref().map(|f| f.stage.as_str().into()),
-                    failure_class: r.failure.as_ref().map(|f| f.class.as_str().into()),
-                    failure_code: r.failure.as_ref().map(|f| f.code.to_string()),
-                    failure_message: r.failure.as_ref().map(|f| f.message.clone()),
-                    runtime: r.runtime.clone(),
-                    fields: plan
-                        .summary
-                        .fields
-                        .iter()
-                        .filter_map(|p| Some((p.clone(), lookup(json.as_ref()?, p))))
-                        .collect(),
-                    usage,
-                }
-            }
+            Some(r) => self.finished_row(r, usage),
             None => SummaryRow {
                 case_id: case.case_id().to_owned(),
                 case_dir: case.case_dir().to_owned(),
@@ -188,50 +188,84 @@ pub fn assemble<C: CaseIdentity>(
                 usage,
             },
         };
-        rows.push(row);
-        results.push(result);
+        self.rows.push(row);
+        self.results.push(result);
+        Ok(case_attempts)
     }
 
-    let mut tasks = crate::epochs::TaskStats::of(&plan.cases, &results);
-    if let Some(tasks) = tasks.as_mut() {
-        tasks.add_usage(&plan.cases, &rows);
+    /// The summary row of a case with a result, counted into the batch's breakdowns.
+    fn finished_row(&mut self, r: &CaseResult, usage: Option<Usage>) -> SummaryRow {
+        self.simulated |= r.simulated;
+        self.cleanup_unconfirmed += usize::from(!r.cleanup_confirmed);
+        self.collect_failed += usize::from(r.collect_failure.is_some());
+        if let (CaseRecordState::Failed, Some(f)) = (r.state, &r.failure) {
+            let key = format!("{}/{}", f.stage.as_str(), f.class.as_str());
+            *self.by_stage_class.entry(key).or_default() += 1;
+            *self.by_code.entry(f.code.to_string()).or_default() += 1;
+        }
+        if let Some(runtime) = &r.runtime {
+            *self.by_runtime.entry(runtime.clone()).or_default() += 1;
+        }
+        // As JSON only for the fields the manifest asks for.
+        let fields = &self.plan.summary.fields;
+        let json =
+            (!fields.is_empty()).then(|| serde_json::to_value(r).expect("records serialize"));
+        SummaryRow {
+            case_id: r.case_id.clone(),
+            case_dir: r.case_dir.clone(),
+            state: r.state,
+            attempts: r.attempts,
+            actor_status: r.actor_status.map(|a| enum_name(&a)),
+            verdict: r.verdict.map(|v| enum_name(&v)),
+            cleanup_confirmed: Some(r.cleanup_confirmed),
+            failure_stage: r.failure.as_ref().map(|f| f.stage.as_str().into()),
+            failure_class: r.failure.as_ref().map(|f| f.class.as_str().into()),
+            failure_code: r.failure.as_ref().map(|f| f.code.to_string()),
+            failure_message: r.failure.as_ref().map(|f| f.message.clone()),
+            runtime: r.runtime.clone(),
+            fields: fields
+                .iter()
+                .filter_map(|p| Some((p.clone(), lookup(json.as_ref()?, p))))
+                .collect(),
+            usage,
+        }
     }
-    let total_usage = sum_usage(rows.iter().filter_map(|r| r.usage.as_ref()));
-    let summary = BatchSummary {
-        schema_version: RECORD_SCHEMA_VERSION.into(),
-        batch_id: plan.batch_id.clone(),
-        total: plan.cases.len(),
-        counts,
-        failures_by_stage_class: by_stage_class,
-        failures_by_code: by_code,
-        cases_by_runtime: by_runtime,
-        cleanup_unconfirmed,
-        collect_failed,
-        adopted_attempts: adopted,
-        attempts_total: attempts.len(),
-        speculative_losers: attempts
-            .iter()
-            .filter(|a| a.summary.speculative_loser)
-            .count(),
-        stranded_attempts: attempts.iter().filter(|a| a.summary.stranded).count(),
-        jobs_paid_twice: attempts
-            .iter()
-            .filter(|a| a.summary.is_evidence_only() && a.held_job == Some(true))
-            .count(),
-        temporal_actions: previous_actions(bundle),
-        simulated,
-        usage: total_usage,
-        stats: Some(crate::stats::BatchStats {
-            tasks: tasks.map(Box::new),
-            ..crate::stats::BatchStats::of(&results, &attempts)
-        }),
-        rows,
-    };
-    Ok(Assembled {
-        results,
-        attempts,
-        summary,
-    })
+
+    /// The results in plan order, and the summary they and the counted attempts make.
+    fn finish(self, bundle: &Bundle) -> (Vec<Option<CaseResult>>, BatchSummary) {
+        let plan = self.plan;
+        let mut tasks = crate::epochs::TaskStats::of(&plan.cases, &self.results);
+        if let Some(tasks) = tasks.as_mut() {
+            tasks.add_usage(&plan.cases, &self.rows);
+        }
+        let total_usage = sum_usage(self.rows.iter().filter_map(|r| r.usage.as_ref()));
+        let a = &self.attempts;
+        let summary = BatchSummary {
+            schema_version: RECORD_SCHEMA_VERSION.into(),
+            batch_id: plan.batch_id.clone(),
+            total: plan.cases.len(),
+            counts: self.counts,
+            failures_by_stage_class: self.by_stage_class,
+            failures_by_code: self.by_code,
+            cases_by_runtime: self.by_runtime,
+            cleanup_unconfirmed: self.cleanup_unconfirmed,
+            collect_failed: self.collect_failed,
+            adopted_attempts: a.adopted,
+            attempts_total: a.total,
+            speculative_losers: a.speculative_losers,
+            stranded_attempts: a.stranded,
+            jobs_paid_twice: a.jobs_paid_twice,
+            temporal_actions: previous_actions(bundle),
+            simulated: self.simulated,
+            usage: total_usage,
+            stats: Some(BatchStats {
+                tasks: tasks.map(Box::new),
+                ..BatchStats::of_tally(&self.results, self.attempts)
+            }),
+            rows: self.rows,
+        };
+        (self.results, summary)
+    }
 }
 
 /// Cases by state as their results show them (queued: no attempt finished yet), from one
@@ -273,9 +307,7 @@ pub fn write_batch_files<C: CaseIdentity>(
     bundle: &Bundle,
     plan: &Plan<C>,
 ) -> Result<BatchSummary, BundleError> {
-    let a = assemble(bundle, plan)?;
-    write_assembled(bundle, plan, &a)?;
-    Ok(a.summary)
+    write_streamed(bundle, plan, None)
 }
 
 /// [`write_batch_files`] at the batch's end, with the Temporal actions its workflow counted.
@@ -284,10 +316,77 @@ pub fn write_final_batch_files<C: CaseIdentity>(
     plan: &Plan<C>,
     actions: casebatch_proto::TemporalActions,
 ) -> Result<BatchSummary, BundleError> {
-    let mut a = assemble(bundle, plan)?;
-    a.summary.temporal_actions = Some(actions);
-    write_assembled(bundle, plan, &a)?;
-    Ok(a.summary)
+    write_streamed(bundle, plan, Some(actions))
+}
+
+/// The batch files from one read of every case, with the attempt records serialized as they
+/// are read: a 100,000-case batch's attempts are about 160 MB of JSON, which the write never
+/// holds. Files appear in the same order as [`write_assembled`]'s: results, attempts, summary.
+fn write_streamed<C: CaseIdentity>(
+    bundle: &Bundle,
+    plan: &Plan<C>,
+    actions: Option<casebatch_proto::TemporalActions>,
+) -> Result<BatchSummary, BundleError> {
+    let mut scan = Scan::new(plan);
+    let streamed = ScannedAttempts {
+        bundle,
+        scan: RefCell::new(&mut scan),
+        failed: RefCell::new(None),
+    };
+    let attempts = prepare_json_atomic(&bundle.attempts(), &attempts_file(plan, &streamed))?;
+    if let Some(e) = streamed.failed.into_inner() {
+        // The temp file goes with `attempts`.
+        return Err(e);
+    }
+    let (results, mut summary) = scan.finish(bundle);
+    if actions.is_some() {
+        summary.temporal_actions = actions;
+    }
+    write_results(bundle, plan, &results)?;
+    attempts.persist()?;
+    write_summary(bundle, plan, &summary)?;
+    Ok(summary)
+}
+
+/// `batch_attempts.json`'s list, read case by case while it is serialized. A case whose
+/// records cannot be read ends the list, and its error is kept in `failed` for the caller.
+struct ScannedAttempts<'s, 'p, C> {
+    bundle: &'s Bundle,
+    scan: RefCell<&'s mut Scan<'p, C>>,
+    failed: RefCell<Option<BundleError>>,
+}
+
+impl<C: CaseIdentity> Serialize for ScannedAttempts<'_, '_, C> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut scan = self.scan.borrow_mut();
+        let cases = &scan.plan.cases;
+        let each = cases
+            .iter()
+            .map_while(|case| match scan.case(self.bundle, case) {
+                Ok(attempts) => Some(attempts),
+                Err(e) => {
+                    *self.failed.borrow_mut() = Some(e);
+                    None
+                }
+            });
+        serializer.collect_seq(each.flatten())
+    }
+}
+
+/// `batch_attempts.json`: the batch's attempt records, in case order.
+#[derive(Serialize)]
+struct AttemptsFile<'a, A: ?Sized> {
+    schema_version: &'a str,
+    batch_id: &'a str,
+    attempts: &'a A,
+}
+
+fn attempts_file<'a, C, A: ?Sized>(plan: &'a Plan<C>, attempts: &'a A) -> AttemptsFile<'a, A> {
+    AttemptsFile {
+        schema_version: RECORD_SCHEMA_VERSION,
+        batch_id: &plan.batch_id,
+        attempts,
+    }
 }
 
 /// [`write_batch_files`] for records already read.
@@ -296,40 +395,44 @@ pub fn write_assembled<C>(
     plan: &Plan<C>,
     a: &Assembled,
 ) -> Result<(), BundleError> {
-    // Serialized from where the records are: a `json!` value would copy 100,000 of them into
-    // a JSON tree first.
+    write_results(bundle, plan, &a.results)?;
+    write_json_atomic(&bundle.attempts(), &attempts_file(plan, &a.attempts[..]))?;
+    write_summary(bundle, plan, &a.summary)
+}
+
+/// `batch_results.json`: every case's latest result, serialized from where the records are (a
+/// `json!` value would copy 100,000 of them into a JSON tree first).
+fn write_results<C>(
+    bundle: &Bundle,
+    plan: &Plan<C>,
+    results: &[Option<CaseResult>],
+) -> Result<(), BundleError> {
     #[derive(Serialize)]
     struct ResultsFile<'a> {
         schema_version: &'a str,
         batch_id: &'a str,
         results: Vec<&'a CaseResult>,
     }
-    #[derive(Serialize)]
-    struct AttemptsFile<'a> {
-        schema_version: &'a str,
-        batch_id: &'a str,
-        attempts: &'a [AttemptRecord],
-    }
     write_json_atomic(
         &bundle.results(),
         &ResultsFile {
             schema_version: RECORD_SCHEMA_VERSION,
             batch_id: &plan.batch_id,
-            results: a.results.iter().flatten().collect(),
+            results: results.iter().flatten().collect(),
         },
-    )?;
-    write_json_atomic(
-        &bundle.attempts(),
-        &AttemptsFile {
-            schema_version: RECORD_SCHEMA_VERSION,
-            batch_id: &plan.batch_id,
-            attempts: &a.attempts,
-        },
-    )?;
-    write_json_atomic(&bundle.summary(), &a.summary)?;
+    )
+}
+
+/// `batch_summary.json`, and its CSVs when the manifest asks for them.
+fn write_summary<C>(
+    bundle: &Bundle,
+    plan: &Plan<C>,
+    summary: &BatchSummary,
+) -> Result<(), BundleError> {
+    write_json_atomic(&bundle.summary(), summary)?;
     if plan.summary.write_csv {
-        write_csv(&bundle.summary_csv(), &a.summary, &plan.summary.fields)?;
-        if let Some(tasks) = a.summary.stats.as_ref().and_then(|s| s.tasks.as_ref()) {
+        write_csv(&bundle.summary_csv(), summary, &plan.summary.fields)?;
+        if let Some(tasks) = summary.stats.as_ref().and_then(|s| s.tasks.as_ref()) {
             write_file(&bundle.tasks_csv(), tasks_csv(tasks))?;
         }
     }
@@ -521,6 +624,97 @@ mod tests {
         let damaged = result(2, "succ");
         let err = count_states(&bundle, &plan).unwrap_err().to_string();
         assert!(err.contains(&damaged.display().to_string()), "{err}");
+    }
+
+    /// A case's result and its attempts' records, as a finished case leaves them.
+    fn finished_case(bundle: &Bundle, i: u32, attempts: u32) {
+        let case_dir = format!("case-{i}");
+        for n in 1..=attempts {
+            let last = n == attempts;
+            let record: AttemptRecord = serde_json::from_value(serde_json::json!({
+                "schema_version": "casebatch_v1", "case_id": case_dir,
+                "summary": {"attempt": n, "actor": "finished", "exit_code": 0,
+                            "evaluation_configured": false, "verdict": null,
+                            "failure": null, "cleanup_confirmed": true, "adopted": i == 1,
+                            "started_at_ms": 1_000, "ended_at_ms": 1_000 + 10 * u64::from(i)},
+                "cleanup_confirmed": true, "will_retry": !last, "runtime": "fake",
+            }))
+            .unwrap();
+            let dir = bundle.attempt(&case_dir, n);
+            std::fs::create_dir_all(&dir).unwrap();
+            crate::journal::append(&dir, &[crate::Entry::Record(record)]).unwrap();
+        }
+        let result = serde_json::json!({
+            "schema_version": "casebatch_v1", "case_id": case_dir, "case_dir": case_dir,
+            "state": "succeeded", "attempts": attempts, "actor_status": "finished",
+            "exit_code": 0, "evaluation_configured": false, "verdict": null,
+            "cleanup_confirmed": true, "failure": null, "collect_failure": null,
+            "adopted": false, "simulated": true,
+        });
+        write_json_atomic(&bundle.case_result(&case_dir), &result).unwrap();
+    }
+
+    #[test]
+    fn the_streamed_batch_files_say_what_the_assembled_ones_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = Bundle::new(dir.path(), "b");
+        let plan = crate::plan_file::tests::plan_of(4);
+        // Case 3 is still queued.
+        (0..3).for_each(|i| finished_case(&bundle, i, i + 1));
+        let assembled = assemble(&bundle, &plan).unwrap();
+        assert_eq!(assembled.attempts.len(), 6);
+        assert_eq!(assembled.summary.adopted_attempts, 2);
+
+        let written = write_batch_files(&bundle, &plan).unwrap();
+        assert_eq!(written, assembled.summary);
+        let on_disk = |path: &Path| -> serde_json::Value {
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+        };
+        let attempts = on_disk(&bundle.attempts());
+        assert_eq!(
+            attempts["attempts"],
+            serde_json::to_value(&assembled.attempts).unwrap()
+        );
+        assert_eq!(attempts["batch_id"], "b");
+        assert_eq!(
+            on_disk(&bundle.summary()),
+            serde_json::to_value(&assembled.summary).unwrap()
+        );
+        assert_eq!(
+            on_disk(&bundle.results())["results"]
+                .as_array()
+                .unwrap()
+                .len(),
+            3
+        );
+    }
+
+    /// A damaged record stops the write with an error naming it, before any batch file is
+    /// replaced, and the streamed file's temp file goes too.
+    #[test]
+    fn a_damaged_attempt_record_stops_the_streamed_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = Bundle::new(dir.path(), "b");
+        let plan = crate::plan_file::tests::plan_of(3);
+        (0..3).for_each(|i| finished_case(&bundle, i, 1));
+        let before = write_batch_files(&bundle, &plan).unwrap();
+        let journal = crate::journal::path(&bundle.attempt("case-1", 1));
+        std::fs::write(&journal, "not a journal entry\n").unwrap();
+
+        let err = write_batch_files(&bundle, &plan).unwrap_err().to_string();
+        assert!(err.contains(&journal.display().to_string()), "{err}");
+        let kept: BatchSummary =
+            serde_json::from_slice(&std::fs::read(bundle.summary()).unwrap()).unwrap();
+        assert_eq!(kept, before, "the summary written before stays");
+        let attempts: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(bundle.attempts()).unwrap()).unwrap();
+        assert_eq!(attempts["attempts"].as_array().unwrap().len(), 3);
+        let temp: Vec<_> = std::fs::read_dir(bundle.root())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".tmp"))
+            .collect();
+        assert!(temp.is_empty(), "{temp:?}");
     }
 
     #[test]

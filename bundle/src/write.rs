@@ -24,7 +24,16 @@ pub fn now_ms() -> u64 {
 /// `value` as pretty JSON, atomically ([`write_atomic`]). Streamed into the temp file: a batch
 /// file of 100,000 cases is never held as one buffer beside the records it is made of.
 pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<(), BundleError> {
-    write_atomic(path, |out| {
+    prepare_json_atomic(path, value)?.persist()
+}
+
+/// [`write_json_atomic`] up to its rename: the file is written and takes its place when
+/// [`Prepared::persist`] is called, or is removed when it is dropped.
+pub(crate) fn prepare_json_atomic<T: Serialize + ?Sized>(
+    path: &Path,
+    value: &T,
+) -> Result<Prepared, BundleError> {
+    prepare_atomic(path, |out| {
         let mut out = std::io::BufWriter::new(out);
         serde_json::to_writer_pretty(&mut out, value).map_err(std::io::Error::from)?;
         out.write_all(b"\n")?;
@@ -47,6 +56,32 @@ fn write_atomic(
     path: &Path,
     fill: impl FnOnce(&mut fs::File) -> std::io::Result<()>,
 ) -> Result<(), BundleError> {
+    prepare_atomic(path, fill)?.persist()
+}
+
+/// A file written beside its path, not yet renamed over it.
+pub(crate) struct Prepared {
+    tmp: tempfile::NamedTempFile,
+    path: std::path::PathBuf,
+}
+
+impl Prepared {
+    /// Renames the file over its path.
+    pub(crate) fn persist(self) -> Result<(), BundleError> {
+        let path = self.path;
+        self.tmp.persist(&path).map_err(|e| BundleError::Write {
+            path: path.display().to_string(),
+            source: e.error,
+        })?;
+        Ok(())
+    }
+}
+
+/// [`write_atomic`] up to its rename.
+fn prepare_atomic(
+    path: &Path,
+    fill: impl FnOnce(&mut fs::File) -> std::io::Result<()>,
+) -> Result<Prepared, BundleError> {
     let werr = |source| BundleError::Write {
         path: path.display().to_string(),
         source,
@@ -69,8 +104,10 @@ fn write_atomic(
         .tempfile_in(parent)
         .map_err(werr)?;
     fill(tmp.as_file_mut()).map_err(werr)?;
-    tmp.persist(path).map_err(|e| werr(e.error))?;
-    Ok(())
+    Ok(Prepared {
+        tmp,
+        path: path.to_path_buf(),
+    })
 }
 
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, BundleError> {
