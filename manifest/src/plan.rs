@@ -89,7 +89,9 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
 
     let mut earlier = Earlier::default();
     let mut cases = Vec::with_capacity(decls.len());
-    let mut commands = Vec::with_capacity(decls.len());
+    // The fingerprint covers the commands as written, so a manifest moved with its scripts
+    // keeps its batch resumable; the plan records the programs they resolved to.
+    let mut fingerprint = Fingerprint::new();
     for (index, decl) in decls.into_iter().enumerate() {
         let index = match u32::try_from(index) {
             Ok(index) if index < casebatch_proto::MAX_BATCH_CASES => index,
@@ -108,9 +110,11 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
             }
         };
         let resolved = resolve_case(index, decl, &defaults, &origins, &runtimes, &mut earlier, r);
-        if let Some((case, resolved)) = resolved {
+        if let Some((mut case, [harness, evaluator])) = resolved {
+            fingerprint.add(&case);
+            case.harness = harness;
+            case.evaluator = evaluator;
             cases.push(case);
-            commands.push(resolved);
         }
     }
 
@@ -141,13 +145,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
         .canonicalize()
         .or_else(|_| std::path::absolute(input.manifest))
         .unwrap_or_else(|_| input.manifest.to_path_buf());
-    // The fingerprint covers the commands as written, so a manifest moved with its scripts
-    // keeps its batch resumable; the plan records the programs they resolved to.
-    let fingerprint = fingerprint(&cases);
-    for (case, [harness, evaluator]) in cases.iter_mut().zip(commands) {
-        case.harness = harness;
-        case.evaluator = evaluator;
-    }
+    let fingerprint = fingerprint.finish();
     Some(Plan {
         schema_version: PLAN_SCHEMA_VERSION.to_string(),
         batch_id,
@@ -956,13 +954,29 @@ struct FingerprintCase<'a> {
 
 /// sha256 over the canonical JSON (sorted keys, no whitespace) of the cases, in order.
 /// Hashed case by case: the same bytes as the canonical JSON of the whole list, without
-/// holding every case as a JSON tree at once (250 MB for 100,000 cases).
-pub(crate) fn fingerprint(cases: &[PlannedCase]) -> String {
-    let mut hash = Sha256::new();
-    let mut text = String::from("casebatch-fingerprint-v1\n[");
-    for (i, c) in cases.iter().enumerate() {
-        if i > 0 {
-            text.push(',');
+/// holding every case as a JSON tree at once (250 MB for 100,000 cases), and as each case is
+/// planned, so its commands as written need not be kept beside the resolved ones.
+pub(crate) struct Fingerprint {
+    hash: Sha256,
+    text: String,
+    first: bool,
+}
+
+impl Fingerprint {
+    pub(crate) fn new() -> Self {
+        let mut hash = Sha256::new();
+        hash.update(b"casebatch-fingerprint-v1\n[");
+        Self {
+            hash,
+            text: String::new(),
+            first: true,
+        }
+    }
+
+    /// Adds the next case, with its commands as written.
+    pub(crate) fn add(&mut self, c: &PlannedCase) {
+        if !std::mem::take(&mut self.first) {
+            self.text.push(',');
         }
         let view = FingerprintCase {
             case_id: &c.case_id,
@@ -982,13 +996,16 @@ pub(crate) fn fingerprint(cases: &[PlannedCase]) -> String {
         };
         canonical_json(
             &serde_json::to_value(view).unwrap_or(Value::Null),
-            &mut text,
+            &mut self.text,
         );
-        hash.update(text.as_bytes());
-        text.clear();
+        self.hash.update(self.text.as_bytes());
+        self.text.clear();
     }
-    hash.update(b"]");
-    hex::encode(hash.finalize())
+
+    pub(crate) fn finish(mut self) -> String {
+        self.hash.update(b"]");
+        hex::encode(self.hash.finalize())
+    }
 }
 
 /// JSON with object keys sorted, whatever map type serde_json was built with.
