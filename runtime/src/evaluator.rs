@@ -199,6 +199,11 @@ pub(crate) async fn run_local<L: Liveness>(
     // The evaluator's group: it leads it (`process_group(0)`), and the unreaped child's pid
     // cannot be reused, so the group is ours to signal.
     let group = child.id();
+    if let Some(pid) = group
+        && let Some(ticks) = procfs::start_ticks(pid)
+    {
+        crate::spawned::record(pid, ticks, &env.marker());
+    }
     let ooms_before = memory.oom_kills();
     let rss_limit = match memory {
         MemoryLimit::RssPoll { limit_mb } => Some(limit_mb * 1024 * 1024),

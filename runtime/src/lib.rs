@@ -19,6 +19,7 @@ pub mod marker_walks;
 pub mod memlimit;
 pub mod procfs;
 pub mod scratch;
+pub mod spawned;
 pub mod token;
 
 use std::collections::BTreeMap;

@@ -312,6 +312,9 @@ impl LocalProcess {
             .ok_or_else(|| submit_failure("the harness exited at once".into()))?;
         // A zombie (the harness already ended) still has its stat: the identity is readable.
         let ticks = procfs::start_ticks(pid);
+        if let Some(ticks) = ticks {
+            crate::spawned::record(pid, ticks, &env.marker());
+        }
         // Held before the record is written: a failed write leaves the intent, and the child
         // is still found (and awaited directly) through this map.
         CHILDREN.lock().expect("lock").insert(env.marker(), child);

@@ -2,6 +2,7 @@
 //! attempt's processes are found by the allocation marker they inherit in their environment.
 //! Nothing is ever signalled on the strength of a pid read from old state alone.
 
+use std::collections::HashMap;
 use std::fs;
 
 use nix::sys::signal::{Signal, kill, killpg};
@@ -15,6 +16,8 @@ pub const MARKER_ENV: &str = "CASEBATCH_ALLOC_MARKER";
 pub struct Stat {
     /// State letter (`R`, `S`, `Z`, ...), field 3.
     pub state: u8,
+    /// Parent, field 4.
+    pub ppid: u32,
     /// Process group, field 5.
     pub pgrp: u32,
     /// Kernel flags (`PF_*`), field 9.
@@ -44,11 +47,13 @@ impl Stat {
             .filter(|f| !f.is_empty());
         let number = |f: &[u8]| std::str::from_utf8(f).ok()?.parse().ok();
         let state = *fields.next()?.first()?;
-        let pgrp = number(fields.nth(1)?)?;
+        let ppid = number(fields.next()?)?;
+        let pgrp = number(fields.next()?)?;
         let flags = number(fields.nth(3)?)?;
         let start_ticks = number(fields.nth(12)?)?;
         Some(Self {
             state,
+            ppid: u32::try_from(ppid).ok()?,
             pgrp: u32::try_from(pgrp).ok()?,
             flags,
             start_ticks,
@@ -150,26 +155,30 @@ pub fn scan_marker_since(marker: &str, since_ticks: Option<u64>) -> MarkerScan {
 /// it is given, with what its environment says about `markers`. One walk answers a marker
 /// scan for each of them ([`Walk::select`]); processes carrying other markers (the other
 /// cases' processes, in a wide batch most of the host's) are passed over after one read of
-/// their stat and their environment.
+/// their stat: by their ancestry when they descend from a wrapper this process spawned for
+/// another case ([`crate::spawned`]), else by their environment.
 pub fn walk(floor_ticks: Option<u64>, markers: &[&str]) -> Walk {
     let prefix = format!("{MARKER_ENV}=");
     let me = std::process::id();
-    let mut seen = Vec::new();
+    // Before the listing: a wrapper recorded after it is read like any other process.
+    let known = crate::spawned::known();
     let Ok(entries) = fs::read_dir("/proc") else {
-        return Walk { seen };
+        return Walk { seen: Vec::new() };
     };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let stat = stat(pid);
+    let pids: Vec<u32> = entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .collect();
+    // Every stat first: a young process is known by its ancestors, which may be older.
+    let stats: HashMap<u32, Stat> = pids
+        .iter()
+        .filter_map(|&pid| Some((pid, stat(pid)?)))
+        .collect();
+    known.forget_gone(&stats);
+    let mut seen = Vec::new();
+    for pid in pids {
+        let stat = stats.get(&pid).copied();
         let ticks = stat.map(|s| s.start_ticks);
         if let Some(floor) = floor_ticks
             && ticks.is_some_and(|t| t < floor)
@@ -178,6 +187,12 @@ pub fn walk(floor_ticks: Option<u64>, markers: &[&str]) -> Walk {
         }
         // A zombie has no environment left, and nothing of it survives to be killed.
         if stat.is_some_and(|s| !s.is_alive()) {
+            continue;
+        }
+        if known
+            .inherited(pid, &stats)
+            .is_some_and(|other| !markers.contains(&other))
+        {
             continue;
         }
         let env = match fs::read(format!("/proc/{pid}/environ")) {
@@ -372,6 +387,8 @@ fn children(pid: u32) -> Vec<u32> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::process::CommandExt;
+
     use super::*;
 
     #[test]
@@ -400,6 +417,7 @@ mod tests {
             Stat::parse(line),
             Some(Stat {
                 state: b'S',
+                ppid: 1,
                 pgrp: 4240,
                 flags: 4_194_560,
                 start_ticks: 123_456,
@@ -443,5 +461,48 @@ mod tests {
         kill_pid(child.id());
         child.wait().unwrap();
         assert!(scan_marker(&marker).marked.is_empty());
+    }
+
+    #[test]
+    fn another_cases_wrapper_and_its_descendants_are_passed_over_by_ancestry() {
+        // Case b's wrapper, whose child claims case a's marker. Read, the child's environment
+        // says a; known by ancestry (once b's wrapper is recorded), it is b's and never read.
+        let (a, b) = (
+            format!("a-{}", std::process::id()),
+            format!("b-{}", std::process::id()),
+        );
+        let mut wrapper = std::process::Command::new("/bin/sh")
+            .args(["-c", &format!("env {MARKER_ENV}={a} sleep 30 & wait")])
+            .env(MARKER_ENV, &b)
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut read = scan_marker(&a);
+        while read.marked.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            read = scan_marker(&a);
+        }
+        let [child] = read.marked[..] else {
+            panic!("the child, read, carries a: {read:?}")
+        };
+        let ticks = start_ticks(wrapper.id()).unwrap();
+        crate::spawned::record(wrapper.id(), ticks, &b);
+        assert!(
+            scan_marker(&a).marked.is_empty(),
+            "b's descendant is not a's"
+        );
+        // A walk for b itself still reads: the wrapper carries b, its child does not.
+        assert_eq!(scan_marker(&b).marked, vec![wrapper.id()]);
+        assert!(!scan_marker(&b).marked.contains(&child));
+
+        killpg(Pid::from_raw(wrapper.id() as i32), Signal::SIGKILL).unwrap();
+        wrapper.wait().unwrap();
+        assert!(crate::spawned::holds(wrapper.id()));
+        walk(None, &[]);
+        assert!(
+            !crate::spawned::holds(wrapper.id()),
+            "a walk forgets an ended wrapper"
+        );
     }
 }
