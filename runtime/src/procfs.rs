@@ -441,6 +441,18 @@ mod tests {
         );
     }
 
+    /// A scan for `marker` once a process carries it (up to 5 s): until a child has exec'd,
+    /// its environment is still its parent's.
+    fn scan_until_found(marker: &str) -> MarkerScan {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut found = scan_marker(marker);
+        while found.marked.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            found = scan_marker(marker);
+        }
+        found
+    }
+
     #[test]
     fn scan_finds_a_marked_child_and_only_it() {
         let marker = format!("test-{}", std::process::id());
@@ -449,13 +461,7 @@ mod tests {
             .env(MARKER_ENV, &marker)
             .spawn()
             .unwrap();
-        // Until the child has exec'd, its environment is still ours (without the marker).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let mut found = scan_marker(&marker);
-        while found.marked.is_empty() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            found = scan_marker(&marker);
-        }
+        let found = scan_until_found(&marker);
         assert_eq!(found.marked, vec![child.id()]);
         assert!(scan_marker("some-other-marker").marked.is_empty());
         kill_pid(child.id());
@@ -477,12 +483,7 @@ mod tests {
             .process_group(0)
             .spawn()
             .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let mut read = scan_marker(&a);
-        while read.marked.is_empty() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            read = scan_marker(&a);
-        }
+        let read = scan_until_found(&a);
         let [child] = read.marked[..] else {
             panic!("the child, read, carries a: {read:?}")
         };
