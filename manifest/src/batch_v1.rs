@@ -136,7 +136,7 @@ fn cases(
     };
     // Canonical runspec path → the case that first used it.
     let mut seen: HashMap<PathBuf, FieldPath> = HashMap::new();
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let path = cases_path.index(i);
         let Some(o) = Obj::new(item, &path, CASE_FIELDS, r) else {

@@ -43,7 +43,8 @@ const RECORD_FIELDS: &[&str] = &[
 
 pub(crate) fn load(text: &str, r: &mut Report) -> Option<Loaded> {
     debug_assert!(TASK_FIELDS.iter().all(|f| RECORD_FIELDS.contains(f)));
-    let mut cases = Vec::new();
+    // Sized once: growing by doubling would hold the old and the new buffer together.
+    let mut cases = Vec::with_capacity(text.lines().filter(|l| !l.trim().is_empty()).count());
     let mut records = 0usize;
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {

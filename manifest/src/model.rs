@@ -9,6 +9,9 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod inputs;
+pub use inputs::Inputs;
+
 /// Version tag written into `batch_plan.json`.
 pub const PLAN_SCHEMA_VERSION: &str = "batch_plan_v1";
 /// Bounds (all of them live in [`crate::limits`]).
@@ -792,7 +795,7 @@ pub struct PlannedCase {
     pub pass_env: Vec<String>,
     /// The task fields handed to the harness (`query`, `url`, `max_steps`, `agent_kind`,
     /// plus free-form inputs), as written to `CASEBATCH_INPUT`.
-    pub input: BTreeMap<String, serde_json::Value>,
+    pub input: Inputs,
     pub source: CaseSource,
 }
 

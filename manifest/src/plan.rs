@@ -19,9 +19,9 @@ use crate::case_dir::case_dir_name;
 use crate::limits::EPOCHS_RANGE;
 use crate::model::{
     BatchSettings, CaseSource, CommandSpec, DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES,
-    DEFAULT_TIMEOUT_SECONDS, Defaults, Epoch, FakeScript, ManifestFormat, PLAN_SCHEMA_VERSION,
-    Plan, PlannedCase, Provenance, Resources, RunSpec, RuntimeChoice, RuntimeKind, Sandbox,
-    SpreadWeights, SummarySpec,
+    DEFAULT_TIMEOUT_SECONDS, Defaults, Epoch, FakeScript, Inputs, ManifestFormat,
+    PLAN_SCHEMA_VERSION, Plan, PlannedCase, Provenance, Resources, RunSpec, RuntimeChoice,
+    RuntimeKind, Sandbox, SpreadWeights, SummarySpec,
 };
 use crate::programs;
 use crate::report::{FieldPath, Report};
@@ -293,10 +293,18 @@ fn merge_environment(
 /// once keeps its id, so a batch without epochs plans as it always did. An out-of-range
 /// count is reported by validation; it plans as one run here.
 fn expand_epochs(decls: Vec<CaseDecl>, defaults: &Defaults) -> Vec<CaseDecl> {
-    let mut out = Vec::with_capacity(decls.len());
-    for decl in decls {
+    let runs = |decl: &CaseDecl| {
         let of = decl.spec.epochs.or(defaults.epochs).unwrap_or(1);
-        if of == 1 || !EPOCHS_RANGE.contains(&of) {
+        if EPOCHS_RANGE.contains(&of) { of } else { 1 }
+    };
+    // The common case keeps its list: a copy would hold two of them at once.
+    if decls.iter().all(|d| runs(d) == 1) {
+        return decls;
+    }
+    let mut out = Vec::with_capacity(decls.iter().map(|d| runs(d) as usize).sum());
+    for decl in decls {
+        let of = runs(&decl);
+        if of == 1 {
             out.push(decl);
             continue;
         }
@@ -900,7 +908,7 @@ fn check_fits_budget(
 
 /// The harness's `CASEBATCH_INPUT`: task fields that are set, free-form inputs, the id.
 /// A free-form input may not silently shadow a task field.
-fn case_input(decl: &CaseDecl, r: &mut Report) -> BTreeMap<String, Value> {
+fn case_input(decl: &CaseDecl, r: &mut Report) -> Inputs {
     let spec = &decl.spec;
     let mut input = spec.inputs.clone();
     let fields = [
@@ -925,7 +933,7 @@ fn case_input(decl: &CaseDecl, r: &mut Report) -> BTreeMap<String, Value> {
         }
         input.insert(key.to_string(), value);
     }
-    input
+    input.into()
 }
 
 /// What the fingerprint covers for one case: its identity and everything that decides how it
@@ -944,7 +952,7 @@ struct FingerprintCase<'a> {
     resources: &'a Resources,
     timeout_seconds: u64,
     fake: &'a Option<FakeScript>,
-    input: &'a BTreeMap<String, Value>,
+    input: &'a Inputs,
     /// Skipped when empty, so plans made before `env` existed keep their fingerprint.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     env: &'a BTreeMap<String, String>,

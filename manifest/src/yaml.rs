@@ -54,6 +54,8 @@ pub(crate) fn load(
             "add at least one task under `tasks:`",
         ),
         Some(Value::Array(items)) => {
+            // Sized once: growing by doubling would hold the old and the new buffer together.
+            cases.reserve_exact(items.len());
             for (i, item) in items.iter().enumerate() {
                 let path = tasks_path.index(i);
                 let Some(task) = walk::task(item, &path, r) else {

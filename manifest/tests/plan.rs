@@ -195,6 +195,35 @@ fn fingerprint_is_stable_and_tracks_the_task_list() {
     assert_eq!(first, accept("m.json", json).fingerprint);
 }
 
+/// A batch is resumed only when its manifest plans to the fingerprint its bundle recorded, so a
+/// fingerprint may never change between versions: this one was recorded by an earlier build.
+#[test]
+fn a_fingerprint_is_the_one_earlier_versions_recorded() {
+    let plan = accept(
+        "m.yaml",
+        "\
+batch_id: golden
+defaults:
+  harness: ./run.sh
+  env: {MODE: fast}
+tasks:
+  - task_id: a
+    query: find the price
+    url: https://example.com/
+    max_steps: 12
+    inputs: {web_name: Example, nested: {b: [1, 2], a: null}}
+  - task_id: b
+    epochs: 2
+    agent_kind: browser
+",
+    );
+    assert_eq!(plan.cases.len(), 3);
+    assert_eq!(
+        plan.fingerprint,
+        "5806bfc27b89eb4862fa81501f5e3e008d08ff03c1d0f2504c07bb30e1f221d1"
+    );
+}
+
 #[test]
 fn provenance_names_the_file_and_its_hash() {
     let dir = workspace();
