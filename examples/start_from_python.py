@@ -10,7 +10,9 @@ batch's first status (the workflow's `status` query) as one JSON object.
 
 import asyncio
 import json
+import os
 import sys
+import traceback
 
 from temporalio.client import Client
 from temporalio.common import (
@@ -51,4 +53,15 @@ async def main(address, request_path):
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    try:
+        asyncio.run(main(sys.argv[1], sys.argv[2]))
+        code = 0
+    except Exception:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The SDK's Rust threads can outlive the event loop and abort the interpreter's teardown
+    # ("PyGILState_Release: thread state ... must be current", temporalio/sdk-python#300), which
+    # would turn a start that succeeded into a crash: leave without the teardown.
+    os._exit(code)
