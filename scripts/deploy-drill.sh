@@ -18,8 +18,8 @@
 #
 # Needs root (or sudo) once to install podman, runc and debootstrap; builds the images from a
 # Debian base made with debootstrap (no registry needed) and the casebatch binary in
-# target/release (built if missing). CI runs it after the tests, and `--prepare` (tools and
-# the base image only) while it builds.
+# target/release (built if missing), or the one CASEBATCH_BIN names. CI runs it after the
+# tests, on the binary they ran, and `--prepare` (tools and the base image only) while it builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -102,7 +102,7 @@ trap teardown EXIT
 teardown
 
 # --- images -------------------------------------------------------------------------------
-BIN=$ROOT/target/release/casebatch
+BIN=${CASEBATCH_BIN:-$ROOT/target/release/casebatch}
 if [ ! -x "$BIN" ]; then
   say "building casebatch"
   cargo build --release --locked -p casebatch-cli
