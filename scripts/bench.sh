@@ -27,9 +27,9 @@ N=${N:-601}
 C=${C:-64}
 BIG=${BIG:-10000}
 RUNS=${RUNS:-3}
-# --all-targets: the features the tests build with, so the binary is the one `cargo nextest
-# run --release --workspace` left (without it, feature unification builds everything again).
-cargo build --release -q --workspace --all-targets
+# The release binary, built as the README's demo command builds it (the tests use the `testing`
+# profile: casebatch's crates less optimized).
+cargo build --release -q -p casebatch-cli
 BIN=$PWD/target/release/casebatch
 # BENCH_DIR: where bundles are written (default /tmp); its filesystem shows in the figures.
 WORK=$(mktemp -d "${BENCH_DIR:-/tmp}/casebatch-bench.XXXXXX")
