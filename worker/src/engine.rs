@@ -11,7 +11,9 @@
 //! its frontend is healthy), so no command starts a worker or a batch against a server that is
 //! still coming up. Configuration and authentication errors from a cluster are not retried.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use temporalio_client::envconfig::LoadClientConfigProfileOptions;
@@ -115,7 +117,17 @@ pub struct Engine {
 impl Engine {
     /// Connects once the server answers, finding or starting the embedded dev server when
     /// that is the target.
-    pub async fn connect(target: &EngineTarget) -> Result<Self, EngineError> {
+    ///
+    /// Boxed in a plain function so that the connection's code is compiled once, here: an
+    /// `async fn` is compiled in each crate that awaits it, and Temporal's `Connection::connect`
+    /// builds a gRPC client for every one of its services' 200-odd methods.
+    pub fn connect(
+        target: &EngineTarget,
+    ) -> Pin<Box<dyn Future<Output = Result<Self, EngineError>> + Send + '_>> {
+        Box::pin(Self::connect_when_serving(target))
+    }
+
+    async fn connect_when_serving(target: &EngineTarget) -> Result<Self, EngineError> {
         match target {
             EngineTarget::Embedded { output_root, ui } => {
                 // Blocking: may wait for the state lock and for a new server's port to open.
