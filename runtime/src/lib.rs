@@ -20,6 +20,7 @@ pub mod memlimit;
 pub mod procfs;
 pub mod scratch;
 pub mod spawned;
+mod stat_cache;
 pub mod token;
 
 use std::collections::BTreeMap;

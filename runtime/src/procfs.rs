@@ -2,7 +2,6 @@
 //! attempt's processes are found by the allocation marker they inherit in their environment.
 //! Nothing is ever signalled on the strength of a pid read from old state alone.
 
-use std::collections::HashMap;
 use std::fs;
 
 use nix::sys::signal::{Signal, kill, killpg};
@@ -154,27 +153,19 @@ pub fn scan_marker_since(marker: &str, since_ticks: Option<u64>) -> MarkerScan {
 /// One walk of `/proc`: every process (but this one) started at or after `floor_ticks` when
 /// it is given, with what its environment says about `markers`. One walk answers a marker
 /// scan for each of them ([`Walk::select`]); processes carrying other markers (the other
-/// cases' processes, in a wide batch most of the host's) are passed over after one read of
-/// their stat: by their ancestry when they descend from a wrapper this process spawned for
+/// cases' processes, in a wide batch most of the host's) are passed over on their stat (read
+/// once per process, [`crate::stat_cache`]): by their ancestry when they descend from a wrapper this process spawned for
 /// another case ([`crate::spawned`]), else by their environment.
 pub fn walk(floor_ticks: Option<u64>, markers: &[&str]) -> Walk {
     let prefix = format!("{MARKER_ENV}=");
     let me = std::process::id();
     // Before the listing: a wrapper recorded after it is read like any other process.
     let known = crate::spawned::known();
-    let Ok(entries) = fs::read_dir("/proc") else {
+    // Every stat first (most kept from the walk before): a young process is known by its
+    // ancestors, which may be older.
+    let Some((pids, stats)) = crate::stat_cache::processes(me) else {
         return Walk { seen: Vec::new() };
     };
-    let pids: Vec<u32> = entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != me)
-        .collect();
-    // Every stat first: a young process is known by its ancestors, which may be older.
-    let stats: HashMap<u32, Stat> = pids
-        .iter()
-        .filter_map(|&pid| Some((pid, stat(pid)?)))
-        .collect();
     known.forget_gone(&stats);
     let mut seen = Vec::new();
     for pid in pids {
