@@ -58,7 +58,7 @@ fn environment(attempt: &Attempt, role: Role, stage: Stage) -> Result<Vec<String
             std::env::var_os(name)
         }
     };
-    let env = case_env::build(&attempt.job, contract_env(attempt, role), lookup)
+    let env = case_env::build(&attempt.job, contract_env(attempt, role), None, lookup)
         .map_err(|m| Failure::config(stage, FailureCode::PassEnvUnset, m))?;
     Ok(env
         .into_iter()

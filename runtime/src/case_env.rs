@@ -5,7 +5,8 @@
 //!
 //! What a process sees, later entries winning:
 //! 1. [`INHERITED`]: `PATH`, `HOME`, `LANG`, `LC_ALL`, `LC_CTYPE`, `TZ`, `TMPDIR`, `USER`,
-//!    copied from the worker when set there;
+//!    copied from the worker when set there, with `TMPDIR` then pointed at the attempt's own
+//!    temporary directory where it has one (local processes: [`crate::scratch`]);
 //! 2. the job's `pass_env` names, copied from the worker when the attempt starts (an unset
 //!    name fails the attempt as `config`; values are never written anywhere by casebatch);
 //! 3. the job's `env` literals;
@@ -16,10 +17,12 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::path::Path;
 
 use casebatch_proto::runtime_v1::JobSpec;
 
 use crate::Attempt;
+use crate::scratch::Scratch;
 
 /// Variables copied from the worker's environment into every case process, when set.
 pub const INHERITED: &[&str] = &[
@@ -31,6 +34,7 @@ pub const INHERITED: &[&str] = &[
 pub fn build(
     job: &JobSpec,
     contract: BTreeMap<String, String>,
+    tmpdir: Option<&Path>,
     lookup: impl Fn(&str) -> Option<OsString>,
 ) -> Result<BTreeMap<OsString, OsString>, String> {
     let mut env: BTreeMap<OsString, OsString> = BTreeMap::new();
@@ -38,6 +42,11 @@ pub fn build(
         if let Some(value) = lookup(name) {
             env.insert((*name).into(), value);
         }
+    }
+    // Not the host's: what a process leaves in its temporary directory (a killed browser's
+    // profile lock) goes with the attempt's cleanup. A manifest that passes or sets it wins.
+    if let Some(dir) = tmpdir {
+        env.insert("TMPDIR".into(), dir.into());
     }
     let mut unset = Vec::new();
     for name in &job.pass_env {
@@ -64,11 +73,18 @@ pub fn build(
     Ok(env)
 }
 
-/// [`build`] for an attempt, from this worker's environment as it is now.
-pub fn for_attempt(attempt: &Attempt) -> Result<BTreeMap<OsString, OsString>, String> {
-    build(&attempt.job, attempt.contract_env(), |name| {
-        std::env::var_os(name)
-    })
+/// [`build`] for a local process of an attempt with its scratch space there, from this
+/// worker's environment as it is now.
+pub fn for_attempt(
+    attempt: &Attempt,
+    scratch: &Scratch,
+) -> Result<BTreeMap<OsString, OsString>, String> {
+    build(
+        &attempt.job,
+        attempt.contract_env(),
+        Some(&scratch.tmp),
+        |name| std::env::var_os(name),
+    )
 }
 
 #[cfg(test)]
@@ -110,7 +126,7 @@ mod tests {
             ("CASEBATCH_ALLOC_MARKER".to_string(), "b/0/1".to_string()),
         ]);
         let c = case(&[("MODE", "fast"), ("PATH", "/opt/bin")], &["MY_TOKEN"]);
-        let env = build(&c, contract, worker).unwrap();
+        let env = build(&c, contract, None, worker).unwrap();
         let names: Vec<&str> = env.keys().filter_map(|k| k.to_str()).collect();
         assert_eq!(
             names,
@@ -135,8 +151,28 @@ mod tests {
     }
 
     #[test]
+    fn the_attempts_own_tmpdir_replaces_the_hosts_and_a_manifests_choice_wins() {
+        let host = |name: &str| (name == "TMPDIR").then(|| OsString::from("/tmp"));
+        let tmp = Some(Path::new("/scratch/a.tmp"));
+        let tmpdir = |c: JobSpec, tmp| {
+            let env = build(&c, BTreeMap::new(), tmp, host).unwrap();
+            get(&env, "TMPDIR").map(str::to_owned)
+        };
+        assert_eq!(
+            tmpdir(case(&[], &[]), tmp).as_deref(),
+            Some("/scratch/a.tmp")
+        );
+        let set = case(&[("TMPDIR", "/big/disk")], &[]);
+        assert_eq!(tmpdir(set, tmp).as_deref(), Some("/big/disk"));
+        let passed = case(&[], &["TMPDIR"]);
+        assert_eq!(tmpdir(passed, tmp).as_deref(), Some("/tmp"));
+        // Without one of its own (a container has its own /tmp): the host's, as before.
+        assert_eq!(tmpdir(case(&[], &[]), None).as_deref(), Some("/tmp"));
+    }
+
+    #[test]
     fn an_unset_pass_env_name_is_an_error_naming_it() {
-        let err = build(&case(&[], &["NOT_THERE"]), BTreeMap::new(), worker).unwrap_err();
+        let err = build(&case(&[], &["NOT_THERE"]), BTreeMap::new(), None, worker).unwrap_err();
         assert!(err.contains("NOT_THERE"), "{err}");
     }
 }

@@ -66,7 +66,7 @@ pub fn name_for(marker: &str, attempt_dir: &Path) -> String {
 }
 
 /// A stable hash (the std hasher is not stable across releases; names must be).
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
     })

@@ -314,16 +314,18 @@ fn spawn(
             )));
         }
     };
-    let case_env = crate::case_env::for_attempt(env)
+    let case_env = crate::case_env::for_attempt(env, scratch)
         .map_err(|m| Failure::config(Stage::Evaluate, FailureCode::PassEnvUnset, m))?;
     let result_path = env.file(attempt_files::EVAL_RESULT);
     let _ = fs::remove_file(&result_path);
     let workdir = &scratch.workdir;
-    if let Err(e) = fs::create_dir_all(workdir) {
-        return Err(eval_failure(format!(
-            "cannot create the evaluator's working directory {}: {e}",
-            workdir.display()
-        )));
+    for dir in [workdir, &scratch.tmp] {
+        if let Err(e) = fs::create_dir_all(dir) {
+            return Err(eval_failure(format!(
+                "cannot create the evaluator's working directory {}: {e}",
+                dir.display()
+            )));
+        }
     }
     let procs: Vec<String> = [tracking.procs_file(), memory.procs_file()]
         .into_iter()

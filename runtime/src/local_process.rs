@@ -240,7 +240,8 @@ impl LocalProcess {
     /// Spawns the wrapper for an intent already on disk.
     fn spawn(&self, env: &Attempt, intent: &JobRecord) -> Result<Child, Failure> {
         let harness = env.harness()?;
-        let case_env = crate::case_env::for_attempt(env)
+        let scratch = JobRecord::scratch_of(Some(intent), env);
+        let case_env = crate::case_env::for_attempt(env, &scratch)
             .map_err(|m| Failure::config(Stage::Submit, FailureCode::PassEnvUnset, m))?;
         // Appended: a start never truncates what an earlier one of the attempt wrote.
         let open = |name: &str| {
@@ -260,7 +261,7 @@ impl LocalProcess {
         cmd.arg("-c").arg(WRAPPER).arg("casebatch-wrapper");
         cmd.arg(casebatch_bundle::journal::path(&env.dir));
         cmd.args(&harness.argv);
-        cmd.current_dir(JobRecord::scratch_of(Some(intent), env).workdir)
+        cmd.current_dir(&scratch.workdir)
             .env_clear()
             .envs(case_env)
             .env("CASEBATCH_CGROUP_PROCS", procs.join(":"))

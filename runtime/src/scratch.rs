@@ -1,7 +1,9 @@
 //! An attempt's scratch space on its host, outside the bundle: the harness's fresh working
-//! directory and the input file `CASEBATCH_INPUT` names. Neither is evidence (the input is
-//! in the attempt's spec; a working directory is the harness's own business), so neither
-//! costs the bundle an inode; both are removed by the attempt's cleanup.
+//! directory, the input file `CASEBATCH_INPUT` names, and the directory `TMPDIR` names for
+//! the attempt's processes. None is evidence (the input is in the attempt's spec; working and
+//! temporary files are the harness's own business), so none costs the bundle an inode; all
+//! are removed by the attempt's cleanup, so what a killed harness leaves in its temporary
+//! directory (a browser's profile lock) does not pile up in the host's.
 //!
 //! The root is `CASEBATCH_SCRATCH_DIR` or `<temp dir>/casebatch-<uid>`, made `0700` and
 //! refused unless it is a real directory of this user: other users of a shared temp directory
@@ -39,6 +41,10 @@ pub struct Scratch {
     pub workdir: PathBuf,
     /// The input file, beside it.
     pub input: PathBuf,
+    /// The temporary directory, beside it under a short name: programs bind Unix sockets
+    /// under `TMPDIR` (a browser's profile lock, Python's multiprocessing), and a socket's
+    /// path is limited to 107 bytes, which a name carrying the batch id would eat.
+    pub tmp: PathBuf,
 }
 
 impl Scratch {
@@ -47,29 +53,38 @@ impl Scratch {
         Self::at(root().join(crate::cgroup::name_for(marker, attempt_dir)))
     }
 
-    /// The entries of the working directory `workdir` (the input file is beside it).
+    /// The entries of the working directory `workdir` (the others are beside it).
     pub fn at(workdir: PathBuf) -> Self {
-        let mut input = workdir.clone().into_os_string();
-        input.push(".input.json");
+        let beside = |suffix: &str| {
+            let mut path = workdir.clone().into_os_string();
+            path.push(suffix);
+            PathBuf::from(path)
+        };
+        let short = crate::cgroup::fnv1a(workdir.as_os_str().as_encoded_bytes());
         Self {
+            input: beside(".input.json"),
+            tmp: workdir.with_file_name(format!("{short:016x}.tmp")),
             workdir,
-            input: input.into(),
         }
     }
 
-    /// Makes the root (if needed) and a fresh, empty working directory.
+    /// Makes the root (if needed) and a fresh, empty working and temporary directory.
     pub fn create(&self) -> std::io::Result<()> {
         ensure_root(root())?;
-        // Fresh: whatever an earlier provision of the attempt left is not carried over.
-        if self.workdir.exists() {
-            std::fs::remove_dir_all(&self.workdir)?;
+        for dir in [&self.workdir, &self.tmp] {
+            // Fresh: whatever an earlier provision of the attempt left is not carried over.
+            if dir.exists() {
+                std::fs::remove_dir_all(dir)?;
+            }
+            std::fs::DirBuilder::new().mode(0o700).create(dir)?;
         }
-        std::fs::DirBuilder::new().mode(0o700).create(&self.workdir)
+        Ok(())
     }
 
-    /// Removes both; what is already gone is fine.
+    /// Removes all three; what is already gone is fine.
     pub fn remove(&self) {
         let _ = std::fs::remove_dir_all(&self.workdir);
+        let _ = std::fs::remove_dir_all(&self.tmp);
         let _ = std::fs::remove_file(&self.input);
     }
 }
@@ -106,6 +121,27 @@ fn ensure_root(root: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_attempts_entries_sit_side_by_side_and_its_tmpdir_has_a_short_name() {
+        let long_marker = format!("{}/0/1", "b".repeat(150));
+        let s = Scratch::at(PathBuf::from("/scratch").join(crate::cgroup::name_for(
+            &long_marker,
+            Path::new("/bundles/b/cases/c/attempts/1"),
+        )));
+        assert!(s.workdir.as_os_str().len() > 150);
+        assert_eq!(s.input.parent(), Some(Path::new("/scratch")));
+        assert_eq!(s.tmp.parent(), Some(Path::new("/scratch")));
+        assert_eq!(
+            s.tmp.as_os_str().len(),
+            "/scratch/".len() + 16 + ".tmp".len()
+        );
+        assert_eq!(
+            Scratch::at(s.workdir.clone()),
+            s,
+            "derived from the workdir alone"
+        );
+    }
 
     #[test]
     fn a_root_others_can_write_or_a_symlink_is_refused() {

@@ -10,7 +10,8 @@ fn example(name: &str) -> String {
 
 /// An attempt that ran and succeeded is six inodes in the bundle (its directory, the journal,
 /// both logs, the result, `output/`): every engine record is a line of `attempt.jsonl`, and the
-/// working directory and input file are scratch outside the bundle, removed by cleanup.
+/// working directory, input file and `TMPDIR` are scratch outside the bundle, removed by
+/// cleanup.
 #[test]
 fn a_succeeded_attempt_is_six_inodes_and_leaves_no_scratch() {
     let sb = Sandbox::engine();
@@ -20,7 +21,7 @@ fn a_succeeded_attempt_is_six_inodes_and_leaves_no_scratch() {
 defaults:
   runtime: local-process
   concurrency: 2
-  harness: 'test "$(cat "$CASEBATCH_INPUT")" = "{\"query\":\"q\",\"task_id\":\"$CASEBATCH_CASE_ID\"}" && touch scratch-file && echo "{}" > "$CASEBATCH_RESULT"'
+  harness: 'test "$(cat "$CASEBATCH_INPUT")" = "{\"query\":\"q\",\"task_id\":\"$CASEBATCH_CASE_ID\"}" && touch scratch-file && mktemp > "$CASEBATCH_OUTPUT_DIR/tmp-path" && echo "{}" > "$CASEBATCH_RESULT"'
 tasks:
   - {task_id: a, query: q}
   - {task_id: b, query: q}
@@ -61,6 +62,11 @@ tasks:
             assert!(!journal[kind].is_null(), "{case}: no {kind}: {journal:#}");
         }
         assert_eq!(journal["spec"]["case"]["input"]["query"], "q");
+        // Its temporary file went to the attempt's own TMPDIR, not the host's.
+        let tmp_file = std::fs::read_to_string(dir.join("output/tmp-path")).unwrap();
+        let tmp_file = std::path::Path::new(tmp_file.trim());
+        assert!(tmp_file.starts_with(&scratch), "{case}: {tmp_file:?}");
+        assert!(!tmp_file.exists(), "{case}: {tmp_file:?} outlived cleanup");
         let stages: Vec<&str> = journal["record"]["stages"]
             .as_array()
             .unwrap()
