@@ -202,7 +202,7 @@ pub(crate) async fn run_local<L: Liveness>(
     if let Some(pid) = group
         && let Some(ticks) = procfs::start_ticks(pid)
     {
-        crate::spawned::record(pid, ticks, &env.marker());
+        crate::spawned::record(pid, ticks, &env.process_marker());
     }
     let ooms_before = memory.oom_kills();
     let rss_limit = match memory {
@@ -231,7 +231,7 @@ pub(crate) async fn run_local<L: Liveness>(
                 if let Some(limit) = rss_limit {
                     let members = tracking
                         .members()
-                        .unwrap_or_else(|| procfs::scan_marker(&env.marker()).marked);
+                        .unwrap_or_else(|| procfs::scan_marker(&env.process_marker()).marked);
                     let used: u64 = members.iter().filter_map(|p| procfs::rss_bytes(*p)).sum();
                     if used > limit {
                         break Err(Stopped::OverMemory);

@@ -67,6 +67,15 @@ impl Attempt {
         self.key.marker()
     }
 
+    /// The value of [`procfs::MARKER_ENV`] in the attempt's processes, which cleanup's scans
+    /// look for: the marker with a hash of the attempt's directory, as its cgroup is named.
+    /// The marker alone (`batch/case/attempt`) is the same in two bundles of one batch id on a
+    /// host (a copied manifest, a second checkout), and one's cleanup killed the other's
+    /// processes.
+    pub fn process_marker(&self) -> String {
+        cgroup::name_for(&self.marker(), &self.dir)
+    }
+
     pub fn file(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
@@ -128,7 +137,7 @@ impl Attempt {
         );
         env.insert("CASEBATCH_OUTPUT_DIR".into(), path(attempt_files::OUTPUT));
         env.insert("CASEBATCH_RESULT".into(), path(attempt_files::RESULT));
-        env.insert(crate::procfs::MARKER_ENV.into(), self.marker());
+        env.insert(crate::procfs::MARKER_ENV.into(), self.process_marker());
         env
     }
 }

@@ -314,11 +314,14 @@ impl LocalProcess {
         // A zombie (the harness already ended) still has its stat: the identity is readable.
         let ticks = procfs::start_ticks(pid);
         if let Some(ticks) = ticks {
-            crate::spawned::record(pid, ticks, &env.marker());
+            crate::spawned::record(pid, ticks, &env.process_marker());
         }
         // Held before the record is written: a failed write leaves the intent, and the child
         // is still found (and awaited directly) through this map.
-        CHILDREN.lock().expect("lock").insert(env.marker(), child);
+        CHILDREN
+            .lock()
+            .expect("lock")
+            .insert(env.process_marker(), child);
         let record = Self::complete(env, &intent, Some(pid), ticks, false)?;
         Ok(job_ref(&record))
     }
@@ -331,7 +334,7 @@ impl LocalProcess {
         if let Some(killed) = tracking_of(env, job).kill() {
             return killed;
         }
-        let scan = procfs::scan_marker(&env.marker());
+        let scan = procfs::scan_marker(&env.process_marker());
         for pid in &scan.marked {
             procfs::kill_pid(*pid);
         }
@@ -375,7 +378,7 @@ pub(crate) fn tracking_of(env: &Attempt, job: Option<&JobRecord>) -> Tracking {
 fn members(env: &Attempt, tracking: &Tracking) -> Vec<u32> {
     tracking
         .members()
-        .unwrap_or_else(|| procfs::scan_marker(&env.marker()).marked)
+        .unwrap_or_else(|| procfs::scan_marker(&env.process_marker()).marked)
 }
 
 fn job_ref(r: &JobRecord) -> JobRef {
@@ -780,7 +783,7 @@ impl LocalProcess {
     /// marker left the cgroup. Each is named and killed (by the marker this very scan read).
     async fn kill_escaped(&self, env: &Attempt, job: Option<&JobRecord>) -> Vec<(u32, String)> {
         let since = job.and_then(|j| j.start_ticks);
-        let marked = marker_walks::scan_marker_since(&env.marker(), since)
+        let marked = marker_walks::scan_marker_since(&env.process_marker(), since)
             .await
             .marked;
         let escaped: Vec<(u32, String)> =
@@ -813,7 +816,7 @@ impl LocalProcess {
             let found = self.kill_all(env, job);
             if found.is_empty() {
                 let since = job.and_then(|j| j.start_ticks);
-                remaining = marker_walks::scan_marker_since(&env.marker(), since)
+                remaining = marker_walks::scan_marker_since(&env.process_marker(), since)
                     .await
                     .unreadable;
                 // Only a process that stays unreadable can keep cleanup unconfirmed.
@@ -822,7 +825,7 @@ impl LocalProcess {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
-                    remaining = procfs::recheck_unreadable(&env.marker(), &remaining);
+                    remaining = procfs::recheck_unreadable(&env.process_marker(), &remaining);
                 }
                 break;
             }
@@ -918,7 +921,7 @@ fn start_traces(env: &Attempt) -> Option<Trace> {
     if let Some(pid) = CHILDREN
         .lock()
         .expect("lock")
-        .get(&env.marker())
+        .get(&env.process_marker())
         .and_then(Child::id)
     {
         return Some(Trace {
@@ -971,7 +974,7 @@ fn find_marked(env: &Attempt) -> Option<Trace> {
     let found = match Tracking::find(&cgroup_name(env)) {
         Some(t) => t.members().unwrap_or_default(),
         None if Tracking::cgroups_available() => return None,
-        None => procfs::scan_marker(&env.marker()).marked,
+        None => procfs::scan_marker(&env.process_marker()).marked,
     };
     let leader = found
         .iter()

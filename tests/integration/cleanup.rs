@@ -1,6 +1,8 @@
 //! Cleanup confirmation: every process of an attempt, including descendants that detached
 //! from its process group, must be gone before `cleanup_confirmed: true`.
 
+use std::time::Duration;
+
 use crate::support::*;
 
 #[test]
@@ -139,4 +141,64 @@ tasks:
     for case in ["escapes", "stays"] {
         assert_eq!(sb.case_result("escape", case)["state"], "succeeded");
     }
+}
+
+/// Two bundles of one batch id on a host (a copied manifest, a second checkout) share the
+/// attempt key `twin/0/1`. The cleanup of the batch that ends first must not take the other's
+/// processes for its own, though they carry the same key and started after its job.
+#[test]
+fn a_batch_of_the_same_id_in_another_bundle_keeps_its_processes_through_the_others_cleanup() {
+    let first = Sandbox::engine_alone();
+    let second = Sandbox::engine_alone();
+    let shared = first.path("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let manifest = |sb: &Sandbox, harness: &str| {
+        sb.write(
+            "twin.yaml",
+            &format!(
+                r#"batch_id: twin
+defaults:
+  pass_env: [SHARED]
+  runtime: local-process
+  harness: '{harness}'
+tasks:
+  - task_id: only
+"#
+            ),
+        )
+    };
+    // The first ends once the second's harness runs; the second, once the first has ended.
+    let first_manifest = manifest(
+        &first,
+        r#"touch "$SHARED/first"; while [ ! -e "$SHARED/second" ]; do sleep 0.05; done; echo "{}" > "$CASEBATCH_RESULT""#,
+    );
+    let second_manifest = manifest(
+        &second,
+        r#"touch "$SHARED/second"; while [ ! -e "$SHARED/first-done" ]; do sleep 0.05; done; echo "{}" > "$CASEBATCH_RESULT""#,
+    );
+    let env = [("SHARED", shared.to_str().unwrap())];
+    let mut first_run = first.spawn_batch_with_env(&first_manifest, "run.log", &env);
+    wait_until(Duration::from_secs(120), "the first harness runs", || {
+        shared.join("first").exists()
+    });
+    let mut second_run = second.spawn_batch_with_env(&second_manifest, "run.log", &env);
+    assert_eq!(
+        wait_child(&mut first_run, Duration::from_secs(120)),
+        0,
+        "{}",
+        first.read("run.log")
+    );
+    std::fs::write(shared.join("first-done"), "").unwrap();
+    assert_eq!(
+        wait_child(&mut second_run, Duration::from_secs(120)),
+        0,
+        "the second batch's harness survived the first's cleanup: {}",
+        second.read("run.log")
+    );
+    let receipt = first.recorded("twin", "only", 1, "cleanup");
+    assert_eq!(receipt["cleanup_confirmed"], true, "{receipt:#}");
+    assert_eq!(receipt["killed"], serde_json::json!([]), "{receipt:#}");
+    let result = second.case_result("twin", "only");
+    assert_eq!(result["state"], "succeeded", "{result:#}");
+    assert_eq!(result["job_starts"], 1, "{result:#}");
 }
