@@ -165,7 +165,7 @@ fn is_ended(job: &pb::Job) -> bool {
 
 /// The agent's directory for a batch: readable by its batch id, unique by batch id and
 /// submitted bundle (two bundles under one batch id never share attempt directories).
-fn local_bundle(batches: &Path, batch_id: &str, bundle_dir: &str) -> PathBuf {
+pub(crate) fn local_bundle(batches: &Path, batch_id: &str, bundle_dir: &str) -> PathBuf {
     let hash = hex::encode(Sha256::digest(format!("{batch_id}\0{bundle_dir}")));
     let readable: String = batch_id
         .chars()

@@ -109,6 +109,18 @@ fn marker(k: &pb::AttemptKey) -> String {
     format!("{}/{}/{}", k.batch_id, k.case_index, k.attempt)
 }
 
+/// The marker the attempt's processes carry on `agent` (`Attempt::process_marker`): its key
+/// with a hash of the agent's directory for the attempt.
+fn carried_marker(agent: &TestAgent, k: &pb::AttemptKey) -> String {
+    let batches = agent.data().join("batches");
+    let local = crate::jobs::local_bundle(&batches, &k.batch_id, &k.bundle_dir);
+    let dir = local.join(format!(
+        "cases/case-{}/attempts/{}",
+        k.case_index, k.attempt
+    ));
+    casebatch_runtime::cgroup::name_for(&marker(k), &dir)
+}
+
 fn job_req(k: &pb::AttemptKey) -> pb::JobRequest {
     pb::JobRequest { job_key: marker(k) }
 }
@@ -478,7 +490,12 @@ async fn kill_ends_a_job_cancelled_and_cleanup_confirms_nothing_is_left() {
         .await
         .unwrap();
     let m = marker(&k);
-    assert!(!casebatch_runtime::procfs::scan_marker(&m).marked.is_empty());
+    let carried = carried_marker(&agent, &k);
+    assert!(
+        !casebatch_runtime::procfs::scan_marker(&carried)
+            .marked
+            .is_empty()
+    );
 
     let killed = c
         .kill(pb::KillRequest {
@@ -495,7 +512,9 @@ async fn kill_ends_a_job_cancelled_and_cleanup_confirms_nothing_is_left() {
     assert!(receipt.cleanup_confirmed, "{receipt:?}");
     assert_eq!(receipt.job_key, m);
     assert!(
-        casebatch_runtime::procfs::scan_marker(&m).marked.is_empty(),
+        casebatch_runtime::procfs::scan_marker(&carried)
+            .marked
+            .is_empty(),
         "no survivor"
     );
     let again = c.cleanup(job_req(&k)).await.unwrap().into_inner();
@@ -872,7 +891,7 @@ async fn ended_jobs_go_after_keep_ended_cleaned_up_first_and_running_ones_stay()
     submit(&mut c, &running, &planned(2, GATED, &gated, None))
         .await
         .unwrap();
-    let leftover = marker(&left);
+    let leftover = carried_marker(&agent, &left);
     assert!(
         !casebatch_runtime::procfs::scan_marker(&leftover)
             .marked
