@@ -154,8 +154,9 @@ pub fn scan_marker_since(marker: &str, since_ticks: Option<u64>) -> MarkerScan {
 /// it is given, with what its environment says about `markers`. One walk answers a marker
 /// scan for each of them ([`Walk::select`]); processes carrying other markers (the other
 /// cases' processes, in a wide batch most of the host's) are passed over on their stat (read
-/// once per process, [`crate::stat_cache`]): by their ancestry when they descend from a wrapper this process spawned for
-/// another case ([`crate::spawned`]), else by their environment.
+/// once per process, [`crate::stat_cache`]): by their ancestry when they descend from a
+/// wrapper this process spawned for another case ([`crate::spawned`]), else by their
+/// environment.
 pub fn walk(floor_ticks: Option<u64>, markers: &[&str]) -> Walk {
     let prefix = format!("{MARKER_ENV}=");
     let me = std::process::id();

@@ -55,14 +55,11 @@ impl Scratch {
 
     /// The entries of the working directory `workdir` (the others are beside it).
     pub fn at(workdir: PathBuf) -> Self {
-        let beside = |suffix: &str| {
-            let mut path = workdir.clone().into_os_string();
-            path.push(suffix);
-            PathBuf::from(path)
-        };
+        let mut input = workdir.clone().into_os_string();
+        input.push(".input.json");
         let short = crate::cgroup::fnv1a(workdir.as_os_str().as_encoded_bytes());
         Self {
-            input: beside(".input.json"),
+            input: input.into(),
             tmp: workdir.with_file_name(format!("{short:016x}.tmp")),
             workdir,
         }
