@@ -322,7 +322,7 @@ fn spawn(
     for dir in [workdir, &scratch.tmp] {
         if let Err(e) = fs::create_dir_all(dir) {
             return Err(eval_failure(format!(
-                "cannot create the evaluator's working directory {}: {e}",
+                "cannot create the evaluator's scratch directory {}: {e}",
                 dir.display()
             )));
         }
