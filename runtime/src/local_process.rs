@@ -151,9 +151,35 @@ impl JobRecord {
     }
 }
 
-/// Children this process spawned, by marker: awaited directly instead of polled. Process-wide
-/// because both of the process's workers (task queue and host queue) share it.
+/// Children this process spawned, by the marker their processes carry: awaited directly
+/// instead of polled, and so reaped. Process-wide because both of the process's workers (task
+/// queue and host queue) share it. Reached only through [`Held`], so that what is held under
+/// one key is found under the same key.
 static CHILDREN: LazyLock<Mutex<HashMap<String, Child>>> = LazyLock::new(Default::default);
+
+/// The child this process holds for an attempt, if any.
+struct Held;
+
+impl Held {
+    fn put(env: &Attempt, child: Child) {
+        CHILDREN
+            .lock()
+            .expect("lock")
+            .insert(env.process_marker(), child);
+    }
+
+    fn take(env: &Attempt) -> Option<Child> {
+        CHILDREN.lock().expect("lock").remove(&env.process_marker())
+    }
+
+    fn pid(env: &Attempt) -> Option<u32> {
+        CHILDREN
+            .lock()
+            .expect("lock")
+            .get(&env.process_marker())
+            .and_then(Child::id)
+    }
+}
 
 #[derive(Default)]
 pub struct LocalProcess;
@@ -318,10 +344,7 @@ impl LocalProcess {
         }
         // Held before the record is written: a failed write leaves the intent, and the child
         // is still found (and awaited directly) through this map.
-        CHILDREN
-            .lock()
-            .expect("lock")
-            .insert(env.process_marker(), child);
+        Held::put(env, child);
         let record = Self::complete(env, &intent, Some(pid), ticks, false)?;
         Ok(job_ref(&record))
     }
@@ -481,7 +504,7 @@ impl LocalProcess {
         let Some(record) = record else {
             return lost(env, "its job record is missing or its start left no trace");
         };
-        let child = CHILDREN.lock().expect("lock").remove(&record.marker);
+        let child = Held::take(env);
         // Adopted: harvested from a process another worker process started and is gone.
         // Not when this process holds the child, or started it (and lost the handle), or
         // the starter is a live replica on this host.
@@ -523,10 +546,7 @@ impl LocalProcess {
                     // The next wait in this process awaits the child directly again.
                     OnCancel::EndWait => {
                         if let Some(child) = child {
-                            CHILDREN
-                                .lock()
-                                .expect("lock")
-                                .insert(record.marker.clone(), child);
+                            Held::put(env, child);
                         }
                     }
                 }
@@ -608,6 +628,8 @@ impl LocalProcess {
         if let Some(job) = &job {
             job.memory.remove();
         }
+        // A child still held (its wait was cancelled) is reaped by tokio once let go.
+        drop(Held::take(env));
         // Its processes are gone: nothing uses the scratch space any more.
         JobRecord::scratch_of(job.as_ref(), env).remove();
         killed.sort_unstable();
@@ -918,12 +940,7 @@ struct Trace {
 /// process carrying the marker. `None` means the harness of that start never ran (once
 /// [`SPAWN_GRACE`] has passed since the intent; before, a wrapper may still be on its way).
 fn start_traces(env: &Attempt) -> Option<Trace> {
-    if let Some(pid) = CHILDREN
-        .lock()
-        .expect("lock")
-        .get(&env.process_marker())
-        .and_then(Child::id)
-    {
+    if let Some(pid) = Held::pid(env) {
         return Some(Trace {
             pid: Some(pid),
             ticks: procfs::start_ticks(pid),
@@ -1094,6 +1111,105 @@ mod tests {
         assert_eq!(child.wait().unwrap().code(), Some(3));
         assert_eq!(read().exit, Some(3));
         assert!(read().unreadable_lines.is_empty());
+    }
+
+    /// A wait that is cancelled or not, and otherwise watches quietly.
+    struct Watch {
+        cancelled: bool,
+    }
+
+    impl Liveness for Watch {
+        async fn heartbeat(&self, _: &JobRef) {}
+        fn is_cancelled(&self) -> bool {
+            self.cancelled
+        }
+    }
+
+    /// Waits (on events: the process table) until `pid` is no longer there, zombie or not.
+    async fn reaped(pid: u32) -> bool {
+        let gone = || !std::path::Path::new(&format!("/proc/{pid}")).exists();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !gone() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        gone()
+    }
+
+    fn attempt(root: &std::path::Path, harness: &str) -> Attempt {
+        let case: casebatch_manifest::model::PlannedCase =
+            serde_json::from_value(serde_json::json!({
+                "index": 0,
+                "case_id": "c",
+                "case_dir": "c",
+                "runtime": "local-process",
+                "harness": harness,
+                "resources": {},
+                "timeout_seconds": 60,
+                "input": {"query": "q"},
+                "source": {"line": null, "runspec": null},
+            }))
+            .unwrap();
+        let key = casebatch_proto::AttemptKey {
+            batch_id: "held".into(),
+            bundle_dir: root.display().to_string(),
+            case_index: 0,
+            attempt: 1,
+            memory_boost_mb: None,
+            runtime: None,
+        };
+        Attempt::new(key, crate::job_spec::from_planned(&case))
+    }
+
+    /// The wrapper this process spawned is awaited as its child, so it is reaped when it ends:
+    /// polled instead (a child held under one key and looked for under another), it stayed a
+    /// zombie for as long as the worker ran, one per case, until pids ran out.
+    #[tokio::test]
+    async fn the_wrapper_a_submit_spawned_is_awaited_and_reaped() {
+        let root = tempfile::tempdir().unwrap();
+        let env = attempt(root.path(), "exit 7");
+        let rt = LocalProcess;
+        rt.provision(&env).await.unwrap();
+        let job = rt.submit(&env).await.unwrap();
+        let pid = job.pid.expect("a local job names its process");
+        assert_eq!(Held::pid(&env), Some(pid), "held as this process's child");
+
+        let report = rt.await_job(&env, &job, &Watch { cancelled: false }).await;
+        assert_eq!(
+            (report.status, report.exit_code, report.adopted),
+            (ActorStatus::Failed, Some(7), false)
+        );
+        assert_eq!(Held::pid(&env), None, "no longer held once it ended");
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "the wrapper {pid} was not reaped: {:?}",
+            procfs::stat(pid)
+        );
+        assert!(rt.cleanup(&env).await.cleanup_confirmed);
+    }
+
+    /// A wait that was cancelled hands the child back for the next wait; the attempt's cleanup
+    /// kills it and lets it go, so it is reaped and not left a zombie of the worker.
+    #[tokio::test]
+    async fn a_child_held_past_a_cancelled_wait_is_reaped_after_cleanup() {
+        let root = tempfile::tempdir().unwrap();
+        let env = attempt(root.path(), "sleep 60");
+        let rt = LocalProcess;
+        rt.provision(&env).await.unwrap();
+        let job = rt.submit(&env).await.unwrap();
+        let pid = job.pid.unwrap();
+
+        let report = rt.await_job(&env, &job, &Watch { cancelled: true }).await;
+        assert_eq!(report.status, ActorStatus::Cancelled);
+        assert_eq!(Held::pid(&env), Some(pid), "held again for the next wait");
+
+        let receipt = rt.cleanup(&env).await;
+        assert!(receipt.cleanup_confirmed, "{receipt:?}");
+        assert_eq!(Held::pid(&env), None);
+        assert!(
+            reaped(pid).await,
+            "the wrapper {pid} stayed: {:?}",
+            procfs::stat(pid)
+        );
     }
 
     #[test]
