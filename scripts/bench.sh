@@ -9,7 +9,8 @@
 #   ONLY=agent scripts/bench.sh # only the agent-vs-local-process comparison
 #   ONLY=tail scripts/bench.sh  # only the uniform-vs-weighted split over a fast and a slow agent
 #   ONLY=local scripts/bench.sh # only the local-process cost per case (sleep 1, true, 256 wide;
-#                               # WIDE=1 adds 2,048 x sleep 10 at 512)
+#                               # WIDE=1 adds 2,048 x sleep 10 at 512), on an aged file system
+#                               # and on a fresh one (see `round_fs`; FS=aged or FS=fresh for one)
 #   ONLY=wide scripts/bench.sh  # only 2,048 x sleep 10 at 512 (about four minutes a round)
 #   ONLY=prepare scripts/bench.sh # only provision-ahead against provisioning at dispatch
 #   ONLY=policies scripts/bench.sh # only sleep 1 reporting usage: no policy, a budget, budget + pace
@@ -33,7 +34,7 @@ cargo build --release -q -p casebatch-cli
 BIN=$PWD/target/release/casebatch
 # BENCH_DIR: where bundles are written (default /tmp); its filesystem shows in the figures.
 WORK=$(mktemp -d "${BENCH_DIR:-/tmp}/casebatch-bench.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+trap 'mountpoint -q "$WORK/fresh" && umount "$WORK/fresh"; rm -rf "$WORK"' EXIT
 TICK=$(getconf CLK_TCK)
 
 manifest() { # name runtime harness count concurrency
@@ -63,12 +64,56 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 # CPU seconds (user + system) a live process has used itself, children excluded.
 cpu_of() { awk -v t="$TICK" '{ print ($14 + $15) / t }' "/proc/$1/stat" 2>/dev/null || true; }
 
+# The file-system state a round of the local rows runs on (FS_STATE), made before the round:
+#   aged:  a synthetic earlier bundle (AGE_INODES files, default 6,000: about what a 601-case
+#          batch leaves) is made and deleted in the bench directory just before. ext4 without a
+#          journal scans past every inode deleted in the last 5 to 300 s on each allocation, so
+#          this is the state a batch meets after its predecessor's bundle was removed.
+#   fresh: a newly made ext4 (journal as the bench directory's), mounted for the round, holding
+#          the bundle, the engine's files and the scratch space. Needs root and a loop device.
+# Other rounds run as they find the file system.
+round_fs() { # out-dir-variable-name
+  case "${FS_STATE:-}" in
+    aged)
+      local age="$WORK/age-$RANDOM"
+      mkdir "$age" && (cd "$age" && seq 1 "${AGE_INODES:-6000}" | xargs touch) && rm -rf "$age"
+      ;;
+    fresh)
+      local img="$WORK/fresh.img" mnt="$WORK/fresh" features=""
+      mountpoint -q "$mnt" && umount "$mnt"
+      rm -f "$img"; mkdir -p "$mnt"
+      tune2fs -l "$(findmnt -no SOURCE -T "$WORK")" 2>/dev/null | grep -q has_journal \
+        || features="-O ^has_journal"
+      truncate -s 4G "$img"
+      # shellcheck disable=SC2086 # features is one flag and its value, or nothing
+      mkfs.ext4 -q -F $features "$img" >&2 && mount -o loop "$img" "$mnt" >&2
+      printf -v "$1" "%s" "$mnt/out"
+      export CASEBATCH_SCRATCH_DIR="$mnt/s"
+      ;;
+  esac
+}
+
+# Undoes what `round_fs` set up for a round.
+round_fs_done() {
+  if [ "${FS_STATE:-}" = fresh ]; then
+    unset CASEBATCH_SCRATCH_DIR
+    umount "$WORK/fresh" && rm -f "$WORK/fresh.img"
+  fi
+}
+
+# Whether a fresh file system can be made here (root, mkfs.ext4, a loop device).
+can_make_fresh_fs() {
+  [ "$(id -u)" = 0 ] && command -v mkfs.ext4 > /dev/null && command -v tune2fs > /dev/null \
+    && losetup -f > /dev/null 2>&1
+}
+
 # Runs a batch on a fresh output dir (its own embedded engine). Prints
 # "wall runner_cpu engine_cpu peak_rss_kb"; CPU figures are the last samples before exit.
 # KEEP_OUT=DIR runs in DIR and keeps it (batches that learn from earlier ones); RUN_ARGS adds
 # flags to `batch run`.
 run_batch() {
   local name=$1 file=$2 out="${KEEP_OUT:-$WORK/out-$1-$RANDOM}" t0 t1 pid peak=0 rss cpu=0 ecpu=0 epid="" c
+  round_fs out
   # A batch id of its own per round: an agent's job table (kept across rounds) refuses an
   # attempt key that another bundle already used.
   sed "s/^batch_id: .*/batch_id: $name-$RANDOM/" "$file" > "$out.yaml"
@@ -90,6 +135,7 @@ run_batch() {
   local cost
   cost=$(bundle_cost "$(ls -d "$out"/*/ | head -1)")
   [ -n "${KEEP_OUT:-}" ] || rm -rf "$out"
+  round_fs_done
   echo "$(calc "$t1 - $t0") $cpu $ecpu $peak $cost"
 }
 
@@ -224,10 +270,22 @@ tail_vs_uniform() {
 # grow with the width). WIDE=1 adds 2,048 x `sleep 10` at 512 in flight (the seeds' widest
 # batches; about four minutes a round).
 local_cost() {
+  local states=${FS:-aged fresh} state
+  if [[ $states == *fresh* ]] && ! can_make_fresh_fs; then
+    echo "fresh file system: skipped (needs root, mkfs.ext4 and a free loop device)"
+    states=${states/fresh/}
+  fi
+  for state in $states; do
+    echo "-- file system: $state"
+    FS_STATE=$state local_rows
+  done
+  if [ -n "${WIDE:-}" ]; then wide_cost; fi
+}
+
+local_rows() {
   scenario "local-process, sleep 1" local-process 'sleep 1' "$N" 'sleep 1'
   scenario "local-process, trivial command (true)" local-process 'true' "$N" 'true'
   C=256 scenario "local-process, sleep 1, 256 in flight" local-process 'sleep 1' 1024 'sleep 1'
-  if [ -n "${WIDE:-}" ]; then wide_cost; fi
 }
 
 wide_cost() {
