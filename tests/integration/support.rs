@@ -14,6 +14,9 @@ use serde_json::Value;
 /// needs, and under nextest check that the configuration gives it that.
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
+    /// What `spawn` started (pid and start time), killed when the sandbox goes: a failing
+    /// test must not leave its runner, worker or fixture server running.
+    spawned: std::sync::Mutex<Vec<(u32, u64)>>,
 }
 
 impl Sandbox {
@@ -21,6 +24,7 @@ impl Sandbox {
     pub fn new() -> Self {
         Self {
             dir: tempfile::tempdir().expect("tempdir"),
+            spawned: Default::default(),
         }
     }
 
@@ -106,13 +110,7 @@ impl Sandbox {
 
     /// Starts in the background (stdout/stderr to files in the sandbox).
     pub fn spawn(&self, args: &[&str], log: &str) -> Child {
-        let out = std::fs::File::create(self.path(log)).unwrap();
-        let err = out.try_clone().unwrap();
-        self.command(args)
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("spawn casebatch")
+        self.spawn_env(args, log, &[])
     }
 
     /// `casebatch batch run --manifest M --output-dir <out>`, to completion.
@@ -235,9 +233,19 @@ impl Sandbox {
 }
 
 impl Drop for Sandbox {
-    /// A runner killed by a test leaves its dev server behind: stop it by identity.
+    /// What a test started and did not stop (it failed first), then the dev servers of the
+    /// sandbox's output roots, which a killed runner leaves behind: each by identity.
     fn drop(&mut self) {
-        kill_engine(&self.out());
+        let spawned = std::mem::take(self.spawned.get_mut().unwrap());
+        for (pid, ticks) in spawned {
+            if casebatch_runtime::procfs::is_same_process(pid, ticks) {
+                casebatch_runtime::procfs::kill_pid(pid);
+            }
+        }
+        let roots = std::fs::read_dir(self.dir.path()).into_iter().flatten();
+        for root in roots.flatten() {
+            kill_engine(&root.path());
+        }
     }
 }
 
@@ -446,7 +454,12 @@ impl Sandbox {
         let err = out.try_clone().unwrap();
         let mut c = self.command(args);
         c.envs(envs.iter().copied()).stdout(out).stderr(err);
-        c.spawn().expect("spawn casebatch")
+        let child = c.spawn().expect("spawn casebatch");
+        if let Some(ticks) = casebatch_runtime::procfs::start_ticks(child.id()) {
+            let mut spawned = self.spawned.lock().unwrap();
+            spawned.push((child.id(), ticks));
+        }
+        child
     }
 
     /// The text of a file in the sandbox ("" when absent).
@@ -831,4 +844,28 @@ pub fn activities_running(address: &str, batch: &str, kind: &str) -> usize {
 /// A command's stdout as JSON (its `--json` view).
 pub fn json_of(o: &std::process::Output) -> Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+/// The sandbox's own promise: what a test started and left running goes with it.
+#[test]
+fn a_sandbox_stops_what_it_started_when_it_goes() {
+    let sb = Sandbox::new();
+    let args = ["agent", "--listen", "127.0.0.1:0", "--data-dir", "agent"];
+    let mut agent = sb.spawn(&args, "agent.log");
+    let addr = sb.path("agent/agent.addr");
+    wait_until(Duration::from_secs(30), "the agent listening", || {
+        addr.exists()
+    });
+    let pid = agent.id();
+    let ticks = casebatch_runtime::procfs::start_ticks(pid).unwrap();
+    drop(sb);
+    wait_until(Duration::from_secs(10), "the agent stopped", || {
+        !casebatch_runtime::procfs::is_same_process(pid, ticks)
+    });
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        agent.wait().unwrap().signal(),
+        Some(9),
+        "killed by the sandbox"
+    );
 }
