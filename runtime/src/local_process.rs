@@ -1160,17 +1160,26 @@ mod tests {
         Attempt::new(key, crate::job_spec::from_planned(&case))
     }
 
+    /// An attempt of `harness` under `root`, provisioned and submitted: its job and process.
+    async fn started(
+        root: &std::path::Path,
+        harness: &str,
+    ) -> (LocalProcess, Attempt, JobRef, u32) {
+        let env = attempt(root, harness);
+        let rt = LocalProcess;
+        rt.provision(&env).await.unwrap();
+        let job = rt.submit(&env).await.unwrap();
+        let pid = job.pid.expect("a local job names its process");
+        (rt, env, job, pid)
+    }
+
     /// The wrapper this process spawned is awaited as its child, so it is reaped when it ends:
     /// polled instead (a child held under one key and looked for under another), it stayed a
     /// zombie for as long as the worker ran, one per case, until pids ran out.
     #[tokio::test]
     async fn the_wrapper_a_submit_spawned_is_awaited_and_reaped() {
         let root = tempfile::tempdir().unwrap();
-        let env = attempt(root.path(), "exit 7");
-        let rt = LocalProcess;
-        rt.provision(&env).await.unwrap();
-        let job = rt.submit(&env).await.unwrap();
-        let pid = job.pid.expect("a local job names its process");
+        let (rt, env, job, pid) = started(root.path(), "exit 7").await;
         assert_eq!(Held::pid(&env), Some(pid), "held as this process's child");
 
         let report = rt.await_job(&env, &job, &Watch { cancelled: false }).await;
@@ -1192,11 +1201,7 @@ mod tests {
     #[tokio::test]
     async fn a_child_held_past_a_cancelled_wait_is_reaped_after_cleanup() {
         let root = tempfile::tempdir().unwrap();
-        let env = attempt(root.path(), "sleep 60");
-        let rt = LocalProcess;
-        rt.provision(&env).await.unwrap();
-        let job = rt.submit(&env).await.unwrap();
-        let pid = job.pid.unwrap();
+        let (rt, env, job, pid) = started(root.path(), "sleep 60").await;
 
         let report = rt.await_job(&env, &job, &Watch { cancelled: true }).await;
         assert_eq!(report.status, ActorStatus::Cancelled);
