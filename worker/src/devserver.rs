@@ -321,6 +321,9 @@ impl DevServer {
     pub fn stop(&mut self) {
         self.sup.stopping.store(true, Ordering::SeqCst);
         if let Some(w) = self.watcher.take() {
+            // Woken, not waited for: every run would otherwise end up to a watch interval
+            // late.
+            w.thread().unpark();
             let _ = w.join();
         }
         let Some(lease) = self.lease.take() else {
@@ -362,7 +365,8 @@ impl Supervisor {
     fn watch(&self) {
         let mut backoff = WATCH_INTERVAL;
         while !self.stopping() {
-            std::thread::sleep(WATCH_INTERVAL);
+            // `stop` unparks it (a wake-up for no reason only checks early).
+            std::thread::park_timeout(WATCH_INTERVAL);
             if self.stopping() || self.alive() {
                 continue;
             }
@@ -581,9 +585,13 @@ fn start_server(
         // Ours when our server holds the port: another process may have taken it between
         // `free_port` and the bind, and then answers in its place until ours gives up
         // (another user's server, or another batch's, whose workers would take our tasks).
-        // The UI's port must answer as a UI too.
+        // The UI's port must answer as a UI too. A port that refuses a connection is not
+        // ready yet, and saying so takes microseconds, where reading the socket tables takes
+        // milliseconds of kernel time (it walks the whole connection hash): polled every
+        // 10 ms, that took half a core from the server while it booted.
         let ready = |s: &ProcessId| {
-            procfs::listens_on(s.pid, port)
+            answers(port)
+                && procfs::listens_on(s.pid, port)
                 && ui.is_none_or(|u| procfs::listens_on(s.pid, u) && serves_ui(u))
         };
         if let Some(server) = server.filter(ready) {
@@ -845,6 +853,11 @@ fn serves_ui(port: u16) -> bool {
     ok && answer
         .split_once("\r\n\r\n")
         .is_some_and(|(_, body)| body.trim_start().starts_with('{'))
+}
+
+/// Whether something accepts connections on `port` (whoever it is).
+fn answers(port: u16) -> bool {
+    TcpStream::connect(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).is_ok()
 }
 
 fn port_is_free(port: u16) -> bool {
