@@ -126,11 +126,7 @@ impl AttemptJournal {
     /// Nothing there reads as empty. `Err` when the journal or a record file is there but
     /// cannot be read (not a regular file, too large, an I/O error).
     pub fn read(dir: &Path) -> Result<Self, BundleError> {
-        let path = path(dir);
-        let mut journal = match open_regular(&path, JOURNAL_LIMIT)? {
-            Some(file) => Self::fold(file, &path)?,
-            None => Self::default(),
-        };
+        let mut journal = seen::read(&path(dir))?.unwrap_or_default();
         if journal.spec.is_none() {
             journal.fill_from_files(dir)?;
         }
@@ -153,28 +149,24 @@ impl AttemptJournal {
         Ok(journal)
     }
 
-    fn fold(file: File, path: &Path) -> Result<Self, BundleError> {
-        let mut bytes = Vec::new();
-        file.take(JOURNAL_LIMIT + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|source| BundleError::Read {
-                path: path.display().to_string(),
-                source,
-            })?;
-        let mut journal = Self::default();
-        let complete = bytes.ends_with(b"\n");
-        let count = bytes.split(|b| *b == b'\n').count();
-        for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
-            let last = i + 1 == count;
-            if line.is_empty() || (last && !complete) {
+    /// Folds the complete lines of `bytes`, which follow the `lines` lines folded before;
+    /// returns the bytes and the lines folded in all. A last line without its newline is a
+    /// write cut short, or one still being written: it is left for the next read.
+    fn fold_lines(&mut self, bytes: &[u8], lines: usize) -> (u64, usize) {
+        let complete = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let mut number = lines;
+        for line in bytes[..complete].split_inclusive(|b| *b == b'\n') {
+            number += 1;
+            let line = &line[..line.len() - 1];
+            if line.is_empty() {
                 continue;
             }
             match serde_json::from_slice::<Entry>(line) {
-                Ok(entry) => journal.apply(entry),
-                Err(_) => journal.unreadable_lines.push(i + 1),
+                Ok(entry) => self.apply(entry),
+                Err(_) => self.unreadable_lines.push(number),
             }
         }
-        Ok(journal)
+        (complete as u64, number)
     }
 
     fn apply(&mut self, entry: Entry) {
@@ -274,6 +266,14 @@ fn read_json_file<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, BundleE
 /// it does not exist. Never follows a symlink, never blocks on a FIFO, and checks the open
 /// descriptor is the file that was checked.
 pub fn open_regular(path: &Path, limit: u64) -> Result<Option<File>, BundleError> {
+    Ok(open_regular_with_metadata(path, limit)?.map(|(file, _)| file))
+}
+
+/// [`open_regular`], with what the open descriptor's `fstat` said.
+fn open_regular_with_metadata(
+    path: &Path,
+    limit: u64,
+) -> Result<Option<(File, std::fs::Metadata)>, BundleError> {
     let err = |source| BundleError::Read {
         path: path.display().to_string(),
         source,
@@ -308,7 +308,104 @@ pub fn open_regular(path: &Path, limit: u64) -> Result<Option<File>, BundleError
     if (after.dev(), after.ino()) != (before.dev(), before.ino()) {
         return Err(refuse("replaced while it was being opened".into()));
     }
-    Ok(Some(file))
+    Ok(Some((file, after)))
+}
+
+/// Journals this process has read, and how far. A journal only grows (every writer
+/// appends), so reading one again folds only the lines appended since: an attempt's journal
+/// is read about eight times while it runs (each step asks for the state the one before left),
+/// and parsing it whole every time took a sixth of a worker's CPU. The file is still opened
+/// on every read, so a journal on a network file system is as fresh as before (the open
+/// revalidates it); one that is not the file seen (another inode) or is shorter than what was
+/// folded is read from its start. Bounded: the [`KEEP`](seen::KEEP) journals read last.
+mod seen {
+    use std::collections::{HashMap, VecDeque};
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::MetadataExt;
+    use std::path::{Path, PathBuf};
+    use std::sync::{LazyLock, Mutex};
+
+    use super::{AttemptJournal, JOURNAL_LIMIT, open_regular_with_metadata};
+    use crate::BundleError;
+
+    /// Far more than the attempts a worker runs at once (512 at the widest).
+    pub(super) const KEEP: usize = 2048;
+
+    #[derive(Clone)]
+    struct Seen {
+        /// Device and inode of the file folded.
+        file: (u64, u64),
+        /// Bytes folded: to the end of the last complete line.
+        upto: u64,
+        /// Lines folded: the next line's number is one more.
+        lines: usize,
+        journal: AttemptJournal,
+    }
+
+    #[derive(Default)]
+    struct Journals {
+        by_path: HashMap<PathBuf, Seen>,
+        /// Oldest first, for eviction.
+        order: VecDeque<PathBuf>,
+    }
+
+    static SEEN: LazyLock<Mutex<Journals>> = LazyLock::new(Mutex::default);
+
+    fn journals() -> std::sync::MutexGuard<'static, Journals> {
+        SEEN.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The journal at `path`, folded; `None` when there is none.
+    pub(super) fn read(path: &Path) -> Result<Option<AttemptJournal>, BundleError> {
+        let Some((mut file, meta)) = open_regular_with_metadata(path, JOURNAL_LIMIT)? else {
+            return Ok(None);
+        };
+        let id = (meta.dev(), meta.ino());
+        let known = journals()
+            .by_path
+            .get(path)
+            .filter(|s| s.file == id && s.upto <= meta.len())
+            .cloned();
+        let mut seen = known.unwrap_or(Seen {
+            file: id,
+            upto: 0,
+            lines: 0,
+            journal: AttemptJournal::default(),
+        });
+        if seen.upto < meta.len() {
+            let read_err = |source| BundleError::Read {
+                path: path.display().to_string(),
+                source,
+            };
+            let mut bytes = Vec::new();
+            file.seek(SeekFrom::Start(seen.upto)).map_err(read_err)?;
+            file.take(JOURNAL_LIMIT + 1 - seen.upto)
+                .read_to_end(&mut bytes)
+                .map_err(read_err)?;
+            let (folded, lines) = seen.journal.fold_lines(&bytes, seen.lines);
+            seen.upto += folded;
+            seen.lines = lines;
+            remember(path, seen.clone());
+        }
+        Ok(Some(seen.journal))
+    }
+
+    #[cfg(test)]
+    pub(super) fn remembers(path: &Path) -> bool {
+        journals().by_path.contains_key(path)
+    }
+
+    fn remember(path: &Path, seen: Seen) {
+        let mut journals = journals();
+        if journals.by_path.insert(path.to_path_buf(), seen).is_none() {
+            journals.order.push_back(path.to_path_buf());
+            while journals.order.len() > KEEP {
+                if let Some(oldest) = journals.order.pop_front() {
+                    journals.by_path.remove(&oldest);
+                }
+            }
+        }
+    }
 }
 
 mod flags {
@@ -419,5 +516,78 @@ mod tests {
         nix::unistd::mkfifo(&path(d), nix::sys::stat::Mode::S_IRWXU).unwrap();
         assert!(AttemptJournal::read(d).is_err());
         assert!(append(d, &[Entry::Exit(0)]).is_err());
+    }
+
+    /// The journal as a read of the whole file folds it, for comparing.
+    fn folded_whole(d: &Path) -> AttemptJournal {
+        let mut j = AttemptJournal::default();
+        j.fold_lines(&std::fs::read(path(d)).unwrap(), 0);
+        j
+    }
+
+    #[test]
+    fn a_journal_read_again_folds_what_was_appended_since_as_a_whole_read_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let mut wrapper = open_for_append(d).unwrap();
+        append(d, &[Entry::Spec(serde_json::json!({"case": 1}))]).unwrap();
+        let first = AttemptJournal::read(d).unwrap();
+        assert_eq!(first, folded_whole(d));
+        append(d, &[Entry::Job(serde_json::json!({"state": "starting"}))]).unwrap();
+        // Half a line from the wrapper, then damage, then whole lines.
+        wrapper.write_all(b"{\"wrapper\":[42,").unwrap();
+        let torn = AttemptJournal::read(d).unwrap();
+        assert_eq!((torn.job.is_some(), torn.wrapper), (true, None));
+        wrapper
+            .write_all(b"7]}\nnot json\n\n{\"exit\":3}\n")
+            .unwrap();
+        append(d, &[Entry::Stage(timing(Stage::Await, 9))]).unwrap();
+        let again = AttemptJournal::read(d).unwrap();
+        assert_eq!(again, folded_whole(d));
+        assert_eq!(
+            (again.wrapper, again.exit, again.unreadable_lines.clone()),
+            (Some((42, Some(7))), Some(3), vec![4])
+        );
+        assert_eq!(again.spec, first.spec);
+        assert_eq!(AttemptJournal::read(d).unwrap(), again, "nothing appended");
+    }
+
+    #[test]
+    fn a_journal_replaced_or_cut_shorter_is_read_from_its_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        append(d, &[Entry::Exit(1), Entry::Exit(2)]).unwrap();
+        assert_eq!(AttemptJournal::read(d).unwrap().exit, Some(2));
+        // Another file in its place, as long as the one read: another inode.
+        let other = d.join("other");
+        std::fs::write(&other, b"{\"exit\":7}\n{\"exit\":8}\n").unwrap();
+        std::fs::rename(&other, path(d)).unwrap();
+        assert_eq!(AttemptJournal::read(d).unwrap().exit, Some(8));
+        // The same file, shorter than what was folded.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path(d))
+            .unwrap();
+        f.set_len(0).unwrap();
+        drop(f);
+        append(d, &[Entry::Exit(5)]).unwrap();
+        assert_eq!(AttemptJournal::read(d).unwrap(), folded_whole(d));
+        assert_eq!(AttemptJournal::read(d).unwrap().exit, Some(5));
+    }
+
+    #[test]
+    fn only_the_journals_read_last_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let attempts: Vec<PathBuf> = (0..=seen::KEEP)
+            .map(|i| {
+                let d = dir.path().join(i.to_string());
+                std::fs::create_dir(&d).unwrap();
+                append(&d, &[Entry::Exit(0)]).unwrap();
+                AttemptJournal::read(&d).unwrap();
+                d
+            })
+            .collect();
+        assert!(!seen::remembers(&path(&attempts[0])));
+        assert!(seen::remembers(&path(&attempts[seen::KEEP])));
     }
 }
