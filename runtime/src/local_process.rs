@@ -337,6 +337,16 @@ impl LocalProcess {
         let pid = child
             .id()
             .ok_or_else(|| submit_failure("the harness exited at once".into()))?;
+        // Joined here as well as by the wrapper (which joins itself before the harness runs,
+        // should this process die now): a cleanup right after the submit (a batch cancelled as
+        // the case starts) must find the wrapper in its cgroup, not outside it before its own
+        // join, where it reads as an escape. Unreaped, the pid is still the child's.
+        for procs in [intent.tracking.procs_file(), intent.memory.procs_file()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = std::fs::write(procs, pid.to_string());
+        }
         // A zombie (the harness already ended) still has its stat: the identity is readable.
         let ticks = procfs::start_ticks(pid);
         if let Some(ticks) = ticks {
@@ -1194,6 +1204,26 @@ mod tests {
             procfs::stat(pid)
         );
         assert!(rt.cleanup(&env).await.cleanup_confirmed);
+    }
+
+    /// The submit puts the wrapper in the attempt's cgroup itself, so a cleanup right after it
+    /// (a batch cancelled as the case starts) finds it there. Left to join on its own, the
+    /// wrapper was still outside for the first millisecond of its life, and a cleanup then
+    /// killed it as an escape and could not vouch for the attempt (one run in six of the test
+    /// below, on a loaded host).
+    #[tokio::test]
+    async fn a_submitted_wrapper_is_in_its_cgroup_when_the_submit_returns() {
+        let root = tempfile::tempdir().unwrap();
+        let (rt, env, _job, pid) = started(root.path(), "sleep 60").await;
+        let tracking = tracking_of(&env, LocalProcess::read_job(&env).as_ref());
+        if tracking.procs_file().is_none() {
+            eprintln!("skipped: no cgroup to track attempts in on this host");
+            return;
+        }
+        let members = tracking.members().unwrap_or_default();
+        let receipt = rt.cleanup(&env).await;
+        assert!(members.contains(&pid), "{pid} not among {members:?}");
+        assert!(receipt.cleanup_confirmed, "{receipt:?}");
     }
 
     /// A wait that was cancelled hands the child back for the next wait; the attempt's cleanup
