@@ -30,12 +30,16 @@ tasks:
         "the detached grandchild was found by its marker and killed: {receipt:#}"
     );
     // Killed is not yet gone: the orphan is reaped by init a moment later. A survivor is
-    // described in full: where it lives says how it escaped.
+    // described in full: where it lives says how it escaped. Only this sandbox's (its
+    // environment names it): another `sleep 400` on the host is not the harness's.
+    let log = sb.path("survivor.log");
+    let sandbox = log.parent().expect("in the sandbox").display();
+    let ours = || processes_with_env("sleep 400", &format!("SANDBOX={sandbox}"));
     let start = std::time::Instant::now();
-    let mut left = processes_matching("sleep 400");
+    let mut left = ours();
     while !left.is_empty() && start.elapsed() < std::time::Duration::from_secs(15) {
         std::thread::sleep(std::time::Duration::from_millis(50));
-        left = processes_matching("sleep 400");
+        left = ours();
     }
     assert!(
         left.is_empty(),
