@@ -313,11 +313,12 @@ fn open_regular_with_metadata(
 
 /// Journals this process has read, and how far. A journal only grows (every writer
 /// appends), so reading one again folds only the lines appended since: an attempt's journal
-/// is read about eight times while it runs (each step asks for the state the one before left),
-/// and parsing it whole every time took a sixth of a worker's CPU. The file is still opened
-/// on every read, so a journal on a network file system is as fresh as before (the open
-/// revalidates it); one that is not the file seen (another inode) or is shorter than what was
-/// folded is read from its start. Bounded: the [`KEEP`](seen::KEEP) journals read last.
+/// is read about nine times while it runs (each step asks for the state the one before left),
+/// and parsing it whole every time was about a seventh of a worker's user CPU. The file is
+/// still opened on every read, so a journal on a network file system is as fresh as before
+/// (the open revalidates it); one that is not the file seen (another inode) or is shorter
+/// than what was folded is read from its start. Bounded: the [`KEEP`](seen::KEEP) journals
+/// read last.
 mod seen {
     use std::collections::{HashMap, VecDeque};
     use std::io::{Read, Seek, SeekFrom};
