@@ -318,7 +318,8 @@ fn open_regular_with_metadata(
 /// still opened on every read, so a journal on a network file system is as fresh as before
 /// (the open revalidates it); one that is not the file seen (another inode) or is shorter
 /// than what was folded is read from its start. Bounded: the [`KEEP`](seen::KEEP) journals
-/// read last.
+/// read last, and no more than [`BYTES`](seen::BYTES) of them (a case's input is in its spec,
+/// and some inputs are large).
 mod seen {
     use std::collections::{HashMap, VecDeque};
     use std::io::{Read, Seek, SeekFrom};
@@ -331,6 +332,8 @@ mod seen {
 
     /// Far more than the attempts a worker runs at once (512 at the widest).
     pub(super) const KEEP: usize = 2048;
+    /// Bytes of journal text kept, all journals together (parsed, a few times that).
+    pub(super) const BYTES: u64 = 16 * 1024 * 1024;
 
     #[derive(Clone)]
     struct Seen {
@@ -348,6 +351,8 @@ mod seen {
         by_path: HashMap<PathBuf, Seen>,
         /// Oldest first, for eviction.
         order: VecDeque<PathBuf>,
+        /// The bytes folded of every journal kept.
+        bytes: u64,
     }
 
     static SEEN: LazyLock<Mutex<Journals>> = LazyLock::new(Mutex::default);
@@ -397,13 +402,22 @@ mod seen {
     }
 
     fn remember(path: &Path, seen: Seen) {
+        if seen.upto > BYTES {
+            // Read whole each time rather than crowd out every other journal.
+            return;
+        }
         let mut journals = journals();
-        if journals.by_path.insert(path.to_path_buf(), seen).is_none() {
-            journals.order.push_back(path.to_path_buf());
-            while journals.order.len() > KEEP {
-                if let Some(oldest) = journals.order.pop_front() {
-                    journals.by_path.remove(&oldest);
-                }
+        journals.bytes += seen.upto;
+        match journals.by_path.insert(path.to_path_buf(), seen) {
+            Some(before) => journals.bytes -= before.upto,
+            None => journals.order.push_back(path.to_path_buf()),
+        }
+        while journals.order.len() > KEEP || journals.bytes > BYTES {
+            let Some(oldest) = journals.order.pop_front() else {
+                break;
+            };
+            if let Some(gone) = journals.by_path.remove(&oldest) {
+                journals.bytes -= gone.upto;
             }
         }
     }
@@ -590,5 +604,41 @@ mod tests {
             .collect();
         assert!(!seen::remembers(&path(&attempts[0])));
         assert!(seen::remembers(&path(&attempts[seen::KEEP])));
+    }
+
+    #[test]
+    fn a_journal_larger_than_what_is_kept_is_read_whole_and_crowds_out_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (small, large) = (dir.path().join("small"), dir.path().join("large"));
+        for d in [&small, &large] {
+            std::fs::create_dir(d).unwrap();
+        }
+        append(&small, &[Entry::Exit(0)]).unwrap();
+        AttemptJournal::read(&small).unwrap();
+        let input = "x".repeat(seen::BYTES as usize);
+        append(&large, &[Entry::Spec(serde_json::json!({"input": input}))]).unwrap();
+        assert!(AttemptJournal::read(&large).unwrap().spec.is_some());
+        assert!(!seen::remembers(&path(&large)));
+        assert!(seen::remembers(&path(&small)));
+        append(&large, &[Entry::Exit(4)]).unwrap();
+        assert_eq!(AttemptJournal::read(&large).unwrap().exit, Some(4));
+    }
+
+    #[test]
+    fn the_oldest_journals_go_once_those_kept_hold_too_many_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = "x".repeat(seen::BYTES as usize * 2 / 5);
+        let read: Vec<PathBuf> = ["a", "b", "c"]
+            .iter()
+            .map(|name| {
+                let d = dir.path().join(name);
+                std::fs::create_dir(&d).unwrap();
+                append(&d, &[Entry::Spec(serde_json::json!({"input": input}))]).unwrap();
+                AttemptJournal::read(&d).unwrap();
+                d
+            })
+            .collect();
+        let kept: Vec<bool> = read.iter().map(|d| seen::remembers(&path(d))).collect();
+        assert_eq!(kept, [false, true, true]);
     }
 }
