@@ -44,9 +44,8 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use crate::keeper::{self, Lease};
+use crate::temporal_bin::{self, TEMPORAL_BIN_ENV};
 
-/// Environment variable naming the `temporal` binary (default: `temporal` on PATH).
-pub const TEMPORAL_BIN_ENV: &str = "CASEBATCH_TEMPORAL_BIN";
 /// How long a freshly spawned server may take to accept connections on its port.
 pub const START_WAIT: Duration = Duration::from_secs(30);
 /// Ports a fresh start tries before it gives up (see `DevServer::ensure`).
@@ -192,7 +191,7 @@ impl DevServer {
     pub fn ensure_with(output_root: &Path, ui: bool) -> Result<Self, DevServerError> {
         let dir = Self::state_dir(output_root);
         std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
-        let bin = std::env::var(TEMPORAL_BIN_ENV).unwrap_or_else(|_| "temporal".into());
+        let bin = temporal_bin::resolve();
         let (port, current, lease) = {
             let lock = StateLock::acquire(&dir)?;
             // Taken first: a keeper watching for users sees this process from now on.
@@ -681,7 +680,7 @@ pub(crate) fn server_args(cmd: &mut Command, port: u16, ui: Option<u16>, dir: &P
 /// `casebatch engine keep`: the keeper of the dev server of `state_dir` (see
 /// [`crate::keeper`]), with its Web UI on `ui` if given. Returns the exit code.
 pub fn keep(state_dir: &Path, port: u16, ui: Option<u16>, idle: Duration) -> i32 {
-    let bin = std::env::var(TEMPORAL_BIN_ENV).unwrap_or_else(|_| "temporal".into());
+    let bin = temporal_bin::resolve();
     // The server dies with its keeper: `setpriv` (util-linux) sets its parent-death signal
     // and execs it, same pid. Without setpriv, stopping the engine still kills the server
     // by its pid; only a SIGKILLed keeper would leave it behind.

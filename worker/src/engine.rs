@@ -413,7 +413,7 @@ mod tests {
         // The embedded engine's command line; its keeper would be this test binary.
         let dir = tempfile::tempdir().unwrap();
         let port = crate::devserver::free_port().unwrap();
-        let bin = std::env::var(crate::devserver::TEMPORAL_BIN_ENV).unwrap_or("temporal".into());
+        let bin = crate::temporal_bin::resolve();
         let _server = Server(
             crate::devserver::server_command(&bin, port, None, dir.path())
                 .stdout(std::process::Stdio::null())

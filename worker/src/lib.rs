@@ -9,6 +9,7 @@
 pub mod devserver;
 pub mod engine;
 pub mod keeper;
+pub mod temporal_bin;
 pub mod worker;
 
 /// Where a worker serves its metrics and probes, and that listener once it serves.
