@@ -82,6 +82,19 @@ pub async fn read_result<T: serde::de::DeserializeOwned + Send + 'static>(
 const EXIT_NOT_EXECUTABLE: i32 = 126;
 const EXIT_NOT_FOUND: i32 = 127;
 
+/// What the wrapper's shell said of a plain command it could not run, without the
+/// `casebatch-wrapper: <line>: ` it puts first (the wrapper's name and a line of its script,
+/// which mean nothing to the user): `run.py: not found`.
+fn without_wrapper_prefix(line: &str) -> &str {
+    line.strip_prefix(crate::local_process::WRAPPER_NAME)
+        .and_then(|rest| rest.strip_prefix(": "))
+        .and_then(|rest| {
+            let (number, said) = rest.split_once(": ")?;
+            number.bytes().all(|b| b.is_ascii_digit()).then_some(said)
+        })
+        .unwrap_or(line)
+}
+
 /// Classifies a finished harness: reads its result file (and, for exit 126 or 127, the
 /// first line of its stderr log, the shell's own words) and applies [`classify_result`].
 pub async fn classify(exit_code: i32, result_path: &Path, stderr_path: &Path) -> ActorReport {
@@ -202,7 +215,7 @@ fn classify_exit(
     if let Some((code, what)) = unrunnable {
         let said = stderr.map_or_else(
             || "; stderr.log says nothing".to_string(),
-            |line| format!(": {line}"),
+            |line| format!(": {}", without_wrapper_prefix(line)),
         );
         return report(
             ActorStatus::Failed,
@@ -369,6 +382,15 @@ mod tests {
         );
         assert!(
             f.message.contains(": sh: 1: ./run.sh: Permission denied"),
+            "{}",
+            f.message
+        );
+
+        // A plain command, looked for by the wrapper's own shell.
+        std::fs::write(&stderr, "casebatch-wrapper: 11: run.py: not found\n").unwrap();
+        let f = classify(127, &result, &stderr).await.failure.unwrap();
+        assert!(
+            f.message.contains("(exit 127): run.py: not found ("),
             "{}",
             f.message
         );

@@ -17,6 +17,7 @@ pub mod job_spec;
 pub mod local_process;
 pub mod marker_walks;
 pub mod memlimit;
+pub mod plain_command;
 pub mod procfs;
 pub mod scratch;
 pub mod spawned;

@@ -66,7 +66,7 @@ use crate::{Attempt, AttemptEnv, Liveness, NotStarted, OnCancel, Runtime};
 const WRAPPER: &str = r#"
 journal=$1; shift
 stat=; read -r stat < /proc/$$/stat
-ticks=; field22() { shift 19; ticks=$1; }; field22 ${stat##*') '}
+ticks=; field22() { shift 19; ticks=$1; }; field22 ${stat##*') '}; unset -f field22
 case $ticks in ''|*[!0-9]*) ticks=null ;; esac
 printf '{"wrapper":[%s,%s]}\n' "$$" "$ticks" >> "$journal" || exit 95
 if [ -n "$CASEBATCH_CGROUP_PROCS" ]; then
@@ -78,6 +78,9 @@ code=$?
 printf '{"exit":%s}\n' "$code" >> "$journal"
 exit $code
 "#;
+
+/// The wrapper's `$0`: how it shows in `ps`, and what its shell puts before what it says.
+pub(crate) const WRAPPER_NAME: &str = "casebatch-wrapper";
 
 /// How often an adopted job (one this process did not spawn) is polled.
 const POLL: Duration = Duration::from_millis(100);
@@ -284,9 +287,14 @@ impl LocalProcess {
         // A path, not `sh`: with PATH in the child's environment, std would fork (copying this
         // process's page tables) to search it; with a path it uses posix_spawn (vfork).
         let mut cmd = Command::new("/bin/sh");
-        cmd.arg("-c").arg(WRAPPER).arg("casebatch-wrapper");
+        cmd.arg("-c").arg(WRAPPER).arg(WRAPPER_NAME);
         cmd.arg(casebatch_bundle::journal::path(&env.dir));
-        cmd.args(&harness.argv);
+        // A plain command string's words, run by the wrapper itself: one exec of the shell
+        // fewer per attempt (see `plain_command`).
+        match crate::plain_command::words(&harness.argv) {
+            Some(words) => cmd.args(words),
+            None => cmd.args(&harness.argv),
+        };
         cmd.current_dir(&scratch.workdir)
             .env_clear()
             .envs(case_env)
@@ -1094,7 +1102,7 @@ mod tests {
         let mut child = std::process::Command::new("sh")
             .arg("-c")
             .arg(WRAPPER)
-            .arg("casebatch-wrapper")
+            .arg(WRAPPER_NAME)
             .arg(&journal)
             .args([
                 "sh",
@@ -1224,6 +1232,39 @@ mod tests {
         let receipt = rt.cleanup(&env).await;
         assert!(members.contains(&pid), "{pid} not among {members:?}");
         assert!(receipt.cleanup_confirmed, "{receipt:?}");
+    }
+
+    /// A plain command string's words go to the wrapper itself; a string the shell does more
+    /// with still goes through `sh -c`.
+    #[tokio::test]
+    async fn the_wrapper_runs_a_plain_command_without_another_shell() {
+        for (harness, tail) in [
+            ("sleep 60", &["sleep", "60"][..]),
+            ("sleep ${N:-60}", &["sh", "-c", "sleep ${N:-60}"][..]),
+        ] {
+            let root = tempfile::tempdir().unwrap();
+            let (rt, env, _job, pid) = started(root.path(), harness).await;
+            // Empty until the exec has set up the new image (the spawn returns before that).
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let cmdline = loop {
+                let read = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+                if !read.is_empty() || Instant::now() > deadline {
+                    break read;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            };
+            let args: Vec<&[u8]> = cmdline
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .collect();
+            let ran: Vec<&[u8]> = tail.iter().map(|a| a.as_bytes()).collect();
+            assert!(
+                args.ends_with(&ran),
+                "{harness}: {:?}",
+                String::from_utf8_lossy(&cmdline)
+            );
+            assert!(rt.cleanup(&env).await.cleanup_confirmed);
+        }
     }
 
     /// A wait that was cancelled hands the child back for the next wait; the attempt's cleanup

@@ -141,6 +141,8 @@ tasks:
     harness: '"$SANDBOX/noexec.sh"'
   - task_id: not-found
     harness: '"$SANDBOX/missing.sh"'
+  - task_id: plain-not-found
+    harness: no-such-harness-on-path --flag
 "#,
     );
     let o = sb.run_batch(&manifest);
@@ -150,10 +152,17 @@ tasks:
     assert_eq!(relative["state"], "succeeded", "{relative:#}");
     assert_eq!(relative["outputs"]["ran"], true, "{relative:#}");
 
-    // What the shell said names the file (dash: `sh: 1: …/missing.sh: not found`).
+    // What the shell said names the file (dash: `sh: 1: …/missing.sh: not found`); a plain
+    // command is looked for by the wrapper's own shell, which says the same.
     for (case, code, exit, said) in [
         ("not-executable", "HARNESS_NOT_EXECUTABLE", 126, "noexec.sh"),
         ("not-found", "HARNESS_NOT_FOUND", 127, "missing.sh"),
+        (
+            "plain-not-found",
+            "HARNESS_NOT_FOUND",
+            127,
+            "no-such-harness-on-path: not found",
+        ),
     ] {
         let r = sb.case_result("paths", case);
         assert_eq!(r["state"], "failed", "{r:#}");
