@@ -237,10 +237,10 @@ impl AttemptJournal {
 }
 
 fn read_text_file(path: &Path) -> Result<Option<String>, BundleError> {
-    let Some(file) = open_regular(path, JOURNAL_LIMIT)? else {
+    let Some((file, meta)) = open_regular_with_metadata(path, JOURNAL_LIMIT)? else {
         return Ok(None);
     };
-    let mut bytes = Vec::new();
+    let mut bytes = sized_buffer(meta.len());
     file.take(JOURNAL_LIMIT)
         .read_to_end(&mut bytes)
         .map_err(|source| BundleError::Read {
@@ -267,6 +267,13 @@ fn read_json_file<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, BundleE
 /// descriptor is the file that was checked.
 pub fn open_regular(path: &Path, limit: u64) -> Result<Option<File>, BundleError> {
     Ok(open_regular_with_metadata(path, limit)?.map(|(file, _)| file))
+}
+
+/// An empty buffer with room for `len` bytes and one more: `read_to_end` into it takes one
+/// read for the bytes and one that returns nothing, where an empty `Vec` takes a 32-byte
+/// probe and then a read per doubling (seven for a 2 KiB journal).
+fn sized_buffer(len: u64) -> Vec<u8> {
+    Vec::with_capacity(usize::try_from(len.min(JOURNAL_LIMIT)).unwrap_or(0) + 1)
 }
 
 /// [`open_regular`], with what the open descriptor's `fstat` said.
@@ -383,8 +390,10 @@ mod seen {
                 path: path.display().to_string(),
                 source,
             };
-            let mut bytes = Vec::new();
-            file.seek(SeekFrom::Start(seen.upto)).map_err(read_err)?;
+            let mut bytes = super::sized_buffer(meta.len() - seen.upto);
+            if seen.upto > 0 {
+                file.seek(SeekFrom::Start(seen.upto)).map_err(read_err)?;
+            }
             file.take(JOURNAL_LIMIT + 1 - seen.upto)
                 .read_to_end(&mut bytes)
                 .map_err(read_err)?;

@@ -216,7 +216,7 @@ impl Tracking {
     /// The cgroup's live processes; `None` when tracking is by marker scan.
     pub fn members(&self) -> Option<Vec<u32>> {
         let dir = self.dir()?;
-        let text = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        let text = procfs::read_generated_text(dir.join("cgroup.procs")).unwrap_or_default();
         Some(
             text.lines()
                 .filter_map(|l| l.trim().parse::<u32>().ok())
@@ -228,11 +228,13 @@ impl Tracking {
     /// True when nothing of the attempt is left in the cgroup (v2: in its whole subtree).
     pub fn is_empty(&self) -> bool {
         match self {
-            Tracking::CgroupV2 { dir } => match fs::read_to_string(dir.join("cgroup.events")) {
-                Ok(events) => events.lines().any(|l| l.trim() == "populated 0"),
-                // Already removed: nothing can be in it.
-                Err(_) => !dir.exists(),
-            },
+            Tracking::CgroupV2 { dir } => {
+                match procfs::read_generated_text(dir.join("cgroup.events")) {
+                    Ok(events) => events.lines().any(|l| l.trim() == "populated 0"),
+                    // Already removed: nothing can be in it.
+                    Err(_) => !dir.exists(),
+                }
+            }
             _ => self.members().is_none_or(|m| m.is_empty()),
         }
     }
@@ -286,7 +288,7 @@ fn kill_each(t: &Tracking) {
 }
 
 fn read_trim(path: &Path) -> String {
-    fs::read_to_string(path)
+    procfs::read_generated_text(path)
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }

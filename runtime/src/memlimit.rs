@@ -98,7 +98,7 @@ impl MemoryLimit {
             MemoryLimit::CgroupV2 { dir, .. } => (dir.join("memory.events"), "oom_kill"),
             _ => return 0,
         };
-        fs::read_to_string(file)
+        crate::procfs::read_generated_text(file)
             .ok()
             .and_then(|text| {
                 text.lines().find_map(|l| {

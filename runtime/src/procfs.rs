@@ -60,6 +60,36 @@ impl Stat {
     }
 }
 
+/// The whole of a file the kernel generates as it is read (`/proc`, `/sys/fs/cgroup`), in as
+/// few reads as it takes. Such a file says its size is 0, so `fs::read` would `fstat` and
+/// `lseek` it for nothing and then read 32 bytes, 32, 64, ... doubling: eight reads for
+/// `/proc/stat`, which every walk of `/proc` reads twice.
+pub fn read_generated(path: impl AsRef<std::path::Path>) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut file = fs::File::open(path)?;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(2 * len, 0);
+        }
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+/// [`read_generated`], as text.
+pub fn read_generated_text(path: impl AsRef<std::path::Path>) -> std::io::Result<String> {
+    String::from_utf8(read_generated(path)?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// One read of `/proc/<pid>/stat`, into a buffer on the stack: cleanup reads the stat of
 /// every process on the host, so this is its hottest path.
 pub fn stat(pid: u32) -> Option<Stat> {
@@ -187,7 +217,7 @@ pub fn walk(floor_ticks: Option<u64>, markers: &[&str]) -> Walk {
         {
             continue;
         }
-        let env = match fs::read(format!("/proc/{pid}/environ")) {
+        let env = match read_generated(format!("/proc/{pid}/environ")) {
             Ok(env) => {
                 let marker = env
                     .split(|b| *b == 0)
@@ -265,7 +295,7 @@ pub fn recheck_unreadable(marker: &str, pids: &[u32]) -> Vec<u32> {
     let needle = format!("{MARKER_ENV}={marker}");
     pids.iter()
         .copied()
-        .filter(|pid| match fs::read(format!("/proc/{pid}/environ")) {
+        .filter(|pid| match read_generated(format!("/proc/{pid}/environ")) {
             Ok(env) => env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()),
             Err(_) => is_alive(*pid),
         })
@@ -274,14 +304,14 @@ pub fn recheck_unreadable(marker: &str, pids: &[u32]) -> Vec<u32> {
 
 /// `pid 42 (sleep 300)`: a process as a receipt names it (its command line, else its name).
 pub fn describe(pid: u32) -> String {
-    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cmdline = read_generated(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let words: Vec<String> = cmdline
         .split(|b| *b == 0)
         .filter(|w| !w.is_empty())
         .map(|w| String::from_utf8_lossy(w).into_owned())
         .collect();
     let what = if words.is_empty() {
-        fs::read_to_string(format!("/proc/{pid}/comm"))
+        read_generated_text(format!("/proc/{pid}/comm"))
             .map(|c| c.trim().to_string())
             .unwrap_or_else(|_| "gone".into())
     } else {
@@ -306,7 +336,7 @@ pub fn kill_pid(pid: u32) {
 
 /// Resident memory of a process in bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let statm = fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let statm = read_generated_text(format!("/proc/{pid}/statm")).ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)
 }
@@ -324,7 +354,7 @@ fn listening_inodes(pid: u32, port: u16) -> Vec<u64> {
     const LISTEN: &str = "0A";
     let mut inodes = Vec::new();
     for table in ["tcp", "tcp6"] {
-        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+        let Ok(text) = read_generated_text(format!("/proc/{pid}/net/{table}")) else {
             continue;
         };
         // `sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...`
@@ -368,7 +398,7 @@ fn children(pid: u32) -> Vec<u32> {
     };
     tasks
         .flatten()
-        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+        .filter_map(|t| read_generated_text(t.path().join("children")).ok())
         .flat_map(|c| {
             c.split_whitespace()
                 .filter_map(|p| p.parse().ok())
@@ -398,6 +428,25 @@ mod tests {
         let _ = other.wait();
         drop(listener);
         assert!(!listens_on(std::process::id(), port));
+    }
+
+    #[test]
+    fn a_generated_file_is_read_whole_however_long() {
+        for path in ["/proc/self/cmdline", "/proc/self/environ"] {
+            assert_eq!(
+                read_generated(path).unwrap(),
+                fs::read(path).unwrap(),
+                "{path}"
+            );
+        }
+        let stat = read_generated_text("/proc/stat").unwrap();
+        assert!(stat.lines().any(|l| l.starts_with("processes ")), "{stat}");
+        // Past the first buffer and its doubling.
+        let dir = tempfile::tempdir().unwrap();
+        let long: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("long"), &long).unwrap();
+        assert_eq!(read_generated(dir.path().join("long")).unwrap(), long);
+        assert!(read_generated(dir.path().join("missing")).is_err());
     }
 
     #[test]

@@ -29,9 +29,12 @@ pub fn root() -> &'static Path {
     &ROOT
 }
 
-/// This process's user (`/proc/self` belongs to it).
+/// This process's user (`/proc/self` belongs to it), read once: every attempt's scratch
+/// root is checked against it.
 fn own_uid() -> u32 {
-    std::fs::metadata("/proc/self").map_or(0, |m| m.uid())
+    static UID: LazyLock<u32> =
+        LazyLock::new(|| std::fs::metadata("/proc/self").map_or(0, |m| m.uid()));
+    *UID
 }
 
 /// Where one attempt's scratch entries go.
@@ -69,11 +72,15 @@ impl Scratch {
     pub fn create(&self) -> std::io::Result<()> {
         ensure_root(root())?;
         for dir in [&self.workdir, &self.tmp] {
-            // Fresh: whatever an earlier provision of the attempt left is not carried over.
-            if dir.exists() {
-                std::fs::remove_dir_all(dir)?;
+            let make = || std::fs::DirBuilder::new().mode(0o700).create(dir);
+            match make() {
+                // Fresh: whatever an earlier provision of the attempt left is not carried over.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    std::fs::remove_dir_all(dir)?;
+                    make()?;
+                }
+                made => made?,
             }
-            std::fs::DirBuilder::new().mode(0o700).create(dir)?;
         }
         Ok(())
     }
@@ -158,5 +165,29 @@ mod tests {
             std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777,
             0o700
         );
+    }
+
+    #[test]
+    fn a_second_create_starts_from_empty_directories_and_leaves_a_links_target_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Scratch::at(dir.path().join("work"));
+        s.create().unwrap();
+        std::fs::write(s.workdir.join("left-over"), "x").unwrap();
+        // An earlier provision's TMPDIR replaced by a link: the link goes, not what it names.
+        let kept = dir.path().join("kept");
+        std::fs::create_dir(&kept).unwrap();
+        std::fs::write(kept.join("file"), "y").unwrap();
+        std::fs::remove_dir(&s.tmp).unwrap();
+        std::os::unix::fs::symlink(&kept, &s.tmp).unwrap();
+        s.create().unwrap();
+        for made in [&s.workdir, &s.tmp] {
+            let m = std::fs::symlink_metadata(made).unwrap();
+            assert!(m.is_dir(), "{made:?}");
+            assert_eq!(m.permissions().mode() & 0o777, 0o700, "{made:?}");
+            assert_eq!(std::fs::read_dir(made).unwrap().count(), 0, "{made:?}");
+        }
+        assert_eq!(std::fs::read_to_string(kept.join("file")).unwrap(), "y");
+        s.remove();
+        assert!(!s.workdir.exists() && !s.tmp.exists());
     }
 }

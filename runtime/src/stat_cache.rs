@@ -71,7 +71,7 @@ pub(crate) fn processes(skip: u32) -> Option<(Vec<u32>, HashMap<u32, Stat>)> {
 
 /// Tasks the kernel has created since boot.
 fn forks_since_boot() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let text = crate::procfs::read_generated_text("/proc/stat").ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix("processes "))?
         .trim()
@@ -80,7 +80,11 @@ fn forks_since_boot() -> Option<u64> {
 }
 
 fn read_number<N: std::str::FromStr>(path: &str) -> Option<N> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    crate::procfs::read_generated_text(path)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 impl StatCache {
