@@ -10,7 +10,8 @@
 #   ONLY=tail scripts/bench.sh  # only the uniform-vs-weighted split over a fast and a slow agent
 #   ONLY=local scripts/bench.sh # only the local-process cost per case (sleep 1, true, 256 wide;
 #                               # WIDE=1 adds 2,048 x sleep 10 at 512), on an aged file system
-#                               # and on a fresh one (see `round_fs`; FS=aged or FS=fresh for one)
+#                               # and on a fresh one (see `round_fs`; FS=aged or FS=fresh for one;
+#                               # FS=journaled: a new ext4 with a journal, aged)
 #   ONLY=wide scripts/bench.sh  # only 2,048 x sleep 10 at 512 (about four minutes a round)
 #   ONLY=prepare scripts/bench.sh # only provision-ahead against provisioning at dispatch
 #   ONLY=policies scripts/bench.sh # only sleep 1 reporting usage: no policy, a budget, budget + pace
@@ -71,31 +72,41 @@ cpu_of() { awk -v t="$TICK" '{ print ($14 + $15) / t }' "/proc/$1/stat" 2>/dev/n
 #          this is the state a batch meets after its predecessor's bundle was removed.
 #   fresh: a newly made ext4 (journal as the bench directory's), mounted for the round, holding
 #          the bundle, the engine's files and the scratch space. Needs root and a loop device.
+#   journaled: a newly made ext4 with a journal (mkfs.ext4's default), mounted like `fresh` and
+#          aged like `aged`. Without a journal, ext4 checks each free inode it passes over when
+#          allocating for a recent deletion; with one it does not (fs/ext4/ialloc.c,
+#          `recently_deleted`). This state shows what aging costs on such a file system.
 # Other rounds run as they find the file system.
 round_fs() { # out-dir-variable-name
   case "${FS_STATE:-}" in
     aged)
-      local age="$WORK/age-$RANDOM"
-      mkdir "$age" && (cd "$age" && seq 1 "${AGE_INODES:-6000}" | xargs touch) && rm -rf "$age"
+      age_in "$WORK"
       ;;
-    fresh)
+    fresh | journaled)
       local img="$WORK/fresh.img" mnt="$WORK/fresh" features=""
       mountpoint -q "$mnt" && umount "$mnt"
       rm -f "$img"; mkdir -p "$mnt"
-      tune2fs -l "$(findmnt -no SOURCE -T "$WORK")" 2>/dev/null | grep -q has_journal \
-        || features="-O ^has_journal"
+      [ "$FS_STATE" = fresh ] && ! tune2fs -l "$(findmnt -no SOURCE -T "$WORK")" 2>/dev/null \
+        | grep -q has_journal && features="-O ^has_journal"
       truncate -s 4G "$img"
       # shellcheck disable=SC2086 # features is one flag and its value, or nothing
       mkfs.ext4 -q -F $features "$img" >&2 && mount -o loop "$img" "$mnt" >&2
+      [ "$FS_STATE" = journaled ] && age_in "$mnt"
       printf -v "$1" "%s" "$mnt/out"
       export CASEBATCH_SCRATCH_DIR="$mnt/s"
       ;;
   esac
 }
 
+# Makes and deletes AGE_INODES files (default 6,000: about what a 601-case batch leaves) in `dir`.
+age_in() { # dir
+  local age="$1/age-$RANDOM"
+  mkdir "$age" && (cd "$age" && seq 1 "${AGE_INODES:-6000}" | xargs touch) && rm -rf "$age"
+}
+
 # Undoes what `round_fs` set up for a round.
 round_fs_done() {
-  if [ "${FS_STATE:-}" = fresh ]; then
+  if [ "${FS_STATE:-}" = fresh ] || [ "${FS_STATE:-}" = journaled ]; then
     unset CASEBATCH_SCRATCH_DIR
     umount "$WORK/fresh" && rm -f "$WORK/fresh.img"
   fi
@@ -271,9 +282,10 @@ tail_vs_uniform() {
 # batches; about four minutes a round).
 local_cost() {
   local states=${FS:-aged fresh} state
-  if [[ $states == *fresh* ]] && ! can_make_fresh_fs; then
-    echo "fresh file system: skipped (needs root, mkfs.ext4 and a free loop device)"
+  if [[ $states == *fresh* || $states == *journaled* ]] && ! can_make_fresh_fs; then
+    echo "fresh and journaled file systems: skipped (need root, mkfs.ext4 and a free loop device)"
     states=${states/fresh/}
+    states=${states/journaled/}
   fi
   for state in $states; do
     echo "-- file system: $state"
