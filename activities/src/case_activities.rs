@@ -376,18 +376,18 @@ async fn bundle_write<T>(
 /// The attempt's journal, read on a blocking thread. One that cannot be read (replaced by
 /// the attempt's processes, an I/O error) reads as empty, named in the log: what it would
 /// have said is done again (an evaluation) or left out (timings).
-async fn journal_of(env: &AttemptEnv) -> AttemptJournal {
+async fn journal_of(env: &AttemptEnv) -> Arc<AttemptJournal> {
     let dir = env.dir.clone();
     let read = tokio::task::spawn_blocking(move || AttemptJournal::read(&dir)).await;
     match read {
         Ok(Ok(journal)) => journal,
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "the attempt's journal is unreadable");
-            AttemptJournal::default()
+            Arc::default()
         }
         Err(e) => {
             tracing::warn!(error = %e, "reading the attempt's journal failed");
-            AttemptJournal::default()
+            Arc::default()
         }
     }
 }
@@ -497,8 +497,8 @@ impl CaseActivities {
         job: &JobRef,
     ) -> Result<Evaluation, ActivityError> {
         // Run again after a crash: the verdict already written stands.
-        if let Some(done) = journal_of(env).await.evaluation {
-            return Ok(evaluator::to_evaluation(&done));
+        if let Some(done) = &journal_of(env).await.evaluation {
+            return Ok(evaluator::to_evaluation(done));
         }
         let record = match (&env.case.runtime, &env.case.evaluator) {
             (RuntimeKind::Fake, _) | (_, Some(_)) => {
@@ -1278,14 +1278,14 @@ impl CaseActivities {
         // activity re-run on replay): log an attempt only once per distinct record (its
         // timings aside: each run of cleanup has its own).
         let journal = journal_of(env).await;
-        let already_logged = journal.record.is_some_and(|p| {
+        let already_logged = journal.record.as_ref().is_some_and(|p| {
             AttemptRecord {
                 stages: Vec::new(),
-                ..p
+                ..p.clone()
             } == record
         });
         let record = AttemptRecord {
-            stages: timings.with_recorded(journal.stages),
+            stages: timings.with_recorded(journal.stages.clone()),
             ..record
         };
         // The receipt and the record, in one write.
@@ -1345,10 +1345,9 @@ impl CaseActivities {
                 .ok()
                 .flatten()
                 .unwrap_or_default();
-        let eval = journal.evaluation;
         let mut scores = harness_result.scores;
-        if let Some(e) = eval {
-            scores.extend(e.scores);
+        if let Some(e) = &journal.evaluation {
+            scores.extend(e.scores.clone());
         }
         let state = if will_retry {
             casebatch_bundle::CaseRecordState::Retrying

@@ -146,7 +146,7 @@ fn send_file(
 /// receiver is gone.
 fn send_job(dir: &Path, tx: &mpsc::Sender<Result<ArtifactChunk, Status>>) -> bool {
     let job = match casebatch_runtime::AttemptJournal::read(dir) {
-        Ok(j) => j.job,
+        Ok(j) => j.job.clone(),
         Err(e) => {
             tracing::warn!("artifacts: the job record left out: {e}");
             None

@@ -28,6 +28,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -125,17 +126,21 @@ impl AttemptJournal {
     /// Reads an attempt's journal (and, for an attempt begun before journals, its files).
     /// Nothing there reads as empty. `Err` when the journal or a record file is there but
     /// cannot be read (not a regular file, too large, an I/O error).
-    pub fn read(dir: &Path) -> Result<Self, BundleError> {
+    ///
+    /// Shared: this process keeps what it read, and reading again folds only what was
+    /// appended since (see [`seen`]). A reader that wants to change it takes a copy
+    /// (`Arc::unwrap_or_clone`).
+    pub fn read(dir: &Path) -> Result<Arc<Self>, BundleError> {
         let mut journal = seen::read(&path(dir))?.unwrap_or_default();
         if journal.spec.is_none() {
-            journal.fill_from_files(dir)?;
+            Arc::make_mut(&mut journal).fill_from_files(dir)?;
         }
         Ok(journal)
     }
 
     /// [`Self::read`], with unreadable lines an error naming the file and the first of them:
     /// for readers of a finished bundle, where damage must not pass for an attempt in flight.
-    pub fn read_strict(dir: &Path) -> Result<Self, BundleError> {
+    pub fn read_strict(dir: &Path) -> Result<Arc<Self>, BundleError> {
         let journal = Self::read(dir)?;
         if let Some(line) = journal.unreadable_lines.first() {
             return Err(BundleError::Read {
@@ -329,10 +334,11 @@ fn open_regular_with_metadata(
 /// and some inputs are large).
 mod seen {
     use std::collections::{HashMap, VecDeque};
+    use std::fs::File;
     use std::io::{Read, Seek, SeekFrom};
     use std::os::unix::fs::MetadataExt;
     use std::path::{Path, PathBuf};
-    use std::sync::{LazyLock, Mutex};
+    use std::sync::{Arc, LazyLock, Mutex};
 
     use super::{AttemptJournal, JOURNAL_LIMIT, open_regular_with_metadata};
     use crate::BundleError;
@@ -350,7 +356,10 @@ mod seen {
         upto: u64,
         /// Lines folded: the next line's number is one more.
         lines: usize,
-        journal: AttemptJournal,
+        /// Shared with the readers it was handed to: a fold copies it only while one of them
+        /// still holds it (a journal holds the case's input; copying it on every read was a
+        /// twentieth of a worker's CPU).
+        journal: Arc<AttemptJournal>,
     }
 
     #[derive(Default)]
@@ -362,6 +371,44 @@ mod seen {
         bytes: u64,
     }
 
+    impl Journals {
+        fn insert(&mut self, path: &Path, seen: Seen) {
+            if seen.upto > BYTES {
+                // Read whole each time rather than crowd out every other journal.
+                return;
+            }
+            self.bytes += seen.upto;
+            match self.by_path.insert(path.to_path_buf(), seen) {
+                Some(before) => self.bytes -= before.upto,
+                None => self.order.push_back(path.to_path_buf()),
+            }
+            self.trim();
+        }
+
+        /// Accounts for `by` more bytes folded into the journal kept for `path`.
+        fn grew(&mut self, path: &Path, by: u64) {
+            self.bytes += by;
+            if self.by_path.get(path).is_some_and(|s| s.upto > BYTES)
+                && let Some(gone) = self.by_path.remove(path)
+            {
+                self.bytes -= gone.upto;
+                self.order.retain(|p| p != path);
+            }
+            self.trim();
+        }
+
+        fn trim(&mut self) {
+            while self.order.len() > KEEP || self.bytes > BYTES {
+                let Some(oldest) = self.order.pop_front() else {
+                    break;
+                };
+                if let Some(gone) = self.by_path.remove(&oldest) {
+                    self.bytes -= gone.upto;
+                }
+            }
+        }
+    }
+
     static SEEN: LazyLock<Mutex<Journals>> = LazyLock::new(Mutex::default);
 
     fn journals() -> std::sync::MutexGuard<'static, Journals> {
@@ -369,66 +416,75 @@ mod seen {
     }
 
     /// The journal at `path`, folded; `None` when there is none.
-    pub(super) fn read(path: &Path) -> Result<Option<AttemptJournal>, BundleError> {
+    pub(super) fn read(path: &Path) -> Result<Option<Arc<AttemptJournal>>, BundleError> {
         let Some((mut file, meta)) = open_regular_with_metadata(path, JOURNAL_LIMIT)? else {
             return Ok(None);
         };
         let id = (meta.dev(), meta.ino());
-        let known = journals()
-            .by_path
-            .get(path)
-            .filter(|s| s.file == id && s.upto <= meta.len())
-            .cloned();
-        let mut seen = known.unwrap_or(Seen {
-            file: id,
-            upto: 0,
-            lines: 0,
-            journal: AttemptJournal::default(),
-        });
-        if seen.upto < meta.len() {
-            let read_err = |source| BundleError::Read {
-                path: path.display().to_string(),
-                source,
-            };
-            let mut bytes = super::sized_buffer(meta.len() - seen.upto);
-            if seen.upto > 0 {
-                file.seek(SeekFrom::Start(seen.upto)).map_err(read_err)?;
+        let from = match journals().by_path.get(path) {
+            Some(s) if s.file == id && s.upto == meta.len() => return Ok(Some(s.journal.clone())),
+            Some(s) if s.file == id && s.upto < meta.len() => s.upto,
+            _ => 0,
+        };
+        let bytes = read_from(&mut file, path, from, meta.len())?;
+        if from > 0 {
+            let mut journals = journals();
+            // Folded where it is kept, unless another read moved the fold meanwhile.
+            if let Some(s) = journals
+                .by_path
+                .get_mut(path)
+                .filter(|s| s.file == id && s.upto == from)
+            {
+                let (folded, lines) = Arc::make_mut(&mut s.journal).fold_lines(&bytes, s.lines);
+                s.upto += folded;
+                s.lines = lines;
+                let journal = s.journal.clone();
+                journals.grew(path, folded);
+                return Ok(Some(journal));
             }
-            file.take(JOURNAL_LIMIT + 1 - seen.upto)
-                .read_to_end(&mut bytes)
-                .map_err(read_err)?;
-            let (folded, lines) = seen.journal.fold_lines(&bytes, seen.lines);
-            seen.upto += folded;
-            seen.lines = lines;
-            remember(path, seen.clone());
         }
-        Ok(Some(seen.journal))
+        let bytes = if from == 0 {
+            bytes
+        } else {
+            read_from(&mut file, path, 0, meta.len())?
+        };
+        let mut journal = AttemptJournal::default();
+        let (upto, lines) = journal.fold_lines(&bytes, 0);
+        let journal = Arc::new(journal);
+        journals().insert(
+            path,
+            Seen {
+                file: id,
+                upto,
+                lines,
+                journal: journal.clone(),
+            },
+        );
+        Ok(Some(journal))
+    }
+
+    /// The bytes of `file` from `from` (to `len`, as its `fstat` said, or on to the limit).
+    fn read_from(
+        file: &mut File,
+        path: &Path,
+        from: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, BundleError> {
+        let read_err = |source| BundleError::Read {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut bytes = super::sized_buffer(len - from);
+        file.seek(SeekFrom::Start(from)).map_err(read_err)?;
+        file.take(JOURNAL_LIMIT + 1 - from)
+            .read_to_end(&mut bytes)
+            .map_err(read_err)?;
+        Ok(bytes)
     }
 
     #[cfg(test)]
     pub(super) fn remembers(path: &Path) -> bool {
         journals().by_path.contains_key(path)
-    }
-
-    fn remember(path: &Path, seen: Seen) {
-        if seen.upto > BYTES {
-            // Read whole each time rather than crowd out every other journal.
-            return;
-        }
-        let mut journals = journals();
-        journals.bytes += seen.upto;
-        match journals.by_path.insert(path.to_path_buf(), seen) {
-            Some(before) => journals.bytes -= before.upto,
-            None => journals.order.push_back(path.to_path_buf()),
-        }
-        while journals.order.len() > KEEP || journals.bytes > BYTES {
-            let Some(oldest) = journals.order.pop_front() else {
-                break;
-            };
-            if let Some(gone) = journals.by_path.remove(&oldest) {
-                journals.bytes -= gone.upto;
-            }
-        }
     }
 }
 
@@ -456,7 +512,7 @@ mod tests {
     fn the_last_entry_of_each_kind_counts_and_stages_add_up() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        assert_eq!(AttemptJournal::read(d).unwrap(), AttemptJournal::default());
+        assert_eq!(*AttemptJournal::read(d).unwrap(), AttemptJournal::default());
         append(d, &[Entry::Spec(serde_json::json!({"case": 1}))]).unwrap();
         append(d, &[Entry::Job(serde_json::json!({"state": "starting"}))]).unwrap();
         append(
@@ -476,7 +532,7 @@ mod tests {
             .write_all(b"{\"wrapper\":[42,null]}\n{\"exit\":3}\n")
             .unwrap();
         let j = AttemptJournal::read(d).unwrap();
-        assert_eq!(j.job.unwrap()["state"], "running");
+        assert_eq!(j.job.as_ref().unwrap()["state"], "running");
         assert_eq!(j.wrapper, Some((42, None)));
         assert_eq!(j.exit, Some(3));
         assert_eq!(
@@ -516,15 +572,19 @@ mod tests {
         let stage = serde_json::to_string(&timing(Stage::Await, 5)).unwrap();
         std::fs::write(d.join("stages.jsonl"), format!("{stage}\n")).unwrap();
         let j = AttemptJournal::read(d).unwrap();
-        assert_eq!(j.spec.unwrap()["case"], 1);
-        assert_eq!(j.job.unwrap()["pid"], 7);
+        assert_eq!(j.spec.as_ref().unwrap()["case"], 1);
+        assert_eq!(j.job.as_ref().unwrap()["pid"], 7);
         assert_eq!((j.wrapper, j.exit), (Some((7, Some(99))), Some(2)));
         assert_eq!(j.stages.len(), 1);
         // A job record written by an older agent, where no spec is kept.
         let agent = tempfile::tempdir().unwrap();
         std::fs::write(agent.path().join("job.json"), r#"{"pid": 8}"#).unwrap();
         assert_eq!(
-            AttemptJournal::read(agent.path()).unwrap().job.unwrap()["pid"],
+            AttemptJournal::read(agent.path())
+                .unwrap()
+                .job
+                .as_ref()
+                .unwrap()["pid"],
             8
         );
     }
@@ -556,7 +616,7 @@ mod tests {
         let mut wrapper = open_for_append(d).unwrap();
         append(d, &[Entry::Spec(serde_json::json!({"case": 1}))]).unwrap();
         let first = AttemptJournal::read(d).unwrap();
-        assert_eq!(first, folded_whole(d));
+        assert_eq!(*first, folded_whole(d));
         append(d, &[Entry::Job(serde_json::json!({"state": "starting"}))]).unwrap();
         // Half a line from the wrapper, then damage, then whole lines.
         wrapper.write_all(b"{\"wrapper\":[42,").unwrap();
@@ -567,13 +627,33 @@ mod tests {
             .unwrap();
         append(d, &[Entry::Stage(timing(Stage::Await, 9))]).unwrap();
         let again = AttemptJournal::read(d).unwrap();
-        assert_eq!(again, folded_whole(d));
+        assert_eq!(*again, folded_whole(d));
         assert_eq!(
             (again.wrapper, again.exit, again.unreadable_lines.clone()),
             (Some((42, Some(7))), Some(3), vec![4])
         );
         assert_eq!(again.spec, first.spec);
         assert_eq!(AttemptJournal::read(d).unwrap(), again, "nothing appended");
+    }
+
+    #[test]
+    fn a_journal_is_shared_while_unchanged_and_folded_in_place_once_its_readers_let_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        append(d, &[Entry::Spec(serde_json::json!({"case": 1}))]).unwrap();
+        let held = AttemptJournal::read(d).unwrap();
+        assert!(Arc::ptr_eq(&held, &AttemptJournal::read(d).unwrap()));
+        // A reader still holds it: the fold leaves that reader's snapshot as it was.
+        append(d, &[Entry::Exit(3)]).unwrap();
+        let after = AttemptJournal::read(d).unwrap();
+        assert_eq!((held.exit, after.exit), (None, Some(3)));
+        // Nobody holds it: the next fold changes it where it is kept, without a copy.
+        let at = Arc::as_ptr(&after);
+        drop((held, after));
+        append(d, &[Entry::Exit(4)]).unwrap();
+        let last = AttemptJournal::read(d).unwrap();
+        assert_eq!(Arc::as_ptr(&last), at);
+        assert_eq!(*last, folded_whole(d));
     }
 
     #[test]
@@ -595,7 +675,7 @@ mod tests {
         f.set_len(0).unwrap();
         drop(f);
         append(d, &[Entry::Exit(5)]).unwrap();
-        assert_eq!(AttemptJournal::read(d).unwrap(), folded_whole(d));
+        assert_eq!(*AttemptJournal::read(d).unwrap(), folded_whole(d));
         assert_eq!(AttemptJournal::read(d).unwrap().exit, Some(5));
     }
 

@@ -482,8 +482,8 @@ fn read_attempts(bundle: &Bundle, case_dir: &str) -> Result<Vec<AttemptRecord>, 
             Ok(_) => {}
         }
         // Absent while the attempt runs: its record is written when it is cleaned up.
-        if let Some(record) = AttemptJournal::read_strict(&dir)?.record {
-            out.push(record);
+        if let Some(record) = &AttemptJournal::read_strict(&dir)?.record {
+            out.push(record.clone());
         }
     }
     Ok(out)

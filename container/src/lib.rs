@@ -111,7 +111,7 @@ fn write_record(a: &Attempt, record: &ContainerRecord, stage: Stage) -> Result<(
 }
 
 fn read_record(a: &Attempt) -> Option<ContainerRecord> {
-    serde_json::from_value(a.journal().ok()?.container?).ok()
+    ContainerRecord::deserialize(a.journal().ok()?.container.as_ref()?).ok()
 }
 
 /// `output/`, a fresh `work/` and `input.json` in the attempt directory, which its containers

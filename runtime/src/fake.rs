@@ -121,7 +121,7 @@ impl Runtime for Fake {
         let started = env
             .journal()
             .ok()
-            .and_then(|j| j.job?["started_at_ms"].as_u64())
+            .and_then(|j| j.job.as_ref()?["started_at_ms"].as_u64())
             .unwrap_or_else(now_ms);
         let end = started + script.duration_ms;
         loop {

@@ -86,10 +86,11 @@ impl Attempt {
         scratch::Scratch::for_attempt(&self.marker(), &self.dir)
     }
 
-    /// Reads the attempt's journal (its engine records).
+    /// Reads the attempt's journal (its engine records), as this process keeps it.
     pub fn journal(
         &self,
-    ) -> Result<casebatch_bundle::AttemptJournal, casebatch_bundle::BundleError> {
+    ) -> Result<std::sync::Arc<casebatch_bundle::AttemptJournal>, casebatch_bundle::BundleError>
+    {
         casebatch_bundle::AttemptJournal::read(&self.dir)
     }
 

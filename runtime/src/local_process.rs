@@ -220,7 +220,8 @@ impl LocalProcess {
         let journal = env.journal().map_err(|e| e.to_string())?;
         journal
             .job
-            .map(serde_json::from_value)
+            .as_ref()
+            .map(JobRecord::deserialize)
             .transpose()
             .map_err(|e| format!("its job entry is not a job record: {e}"))
     }

@@ -495,7 +495,7 @@ impl Sandbox {
 pub fn journal_at(dir: &Path) -> Value {
     let journal = casebatch_bundle::AttemptJournal::read(dir)
         .unwrap_or_else(|e| panic!("journal of {}: {e}", dir.display()));
-    serde_json::to_value(journal).unwrap()
+    serde_json::to_value(&*journal).unwrap()
 }
 
 /// The last `n` lines of a text file (what is there when it is absent or not UTF-8).
