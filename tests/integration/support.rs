@@ -724,22 +724,32 @@ pub struct Screenshot {
 
 impl Screenshot {
     /// Loads `page` (a file) in a fresh headless Chromium with its own profile under `dir`, and
-    /// reads back the screenshot it writes there.
+    /// reads back the screenshot it writes there. A browser killed by a signal before it wrote
+    /// one (a SIGSEGV under a loaded suite, seen once) is run again, twice at most: the page
+    /// is a file, so nothing of casebatch runs again.
     pub fn of(browser: &Path, page: &Path, dir: &Path, size: (u32, u32)) -> Self {
+        use std::os::unix::process::ExitStatusExt;
         let png_path = dir.join("screenshot.png");
-        let profile = dir.join("chromium-profile");
-        let output = Command::new(browser)
-            .args(casebatch_demo::browser::headless_args(&profile))
-            .arg("--force-color-profile=srgb")
-            .arg(format!("--window-size={},{}", size.0, size.1))
-            .arg(format!("--screenshot={}", png_path.display()))
-            .arg(format!("file://{}", page.display()))
-            .stdin(Stdio::null())
-            .output()
-            .expect("start chromium");
+        let mut tries = 0;
+        let output = loop {
+            tries += 1;
+            let profile = dir.join(format!("chromium-profile-{tries}"));
+            let output = Command::new(browser)
+                .args(casebatch_demo::browser::headless_args(&profile))
+                .arg("--force-color-profile=srgb")
+                .arg(format!("--window-size={},{}", size.0, size.1))
+                .arg(format!("--screenshot={}", png_path.display()))
+                .arg(format!("file://{}", page.display()))
+                .stdin(Stdio::null())
+                .output()
+                .expect("start chromium");
+            if png_path.exists() || output.status.signal().is_none() || tries == 3 {
+                break output;
+            }
+        };
         assert!(
             png_path.exists(),
-            "chromium wrote no screenshot ({}): {}",
+            "chromium wrote no screenshot ({}, try {tries}): {}",
             output.status,
             String::from_utf8_lossy(&output.stderr)
         );
