@@ -348,7 +348,6 @@ mod seen {
     /// Bytes of journal text kept, all journals together (parsed, a few times that).
     pub(super) const BYTES: u64 = 16 * 1024 * 1024;
 
-    #[derive(Clone)]
     struct Seen {
         /// Device and inode of the file folded.
         file: (u64, u64),
