@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use casebatch_proto::runtime_v1 as pb;
 use casebatch_proto::runtime_v1::runtime_client::RuntimeClient;
+use rusqlite::OpenFlags;
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
@@ -60,9 +61,36 @@ impl TestAgent {
         self.dir.path().join(name)
     }
 
+    /// Cleans up the jobs a test left uncleaned, as a worker closes its attempts, then stops.
+    /// Their scratch space is on the host (`/tmp/casebatch-<uid>`), not in the test's own
+    /// directory, and would otherwise pile up there run after run.
     async fn stop(mut self) {
+        self.clean_up_jobs().await;
         let _ = self.stop.take().unwrap().send(());
         self.served.await.unwrap().expect("serves until stopped");
+    }
+
+    /// Best effort: an agent behind a token or TLS refuses this plain client, and a test that
+    /// replaced the table leaves nothing to read.
+    async fn clean_up_jobs(&self) {
+        let table = self.data().join("jobs.sqlite");
+        let uncleaned =
+            rusqlite::Connection::open_with_flags(table, OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .and_then(|db| {
+                    db.prepare("SELECT job_key FROM jobs WHERE cleaned_at_ms IS NULL")?
+                        .query_map([], |row| row.get::<_, String>(0))?
+                        .collect::<rusqlite::Result<Vec<_>>>()
+                })
+                .unwrap_or_default();
+        if uncleaned.is_empty() {
+            return;
+        }
+        let Ok(mut c) = RuntimeClient::connect(format!("http://{}", self.addr)).await else {
+            return;
+        };
+        for job_key in uncleaned {
+            let _ = c.cleanup(pb::JobRequest { job_key }).await;
+        }
     }
 }
 
@@ -661,6 +689,8 @@ async fn the_token_variable_never_reaches_a_harness_even_by_pass_env() {
     let failure = job.report.unwrap().failure.unwrap();
     assert_eq!(failure.class, "config");
     assert!(failure.message.contains("bearer token"), "{failure:?}");
+    // Through the token: `stop`'s own clean-up is a plain client.
+    c.cleanup(job_req(&k)).await.unwrap();
     agent.stop().await;
 }
 
