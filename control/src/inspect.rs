@@ -18,7 +18,7 @@ use temporalio_client::{
 
 use crate::error::{ControlError, Result};
 use crate::location::{Attached, BatchLocation, EngineChoice};
-use crate::workflow::{Presence, presence as presence_of, query_status};
+use crate::workflow::{Handle, Presence, presence as presence_of, query_status};
 
 /// How long a status query may take before the bundle's view is shown instead.
 const QUERY_WAIT: Duration = Duration::from_secs(5);
@@ -26,6 +26,9 @@ const QUERY_WAIT: Duration = Duration::from_secs(5);
 const QUERY_TRY: Duration = Duration::from_secs(2);
 /// The pause before a refused or unanswered status query is asked again.
 const QUERY_AGAIN_AFTER: Duration = Duration::from_millis(100);
+/// How long a status query runs alone before a second one is asked beside it (see
+/// [`hedged_query`]). A live batch answers in milliseconds; the run's end waits longer.
+const QUERY_HEDGE_AFTER: Duration = Duration::from_millis(300);
 
 /// A batch's status and where it came from.
 #[derive(Debug)]
@@ -55,7 +58,8 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
     let mut live = None;
     while presence == Presence::Running && Instant::now() < deadline {
         let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left.min(QUERY_TRY), query_status(&handle)).await {
+        let asked = hedged_query(&handle, &bundle, &plan);
+        match tokio::time::timeout(left.min(QUERY_TRY), asked).await {
             Ok(Ok(s)) => {
                 live = Some(s);
                 break;
@@ -88,6 +92,35 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
         end,
         source,
     })
+}
+
+/// The batch's live status: the first answer of a query and, when it takes longer than
+/// [`QUERY_HEDGE_AFTER`], of a second one asked of the batch's run as it is then (proven
+/// again). A query asked as the run continues as new is answered by that run once the worker
+/// has replayed it, about a second at 20,000 events; the second ask reaches the new run.
+async fn hedged_query(handle: &Handle, bundle: &Bundle, plan: &PlanHead) -> Result<BatchStatus> {
+    let first = query_status(handle);
+    tokio::pin!(first);
+    tokio::select! {
+        answered = &mut first => return answered,
+        () = tokio::time::sleep(QUERY_HEDGE_AFTER) => {}
+    }
+    if presence_of(handle, bundle, plan).await? != Presence::Running {
+        return first.await;
+    }
+    let second = query_status(handle);
+    tokio::pin!(second);
+    // The first answer wins; a refusal waits for the other ask.
+    tokio::select! {
+        a = &mut first => match a {
+            Ok(status) => Ok(status),
+            Err(_) => second.await,
+        },
+        b = &mut second => match b {
+            Ok(status) => Ok(status),
+            Err(_) => first.await,
+        },
+    }
 }
 
 /// Status as the bundle's per-case records show it.
