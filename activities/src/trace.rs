@@ -7,7 +7,7 @@ use std::time::Duration;
 use casebatch_bundle::TraceRef;
 use casebatch_proto::{Failure, FailureCode, Stage};
 
-use casebatch_runtime::attempt_io::{MAX_RESULT_BYTES_ENV, max_result_bytes};
+use casebatch_attempt::files::{MAX_RESULT_BYTES_ENV, max_result_bytes};
 
 const PULL_TIMEOUT: Duration = Duration::from_secs(15);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

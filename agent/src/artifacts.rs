@@ -1,5 +1,5 @@
 //! FetchArtifacts: an ended attempt's files (the actor's, or the evaluator's) as chunks, read on a blocking thread with the
-//! rules for untrusted attempt files (`casebatch_runtime::attempt_io`): regular files only,
+//! rules for untrusted attempt files (`casebatch_attempt::files`): regular files only,
 //! symlinks never followed (not even to descend into a directory), each file capped at the
 //! agent's `CASEBATCH_MAX_RESULT_BYTES`. A file refused by those rules is left out of the
 //! stream and named in the agent's log; the actor's report already classifies a result file
@@ -8,8 +8,8 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use casebatch_attempt::{attempt_files, files};
 use casebatch_proto::runtime_v1::{ArtifactChunk, ArtifactSet};
-use casebatch_runtime::{attempt_files, attempt_io};
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -97,7 +97,7 @@ fn send_file(
     limit: u64,
     tx: &mpsc::Sender<Result<ArtifactChunk, Status>>,
 ) -> bool {
-    let file = match attempt_io::open_regular(path, limit) {
+    let file = match files::open_regular(path, limit) {
         Ok(Some(f)) => f,
         Ok(None) => return true,
         Err(e) => {
@@ -145,7 +145,7 @@ fn send_file(
 /// the file had before journals; the worker appends it to its own journal). `false`: the
 /// receiver is gone.
 fn send_job(dir: &Path, tx: &mpsc::Sender<Result<ArtifactChunk, Status>>) -> bool {
-    let job = match casebatch_runtime::AttemptJournal::read(dir) {
+    let job = match casebatch_attempt::AttemptJournal::read(dir) {
         Ok(j) => j.job.clone(),
         Err(e) => {
             tracing::warn!("artifacts: the job record left out: {e}");
@@ -168,7 +168,7 @@ pub(crate) fn stream(
     set: ArtifactSet,
     tx: mpsc::Sender<Result<ArtifactChunk, Status>>,
 ) {
-    let limit = attempt_io::max_result_bytes();
+    let limit = files::max_result_bytes();
     tokio::task::spawn_blocking(move || {
         for (rel, path) in files(&dir, set) {
             let sent = if rel == attempt_files::legacy::JOB {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tonic::transport::{Identity, ServerTlsConfig};
 
-use casebatch_runtime::token::TokenSource;
+use casebatch_proto::token::TokenSource;
 
 use crate::AgentError;
 use crate::auth::BearerAuth;
@@ -136,7 +136,7 @@ impl Security {
     }
 }
 
-/// The shared checks (`casebatch_runtime::token`): set, readable, trimmed, header-safe.
+/// The shared checks (`casebatch_proto::token`): set, readable, trimmed, header-safe.
 fn read_token(source: &TokenSource) -> Result<Token, AgentError> {
     let token = source
         .read(FLAGS)

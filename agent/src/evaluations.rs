@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use casebatch_runtime::EvaluationRecord;
+use casebatch_attempt::EvaluationRecord;
 use tokio::sync::watch;
 
 /// The end of a run: its record, or `None` when it ended without one.
@@ -136,7 +136,7 @@ mod tests {
         let Begin::Wait(mut done) = e.begin("b/0/1") else {
             panic!("a second call waits");
         };
-        run.finish(casebatch_runtime::evaluator::not_configured());
+        run.finish(EvaluationRecord::not_configured());
         assert!(done.borrow_and_update().is_some());
         assert!(
             matches!(e.begin("b/0/1"), Begin::Run(_)),

@@ -24,16 +24,16 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use async_trait::async_trait;
+use casebatch_attempt::local::LocalProcess;
+use casebatch_attempt::{Attempt, CleanupReceipt, EvaluationRecord, Executor, Liveness, OnCancel};
 use casebatch_container::ContainerRuntime;
 use casebatch_proto::runtime_v1::{self as pb, CONTRACT_VERSION, contract_of};
 use casebatch_proto::{ActorReport, ActorStatus, AttemptKey, Failure, FailureCode, JobRef, Stage};
-use casebatch_runtime::evaluator;
-use casebatch_runtime::{Attempt, CleanupReceipt, Liveness, OnCancel};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 use crate::evaluations::{Begin, Evaluations};
-use crate::exec::Exec;
 use crate::table::{self, InFlight, JobRow, RowState, Table};
 
 /// The most the agent takes on: jobs not yet ended, and their declared memory.
@@ -90,6 +90,7 @@ struct Live {
 /// Kill or Cleanup.
 struct KillFlag(Arc<AtomicBool>);
 
+#[async_trait]
 impl Liveness for KillFlag {
     async fn heartbeat(&self, _job: &JobRef) {}
 
@@ -315,9 +316,16 @@ impl Jobs {
         }
     }
 
-    /// What runs `env`'s job here.
-    pub(crate) fn exec(&self, env: &Attempt) -> Exec<'_> {
-        Exec::of(self.containers.as_ref(), env)
+    /// What runs `env`'s job here: the host's processes (in the job's cgroup), or, on an
+    /// agent started with `--sandbox container`, a container on this host's engine for a job
+    /// whose `JobSpec` asks for one (named from the job, so a restarted agent re-attaches to
+    /// it by name, as a worker does). It follows from the job and the agent's setting alone,
+    /// so every stage of a job (and every life of the agent) picks the same one.
+    pub(crate) fn exec(&self, env: &Attempt) -> &dyn Executor {
+        match &self.containers {
+            Some(c) if env.job.sandbox.is_some() => c,
+            _ => &LocalProcess,
+        }
     }
 
     pub(crate) fn table(&self) -> &Table {
@@ -621,9 +629,9 @@ impl Jobs {
             }
             .await;
             match submitted {
-                Ok(j) => (j, runtime.recorded_starts(&env).unwrap_or(1)),
+                Ok(j) => (j, runtime.job_starts(&env).unwrap_or(1)),
                 Err(f) => {
-                    let starts = runtime.recorded_starts(&env).unwrap_or(0);
+                    let starts = runtime.job_starts(&env).unwrap_or(0);
                     return self.end(&key, &entry, failed(f), starts).await;
                 }
             }
@@ -792,7 +800,7 @@ impl Jobs {
     pub(crate) async fn evaluate(self: &Arc<Self>, key: &str) -> Result<pb::Evaluation, JobError> {
         let row = self.row(key).await?;
         if let Some(done) = &row.evaluation {
-            return Ok(evaluator::to_wire(key, done));
+            return Ok(done.to_wire(key));
         }
         if !is_ended(&self.get(key).await?) {
             return Err(JobError::Precondition(format!(
@@ -816,18 +824,18 @@ impl Jobs {
                 if let Ok(record) = done.wait_for(Option::is_some).await
                     && let Some(record) = record.as_ref()
                 {
-                    return Ok(evaluator::to_wire(key, record));
+                    return Ok(record.to_wire(key));
                 }
                 let row = self.row(key).await?;
                 let record = row.evaluation.ok_or_else(unrecorded)?;
-                return Ok(evaluator::to_wire(key, &record));
+                return Ok(record.to_wire(key));
             }
             Begin::Run(run) => run,
         };
         // A run that ended between the first read and `begin` recorded its evaluation first.
         let row = self.row(key).await?;
         if let Some(done) = row.evaluation {
-            return Ok(evaluator::to_wire(key, &done));
+            return Ok(done.to_wire(key));
         }
         if row.cleanup_receipt.is_some() {
             return Err(cleaned());
@@ -845,7 +853,7 @@ impl Jobs {
         // A task of its own: the evaluation ends and is recorded even if the caller goes away.
         let task = tokio::spawn(async move {
             let record = match jobs.refuse_token_env(&env) {
-                Err(f) => evaluator::failed(Failure {
+                Err(f) => EvaluationRecord::failed(Failure {
                     stage: Stage::Evaluate,
                     ..f
                 }),
@@ -872,7 +880,7 @@ impl Jobs {
         let recorded = task.await.map_err(|e| {
             JobError::Internal(format!("the evaluation of job {key} failed: {e}"))
         })??;
-        Ok(evaluator::to_wire(key, &recorded.ok_or_else(unrecorded)?))
+        Ok(recorded.ok_or_else(unrecorded)?.to_wire(key))
     }
 
     /// The attempt directory of an ended job.

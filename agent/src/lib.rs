@@ -40,7 +40,6 @@ mod auth;
 mod config;
 mod datadir;
 mod evaluations;
-mod exec;
 mod jobs;
 mod retention;
 mod service;
@@ -59,7 +58,7 @@ use casebatch_proto::runtime_v1::runtime_server::RuntimeServer;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
-pub use casebatch_runtime::token::TokenSource;
+pub use casebatch_proto::token::TokenSource;
 pub use config::{AgentConfig, TlsFiles};
 pub use retention::{DEFAULT_KEEP_ENDED, parse_keep_ended};
 

@@ -198,7 +198,7 @@ impl Runtime for RuntimeService {
     ) -> Result<Response<pb::HealthReply>, Status> {
         Ok(Response::new(pb::HealthReply {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            hostname: casebatch_runtime::local_process::hostname(),
+            hostname: casebatch_attempt::hostname(),
             uptime_ms: self.jobs.uptime_ms(),
             reattached: self.jobs.reattached(),
             contract_version: pb::CONTRACT_VERSION,

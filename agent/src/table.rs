@@ -16,9 +16,9 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use casebatch_attempt::{CleanupReceipt, EvaluationRecord};
 use casebatch_proto::ActorReport;
 use casebatch_proto::runtime_v1::JobSpec;
-use casebatch_runtime::{CleanupReceipt, EvaluationRecord};
 use prost::Message;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -694,7 +694,7 @@ INSERT INTO jobs (job_key, batch_id, bundle_dir, case_index, attempt, planned_ca
         let table = Table::open(&path).unwrap();
         let conn = table.conn.lock().unwrap();
         assert_eq!(get(&conn, "b/0/1").unwrap().unwrap().evaluation, None);
-        let record = casebatch_runtime::evaluator::not_configured();
+        let record = EvaluationRecord::not_configured();
         set_evaluation(&conn, "b/0/1", &record).unwrap();
         assert_eq!(
             get(&conn, "b/0/1").unwrap().unwrap().evaluation,

@@ -94,7 +94,7 @@ impl TestAgent {
     }
 }
 
-/// A job as a worker sends it (`casebatch_runtime::job_spec::from_planned` of a case with
+/// A job as a worker sends it (`casebatch_runtime::job_spec::from_planned` on the worker of a case with
 /// this harness string, environment and memory).
 fn planned(
     index: u32,
@@ -146,7 +146,7 @@ fn carried_marker(agent: &TestAgent, k: &pb::AttemptKey) -> String {
         "cases/case-{}/attempts/{}",
         k.case_index, k.attempt
     ));
-    casebatch_runtime::cgroup::name_for(&marker(k), &dir)
+    casebatch_attempt::host_name(&marker(k), &dir)
 }
 
 fn job_req(k: &pb::AttemptKey) -> pb::JobRequest {
@@ -520,7 +520,7 @@ async fn kill_ends_a_job_cancelled_and_cleanup_confirms_nothing_is_left() {
     let m = marker(&k);
     let carried = carried_marker(&agent, &k);
     assert!(
-        !casebatch_runtime::procfs::scan_marker(&carried)
+        !casebatch_attempt::local::procfs::scan_marker(&carried)
             .marked
             .is_empty()
     );
@@ -540,7 +540,7 @@ async fn kill_ends_a_job_cancelled_and_cleanup_confirms_nothing_is_left() {
     assert!(receipt.cleanup_confirmed, "{receipt:?}");
     assert_eq!(receipt.job_key, m);
     assert!(
-        casebatch_runtime::procfs::scan_marker(&carried)
+        casebatch_attempt::local::procfs::scan_marker(&carried)
             .marked
             .is_empty(),
         "no survivor"
@@ -923,7 +923,7 @@ async fn ended_jobs_go_after_keep_ended_cleaned_up_first_and_running_ones_stay()
         .unwrap();
     let leftover = carried_marker(&agent, &left);
     assert!(
-        !casebatch_runtime::procfs::scan_marker(&leftover)
+        !casebatch_attempt::local::procfs::scan_marker(&leftover)
             .marked
             .is_empty()
     );
@@ -942,7 +942,7 @@ async fn ended_jobs_go_after_keep_ended_cleaned_up_first_and_running_ones_stay()
     forgotten(&mut c, &cleaned).await;
     forgotten(&mut c, &left).await;
     assert!(
-        casebatch_runtime::procfs::scan_marker(&leftover)
+        casebatch_attempt::local::procfs::scan_marker(&leftover)
             .marked
             .is_empty(),
         "the job nobody cleaned up was cleaned up before it went"
@@ -987,7 +987,7 @@ fn running(needle: &str) -> Vec<u32> {
                 String::from_utf8_lossy(&c)
                     .replace('\0', " ")
                     .contains(needle)
-            }) && casebatch_runtime::procfs::is_alive(*pid)
+            }) && casebatch_attempt::local::procfs::is_alive(*pid)
         })
         .collect()
 }

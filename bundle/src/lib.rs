@@ -15,8 +15,8 @@
 //!                                                evaluation, cleanup receipt, record)
 //! ```
 
+pub mod closing;
 pub mod epochs;
-pub mod journal;
 pub mod layout;
 pub mod plan_file;
 pub mod records;
@@ -24,7 +24,13 @@ pub mod stats;
 pub mod summary;
 mod write;
 
-pub use journal::{AttemptJournal, Entry};
+// An attempt's directory, journal and records are the attempt crate's; the bundle holds
+// attempts, so its readers find those types here too.
+pub use casebatch_attempt::journal::append_jsonl;
+pub use casebatch_attempt::{
+    AttemptJournal, AttemptRecord, CleanupReceipt, ContainerFacts, Entry, EvaluationRecord, Event,
+    PreparedRecord, RECORD_SCHEMA_VERSION, StageTiming, TraceRef, attempt_files, now_ms,
+};
 pub use layout::Bundle;
 pub use plan_file::PlanIndex;
 pub use records::*;
@@ -32,9 +38,7 @@ pub use summary::{
     BatchSummary, SummaryRow, assemble, case_usage, write_assembled, write_batch_files,
     write_final_batch_files,
 };
-pub use write::{
-    append_jsonl, now_ms, read_json, read_json_if_present, write_bytes_atomic, write_json_atomic,
-};
+pub use write::{read_json, read_json_if_present, write_bytes_atomic, write_json_atomic};
 
 /// Errors reading or writing the bundle; each names the file.
 #[derive(Debug, thiserror::Error)]
@@ -57,4 +61,22 @@ pub enum BundleError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+impl From<casebatch_attempt::files::FileError> for BundleError {
+    /// A refused read of an attempt file reads as the bundle's read error naming it.
+    fn from(e: casebatch_attempt::files::FileError) -> Self {
+        casebatch_attempt::JournalError::from(e).into()
+    }
+}
+
+impl From<casebatch_attempt::JournalError> for BundleError {
+    fn from(e: casebatch_attempt::JournalError) -> Self {
+        use casebatch_attempt::JournalError as J;
+        match e {
+            J::Read { path, source } => BundleError::Read { path, source },
+            J::Write { path, source } => BundleError::Write { path, source },
+            J::Parse { path, source } => BundleError::Parse { path, source },
+        }
+    }
 }

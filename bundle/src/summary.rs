@@ -11,11 +11,11 @@ use casebatch_manifest::model::{CaseIdentity, Plan};
 use casebatch_proto::Usage;
 use serde::{Deserialize, Serialize};
 
-use crate::journal::AttemptJournal;
-use crate::records::{AttemptRecord, CaseRecordState, CaseResult, RECORD_SCHEMA_VERSION};
+use crate::records::{CaseRecordState, CaseResult};
 use crate::stats::{AttemptTally, BatchStats};
 use crate::write::prepare_json_atomic;
 use crate::{Bundle, BundleError, read_json_if_present, write_json_atomic};
+use casebatch_attempt::{AttemptJournal, AttemptRecord, RECORD_SCHEMA_VERSION};
 
 /// `batch_summary.json`: counts, failure breakdown, one row per case.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -642,7 +642,7 @@ mod tests {
             .unwrap();
             let dir = bundle.attempt(&case_dir, n);
             std::fs::create_dir_all(&dir).unwrap();
-            crate::journal::append(&dir, &[crate::Entry::Record(record)]).unwrap();
+            casebatch_attempt::journal::append(&dir, &[crate::Entry::Record(record)]).unwrap();
         }
         let result = serde_json::json!({
             "schema_version": "casebatch_v1", "case_id": case_dir, "case_dir": case_dir,
@@ -698,7 +698,7 @@ mod tests {
         let plan = crate::plan_file::tests::plan_of(3);
         (0..3).for_each(|i| finished_case(&bundle, i, 1));
         let before = write_batch_files(&bundle, &plan).unwrap();
-        let journal = crate::journal::path(&bundle.attempt("case-1", 1));
+        let journal = casebatch_attempt::journal::path(&bundle.attempt("case-1", 1));
         std::fs::write(&journal, "not a journal entry\n").unwrap();
 
         let err = write_batch_files(&bundle, &plan).unwrap_err().to_string();

@@ -14,13 +14,6 @@ use serde::de::DeserializeOwned;
 
 use crate::BundleError;
 
-/// Wall-clock milliseconds since the epoch: what every record's `*_at_ms` counts in.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// `value` as pretty JSON, atomically ([`write_atomic`]). Streamed into the temp file: a batch
 /// file of 100,000 cases is never held as one buffer beside the records it is made of.
 pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<(), BundleError> {
@@ -141,23 +134,6 @@ pub fn read_json_if_present<T: DeserializeOwned>(path: &Path) -> Result<Option<T
                 })
         }
     }
-}
-
-/// Appends one JSON object as a line. A single `write` of a line opened with O_APPEND lands
-/// whole, so concurrent writers do not interleave.
-pub fn append_jsonl<T: Serialize>(path: &Path, value: &T) -> Result<(), BundleError> {
-    let werr = |source| BundleError::Write {
-        path: path.display().to_string(),
-        source,
-    };
-    let mut line = serde_json::to_vec(value).expect("events always serialize");
-    line.push(b'\n');
-    let mut f = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(werr)?;
-    f.write_all(&line).map_err(werr)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use bollard::query_parameters::ListContainersOptions;
-use casebatch_runtime::AttemptJournal;
+use casebatch_attempt::AttemptJournal;
 use serde::Serialize;
 
 use crate::engine;

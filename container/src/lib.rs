@@ -30,23 +30,23 @@ mod wait;
 
 use std::collections::HashSet;
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use bollard::Docker;
 use bollard::models::{ContainerInspectResponse, ContainerStateStatusEnum as Status};
 use bollard::query_parameters::{
     CreateContainerOptions, CreateImageOptions, RemoveContainerOptions,
 };
-use casebatch_bundle::{ContainerFacts, Entry, RECORD_SCHEMA_VERSION, write_json_atomic};
+use casebatch_attempt::local::{fault_point, lock_attempt};
+use casebatch_attempt::{
+    Attempt, CleanupReceipt, ContainerFacts, ContainerRecord, Entry, EvaluationRecord, Executor,
+    Liveness, NotStarted, OnCancel, RECORD_SCHEMA_VERSION, attempt_files, harness, hostname,
+    now_ms,
+};
 use casebatch_proto::runtime_v1::{Command, Sandbox};
 use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
-use casebatch_runtime::local_process::{hostname, lock_attempt};
-use casebatch_runtime::{
-    Attempt, AttemptEnv, CleanupReceipt, EvaluationRecord, Liveness, NotStarted, OnCancel, Runtime,
-    attempt_files, evaluator, harness,
-};
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
 
 use crate::names::{Role, container_name};
 pub use crate::spec::MOUNT;
@@ -58,35 +58,6 @@ use crate::wait::Waited;
 pub struct ContainerRuntime {
     engine: engine::Engine,
     started: Mutex<HashSet<String>>,
-}
-
-/// The journal's `container` entry: written before the attempt's container is created.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct ContainerRecord {
-    name: String,
-    image: String,
-    created_at_ms: u64,
-    /// Created by `provision` (ahead of its slot, with `prepare_ahead`), not yet started.
-    /// Records without it were written by `submit`, which starts what it creates.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    provisioned: bool,
-    /// When `submit` first started it: the attempt's deadline (its timeout, capped by the
-    /// sandbox lifetime) counts from here, else from `created_at_ms`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    started_at_ms: Option<u64>,
-}
-
-impl ContainerRecord {
-    /// Whether a start of the actor was attempted: what a job held, for its receipt.
-    fn start_attempted(&self) -> bool {
-        !self.provisioned || self.started_at_ms.is_some()
-    }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn new_record(a: &Attempt, provisioned: bool) -> ContainerRecord {
@@ -105,13 +76,12 @@ fn new_record(a: &Attempt, provisioned: bool) -> ContainerRecord {
 }
 
 fn write_record(a: &Attempt, record: &ContainerRecord, stage: Stage) -> Result<(), Failure> {
-    let value = serde_json::to_value(record).expect("container records always serialize");
-    a.record(&[Entry::Container(value)])
+    a.record(&[Entry::Container(record.clone())])
         .map_err(|e| Failure::infra(stage, FailureCode::SpawnFailed, e.to_string()))
 }
 
 fn read_record(a: &Attempt) -> Option<ContainerRecord> {
-    ContainerRecord::deserialize(a.journal().ok()?.container.as_ref()?).ok()
+    a.journal().ok()?.container.clone()
 }
 
 /// `output/`, a fresh `work/` and `input.json` in the attempt directory, which its containers
@@ -126,7 +96,10 @@ fn mount_dirs(a: &Attempt) -> Result<(), Failure> {
     for dir in [work, a.file(attempt_files::OUTPUT)] {
         std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
     }
-    write_json_atomic(&a.file(attempt_files::INPUT), &input).map_err(|e| fail(e.to_string()))
+    // Written again by every provision, before anything reads it.
+    let bytes = serde_json::to_vec(&input).expect("inputs always serialize");
+    let path = a.file(attempt_files::INPUT);
+    std::fs::write(&path, bytes).map_err(|e| fail(format!("{}: {e}", path.display())))
 }
 
 fn sandbox(a: &Attempt, stage: Stage) -> Result<&Sandbox, Failure> {
@@ -297,18 +270,22 @@ impl ContainerRuntime {
             };
             write_record(a, &started, Stage::Submit)?;
         }
-        casebatch_runtime::local_process::fault_point("before-spawn").await;
+        fault_point("before-spawn").await;
         self.create_and_start(docker, a, Role::Actor, &harness, Stage::Submit)
             .await?;
-        casebatch_runtime::local_process::fault_point("after-spawn").await;
+        fault_point("after-spawn").await;
         Ok(job_ref(a))
     }
+}
 
+/// One OCI container per attempt (see the module doc), on a worker's host or an agent's.
+#[async_trait]
+impl Executor for ContainerRuntime {
     /// The attempt's directories and input, inside the attempt directory the containers
     /// mount; then the image, and the actor's container, created and not started (so
     /// `prepare_ahead` readies containers of the next cases while others run; `submit`
     /// starts it).
-    pub async fn provision(&self, a: &Attempt) -> Result<(), Failure> {
+    async fn provision(&self, a: &Attempt) -> Result<(), Failure> {
         mount_dirs(a)?;
         let harness = a.harness()?.clone();
         let s = sandbox(a, Stage::Provision)?;
@@ -322,11 +299,11 @@ impl ContainerRuntime {
         Ok(())
     }
 
-    pub async fn submit(&self, a: &Attempt) -> Result<JobRef, NotStarted> {
+    async fn submit(&self, a: &Attempt) -> Result<JobRef, NotStarted> {
         Ok(self.submit_job(a).await?)
     }
 
-    pub async fn await_job<L: Liveness>(&self, a: &Attempt, job: &JobRef, live: &L) -> ActorReport {
+    async fn await_job(&self, a: &Attempt, job: &JobRef, live: &dyn Liveness) -> ActorReport {
         let docker = match self.engine.get(Stage::Await).await {
             Ok(d) => d,
             Err(f) => return failed(f, a),
@@ -390,23 +367,18 @@ impl ContainerRuntime {
         report
     }
 
-    pub async fn evaluate<L: Liveness>(
-        &self,
-        a: &Attempt,
-        job: &JobRef,
-        live: &L,
-    ) -> EvaluationRecord {
+    async fn evaluate(&self, a: &Attempt, job: &JobRef, live: &dyn Liveness) -> EvaluationRecord {
         let Some(command) = a.job.evaluator.clone().filter(|c| !c.argv.is_empty()) else {
-            return evaluator::not_configured();
+            return EvaluationRecord::not_configured();
         };
         if live.on_cancel() == OnCancel::Kill && live.is_cancelled() {
-            return evaluator::failed(eval_failure(
+            return EvaluationRecord::failed(eval_failure(
                 "the attempt's cleanup stopped the evaluator before it gave a verdict".into(),
             ));
         }
         let docker = match self.engine.get(Stage::Evaluate).await {
             Ok(d) => d,
-            Err(f) => return evaluator::failed(f),
+            Err(f) => return EvaluationRecord::failed(f),
         };
         let name = container_name(a, Role::Evaluator);
         let result_path = a.file(attempt_files::EVAL_RESULT);
@@ -418,7 +390,7 @@ impl ContainerRuntime {
             .create_and_start(docker, a, Role::Evaluator, &command, Stage::Evaluate)
             .await
         {
-            return evaluator::failed(f);
+            return EvaluationRecord::failed(f);
         }
         let timeout = Duration::from_secs(a.job.timeout_seconds.max(1));
         let waited = wait::wait(docker, &name, Instant::now() + timeout, job, live).await;
@@ -435,25 +407,25 @@ impl ContainerRuntime {
                 oom_killed: oom,
             } if oom_killed(code, oom, a) => EvaluationRecord {
                 exit_code: Some(code as i32),
-                ..evaluator::failed(Failure {
+                ..EvaluationRecord::failed(Failure {
                     stage: Stage::Evaluate,
                     ..Failure::oom(a.memory_mb())
                 })
             },
             Waited::Exited { code, .. } => {
-                evaluator::read_result(&result_path, Some(code as i32)).await
+                casebatch_attempt::evaluation::read_result(&result_path, Some(code as i32)).await
             }
-            Waited::TimedOut => evaluator::failed(eval_failure(format!(
+            Waited::TimedOut => EvaluationRecord::failed(eval_failure(format!(
                 "the evaluator ran past {}s",
                 timeout.as_secs()
             ))),
-            other => evaluator::failed(eval_failure(format!(
+            other => EvaluationRecord::failed(eval_failure(format!(
                 "the evaluator's container ended without a verdict: {other:?}"
             ))),
         }
     }
 
-    pub fn adopt(&self, a: &Attempt) -> Option<JobRef> {
+    fn adopt(&self, a: &Attempt) -> Option<JobRef> {
         // Read-only: the record precedes any container; await resolves the rest. A container
         // only provisioned holds no job yet: its submit starts it.
         read_record(a)
@@ -463,11 +435,11 @@ impl ContainerRuntime {
 
     /// Whether the attempt's actor was ever started, or a start attempted (an agent's
     /// restart submits a job only if not).
-    pub fn start_attempted(&self, a: &Attempt) -> bool {
+    fn start_attempted(&self, a: &Attempt) -> bool {
         read_record(a).is_some_and(|r| r.start_attempted())
     }
 
-    pub fn kill(&self, a: &Attempt) {
+    fn kill(&self, a: &Attempt) {
         let names = [
             container_name(a, Role::Actor),
             container_name(a, Role::Evaluator),
@@ -479,7 +451,7 @@ impl ContainerRuntime {
         });
     }
 
-    pub async fn cleanup(&self, a: &Attempt) -> CleanupReceipt {
+    async fn cleanup(&self, a: &Attempt) -> CleanupReceipt {
         let held_job = Some(self.start_attempted(a));
         let mut receipt = CleanupReceipt {
             schema_version: RECORD_SCHEMA_VERSION.into(),
@@ -529,6 +501,31 @@ impl ContainerRuntime {
         };
         receipt
     }
+
+    /// The evaluator runs in a container of its own after the actor: `start`'s watch would
+    /// cut its timeout.
+    fn settles_at_start(&self, _: &Attempt) -> bool {
+        false
+    }
+
+    /// The engine is this host's.
+    fn host_queue(&self) -> Option<String> {
+        Some(casebatch_proto::host_task_queue(&hostname()))
+    }
+
+    /// A container is started once: a second start of the same name is an adoption.
+    fn job_starts(&self, a: &Attempt) -> Option<u32> {
+        self.start_attempted(a).then_some(1)
+    }
+
+    fn is_remote(&self) -> bool {
+        false
+    }
+
+    /// Its report says whether this process started the container.
+    fn tells_adoption(&self) -> bool {
+        true
+    }
 }
 
 /// Force-removes `name` with its anonymous volumes: what the engine knew of it, `removed`
@@ -577,45 +574,4 @@ fn lost(a: &Attempt, why: &str) -> Failure {
         FailureCode::JobLost,
         format!("attempt {} of case {}: {why}", a.key.attempt, a.job.case_id),
     )
-}
-
-/// The worker's container runtime: the machinery above, on the attempt's job.
-impl Runtime for ContainerRuntime {
-    async fn provision(&self, env: &AttemptEnv) -> Result<(), Failure> {
-        ContainerRuntime::provision(self, env).await
-    }
-
-    async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, NotStarted> {
-        ContainerRuntime::submit(self, env).await
-    }
-
-    async fn await_job<L: Liveness>(
-        &self,
-        env: &AttemptEnv,
-        job: &JobRef,
-        live: &L,
-    ) -> ActorReport {
-        ContainerRuntime::await_job(self, env, job, live).await
-    }
-
-    async fn evaluate<L: Liveness>(
-        &self,
-        env: &AttemptEnv,
-        job: &JobRef,
-        live: &L,
-    ) -> EvaluationRecord {
-        ContainerRuntime::evaluate(self, env, job, live).await
-    }
-
-    fn adopt(&self, env: &AttemptEnv) -> Option<JobRef> {
-        ContainerRuntime::adopt(self, env)
-    }
-
-    fn kill(&self, env: &AttemptEnv) {
-        ContainerRuntime::kill(self, env);
-    }
-
-    async fn cleanup(&self, env: &AttemptEnv) -> CleanupReceipt {
-        ContainerRuntime::cleanup(self, env).await
-    }
 }

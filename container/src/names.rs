@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use casebatch_runtime::Attempt;
+use casebatch_attempt::Attempt;
 use sha2::{Digest, Sha256};
 
 /// Label keys, under one prefix so that a filter `label=io.casebatch.marker` finds only ours.

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, ResourcesUlimits};
+use casebatch_attempt::{Attempt, attempt_files, case_env};
 use casebatch_proto::runtime_v1::{Command, Sandbox};
 use casebatch_proto::{Failure, FailureCode, Stage};
-use casebatch_runtime::{Attempt, attempt_files, case_env};
 
 use crate::engine;
 use crate::names::{Role, labels};

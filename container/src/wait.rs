@@ -8,8 +8,8 @@ use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::models::ContainerStateStatusEnum as Status;
 use bollard::query_parameters::{KillContainerOptions, LogsOptions};
+use casebatch_attempt::{Liveness, OnCancel, files};
 use casebatch_proto::JobRef;
-use casebatch_runtime::{Liveness, OnCancel, attempt_io};
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
@@ -47,12 +47,12 @@ pub async fn kill(docker: &Docker, name: &str) {
 }
 
 /// Polls `name` until it ends, heartbeating `job` and killing it at `deadline`.
-pub async fn wait<L: Liveness>(
+pub async fn wait(
     docker: &Docker,
     name: &str,
     deadline: Instant,
     job: &JobRef,
-    live: &L,
+    live: &dyn Liveness,
 ) -> Waited {
     let mut last_beat: Option<Instant> = None;
     let mut poll = Duration::from_millis(50);
@@ -110,7 +110,7 @@ fn fresh_log(path: &Path) -> std::io::Result<tokio::fs::File> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    Ok(tokio::fs::File::from_std(attempt_io::open_log(path)?))
+    Ok(tokio::fs::File::from_std(files::open_log(path)?))
 }
 
 /// Writes the container's stdout and stderr to `stdout` and `stderr`, whole (the engine

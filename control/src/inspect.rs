@@ -219,7 +219,7 @@ pub async fn history(
                 hint: "the batch's plan names no defaults.rate.rate_key",
             })?,
         HistoryOf::Breaker(name) => plan
-            .breaker_id(name, &casebatch_runtime::local_process::hostname())
+            .breaker_id(name, &casebatch_attempt::hostname())
             .ok_or(ControlError::BadArgument {
                 what: "--breaker",
                 value: name.to_string(),

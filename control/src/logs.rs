@@ -3,7 +3,7 @@
 //! attempt's directory; an agent's or a container's arrive there when the attempt settles.
 //!
 //! The attempt's own processes can write into its directory, so the logs are opened as every
-//! attempt file is (a regular file, never through a symlink; `journal::open_regular`), and a
+//! attempt file is (a regular file, never through a symlink; `files::open_regular`), and a
 //! case is named by its id in the plan, never by a path.
 
 use std::fs::File;
@@ -11,9 +11,8 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use casebatch_bundle::AttemptJournal;
-use casebatch_bundle::journal::open_regular;
-use casebatch_bundle::layout::attempt_files;
+use casebatch_attempt::files::open_regular;
+use casebatch_bundle::{AttemptJournal, BundleError, attempt_files};
 
 use crate::error::{ControlError, Result};
 use crate::location::BatchLocation;
@@ -116,7 +115,7 @@ fn latest_attempt(attempts: &Path) -> Option<u32> {
 
 /// The attempt's job (or its evaluator) has ended, or the attempt was closed without one.
 fn ended(dir: &Path, of: LogsOf) -> Result<bool> {
-    let j = AttemptJournal::read(dir)?;
+    let j = AttemptJournal::read(dir).map_err(BundleError::from)?;
     Ok(j.record.is_some()
         || match of {
             LogsOf::Harness => j.exit.is_some(),
@@ -138,7 +137,7 @@ impl Stream {
     /// Copies what was written since the last call (nothing while the file is absent).
     fn copy_new(&mut self, to: &mut dyn Write) -> Result<()> {
         if self.file.is_none() {
-            self.file = open_regular(&self.path, u64::MAX)?;
+            self.file = open_regular(&self.path, u64::MAX).map_err(BundleError::from)?;
         }
         let Some(file) = &mut self.file else {
             return Ok(());
@@ -167,7 +166,7 @@ impl Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use casebatch_bundle::journal::{Entry, append};
+    use casebatch_attempt::journal::{Entry, append};
 
     #[test]
     fn a_stream_copies_only_what_is_new_and_waits_for_a_file_not_written_yet() {

@@ -4,8 +4,8 @@
 use std::future::Future;
 use std::path::Path;
 
+use casebatch_attempt::hostname;
 use casebatch_proto::{TASK_QUEUE, host_task_queue};
-use casebatch_runtime::local_process::hostname;
 use casebatch_worker::{Engine, EngineError, Telemetry, host_served_until};
 
 use crate::error::{ControlError, Result};

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use casebatch_bundle::layout::attempt_files;
+use casebatch_bundle::attempt_files;
 use casebatch_bundle::{
     Bundle, BundleError, CaseRecordState, CaseResult, Lineage, Origin, RECORD_SCHEMA_VERSION,
     read_json_if_present, write_bytes_atomic, write_json_atomic,

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use casebatch_attempt::hostname;
 use casebatch_bundle::{Bundle, Event, append_jsonl};
 use casebatch_manifest::Plan;
 use casebatch_proto::visibility::{memo, outcome, search_attr};
 use casebatch_proto::{BatchInput, Carried, Counts, TASK_QUEUE};
-use casebatch_runtime::local_process::hostname;
 use casebatch_views::StartRequest;
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::{Client, WorkflowIdConflictPolicy, WorkflowStartOptions, tonic};

@@ -3,7 +3,9 @@
 //! Owns the workflow input/result, activity inputs/outputs, the names of signals and
 //! queries, and the failure taxonomy. These payloads live in Temporal history, so they stay
 //! compact (ids, statuses, small summaries) and change only in backward-compatible ways: new
-//! fields are `#[serde(default)]`. This crate must not do I/O or depend on the engine.
+//! fields are `#[serde(default)]`. This crate must not depend on the engine, and does no I/O but
+//! one: reading the runtime agent's bearer token from where its source names (`token`), which
+//! both ends of that wire share.
 
 pub mod batch;
 pub mod breaker;
@@ -13,6 +15,7 @@ pub mod packed;
 pub mod planned_case_v1;
 pub mod runtime_v1;
 pub mod stage;
+pub mod token;
 pub mod usage;
 pub mod visibility;
 

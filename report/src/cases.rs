@@ -5,7 +5,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use casebatch_bundle::layout::attempt_files;
+use casebatch_bundle::attempt_files;
 use casebatch_bundle::summary::sum_usage;
 use casebatch_bundle::{AttemptRecord, CaseRecordState, CaseResult};
 use casebatch_manifest::PlannedCase;

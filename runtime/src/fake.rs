@@ -2,31 +2,33 @@
 //! reports its scripted outcome. For orchestration tests and benchmarks of the engine
 //! itself. Every record it produces says `simulated: true`.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use casebatch_bundle::{CleanupReceipt, Entry, EvaluationRecord, RECORD_SCHEMA_VERSION};
-use casebatch_manifest::model::{FakeOutcome, FakeScript};
-use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
-
-use crate::{AttemptEnv, Liveness, NotStarted, Runtime};
+use async_trait::async_trait;
+use casebatch_attempt::{
+    Attempt, CleanupReceipt, Entry, EvaluationRecord, Executor, JobEntry, Liveness, NotStarted,
+    RECORD_SCHEMA_VERSION, SimulatedJob, now_ms,
+};
+use casebatch_manifest::model::{FakeOutcome, FakeScript, PlannedCase};
+use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage, Verdict};
 
 #[derive(Default)]
 pub struct Fake;
 
-fn script(env: &AttemptEnv) -> FakeScript {
-    env.case.fake.clone().unwrap_or(FakeScript {
-        duration_ms: 0,
-        outcome: FakeOutcome::Pass,
-        infra_failures_first: 0,
-        provision_ms: 0,
-    })
+impl Fake {
+    /// The simulation of `case`'s attempts, as its `fake:` script says.
+    pub fn scripted(&self, case: &PlannedCase) -> Scripted {
+        Scripted(case.fake.clone().unwrap_or(FakeScript {
+            duration_ms: 0,
+            outcome: FakeOutcome::Pass,
+            infra_failures_first: 0,
+            provision_ms: 0,
+        }))
+    }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+/// The executor of one case's simulated attempts.
+pub struct Scripted(FakeScript);
 
 /// What the simulated actor reports for an attempt.
 pub fn simulated_report(script: &FakeScript, attempt: u32) -> ActorReport {
@@ -71,8 +73,9 @@ pub fn simulated_report(script: &FakeScript, attempt: u32) -> ActorReport {
     }
 }
 
-impl Runtime for Fake {
-    async fn provision(&self, env: &AttemptEnv) -> Result<(), Failure> {
+#[async_trait]
+impl Executor for Scripted {
+    async fn provision(&self, env: &Attempt) -> Result<(), Failure> {
         std::fs::create_dir_all(&env.dir).map_err(|e| {
             Failure::infra(
                 Stage::Provision,
@@ -81,26 +84,27 @@ impl Runtime for Fake {
             )
         })?;
         // A slow sandbox, simulated: what `prepare_ahead` pays while other cases run.
-        let wait = script(env).provision_ms;
+        let wait = self.0.provision_ms;
         if wait > 0 {
             tokio::time::sleep(Duration::from_millis(wait)).await;
         }
         Ok(())
     }
 
-    async fn submit(&self, env: &AttemptEnv) -> Result<JobRef, NotStarted> {
+    async fn submit(&self, env: &Attempt) -> Result<JobRef, NotStarted> {
         // The "job" is the time it started, kept so a re-attached await only waits the rest.
-        let fail = |e: casebatch_bundle::BundleError| {
+        let fail = |e: casebatch_attempt::JournalError| {
             Failure::infra(Stage::Submit, FailureCode::SpawnFailed, e.to_string())
         };
         if env.journal().map_err(fail)?.job.is_none() {
-            let rec = serde_json::json!({
-                "schema_version": RECORD_SCHEMA_VERSION,
-                "simulated": true,
-                "marker": env.marker(),
-                "started_at_ms": now_ms(),
-            });
-            env.record(&[Entry::Job(rec)]).map_err(fail)?;
+            let rec = SimulatedJob {
+                schema_version: RECORD_SCHEMA_VERSION.into(),
+                simulated: true,
+                marker: env.marker(),
+                started_at_ms: now_ms(),
+            };
+            env.record(&[Entry::Job(JobEntry::Simulated(rec))])
+                .map_err(fail)?;
         }
         Ok(JobRef {
             marker: env.marker(),
@@ -111,17 +115,15 @@ impl Runtime for Fake {
         })
     }
 
-    async fn await_job<L: Liveness>(
-        &self,
-        env: &AttemptEnv,
-        job: &JobRef,
-        live: &L,
-    ) -> ActorReport {
-        let script = script(env);
+    async fn await_job(&self, env: &Attempt, job: &JobRef, live: &dyn Liveness) -> ActorReport {
+        let script = &self.0;
         let started = env
             .journal()
             .ok()
-            .and_then(|j| j.job.as_ref()?["started_at_ms"].as_u64())
+            .and_then(|j| match j.job.as_ref()? {
+                JobEntry::Simulated(job) => Some(job.started_at_ms),
+                JobEntry::Process(job) => Some(job.started_at_ms),
+            })
             .unwrap_or_else(now_ms);
         let end = started + script.duration_ms;
         loop {
@@ -143,20 +145,23 @@ impl Runtime for Fake {
             live.heartbeat(job).await;
             tokio::time::sleep(Duration::from_millis((end - now).min(1000))).await;
         }
-        simulated_report(&script, env.key.attempt)
+        simulated_report(script, env.key.attempt)
     }
 
     /// The scripted verdict: nothing runs, whatever evaluator the case names.
-    async fn evaluate<L: Liveness>(
-        &self,
-        env: &AttemptEnv,
-        _job: &JobRef,
-        _live: &L,
-    ) -> EvaluationRecord {
-        crate::evaluator::simulated(script(env).outcome)
+    async fn evaluate(&self, _: &Attempt, _: &JobRef, _: &dyn Liveness) -> EvaluationRecord {
+        EvaluationRecord {
+            configured: true,
+            verdict: Some(if self.0.outcome == FakeOutcome::Fail {
+                Verdict::Fail
+            } else {
+                Verdict::Pass
+            }),
+            ..EvaluationRecord::not_configured()
+        }
     }
 
-    fn adopt(&self, env: &AttemptEnv) -> Option<JobRef> {
+    fn adopt(&self, env: &Attempt) -> Option<JobRef> {
         let started = env.journal().is_ok_and(|j| j.job.is_some());
         started.then(|| JobRef {
             marker: env.marker(),
@@ -167,9 +172,9 @@ impl Runtime for Fake {
         })
     }
 
-    fn kill(&self, _env: &AttemptEnv) {}
+    fn kill(&self, _env: &Attempt) {}
 
-    async fn cleanup(&self, env: &AttemptEnv) -> CleanupReceipt {
+    async fn cleanup(&self, env: &Attempt) -> CleanupReceipt {
         CleanupReceipt {
             schema_version: RECORD_SCHEMA_VERSION.into(),
             marker: env.marker(),
@@ -184,5 +189,31 @@ impl Runtime for Fake {
             held_job: Some(true),
             containers: Vec::new(),
         }
+    }
+
+    /// Nothing runs, so a watch of it can end whenever it likes.
+    fn settles_at_start(&self, _: &Attempt) -> bool {
+        true
+    }
+
+    fn host_queue(&self) -> Option<String> {
+        None
+    }
+
+    fn job_starts(&self, _: &Attempt) -> Option<u32> {
+        None
+    }
+
+    fn start_attempted(&self, env: &Attempt) -> bool {
+        env.journal().is_ok_and(|j| j.job.is_some())
+    }
+
+    fn is_remote(&self) -> bool {
+        false
+    }
+
+    /// A retried wait stands for re-attaching: there is no process to tell.
+    fn tells_adoption(&self) -> bool {
+        false
     }
 }

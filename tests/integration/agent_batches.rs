@@ -1202,7 +1202,7 @@ fn an_agent_frozen_in_a_list_strands_its_jobs_and_stops_them_once_it_answers() {
     // No job of box-a is left running: each carried its attempt's marker.
     for line in started.iter().filter(|l| l.contains(" box-a ")) {
         let marker = line.rsplit(' ').next().unwrap();
-        let alive = casebatch_runtime::procfs::scan_marker(marker).marked;
+        let alive = casebatch_attempt::local::procfs::scan_marker(marker).marked;
         assert!(
             alive.is_empty(),
             "a stranded job still runs: {line}

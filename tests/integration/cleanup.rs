@@ -116,7 +116,7 @@ tasks:
     let o = sb.run_batch(&manifest);
     let survivors = processes_matching("sleep 3017");
     for pid in &survivors {
-        casebatch_runtime::procfs::kill_pid(*pid);
+        casebatch_attempt::local::procfs::kill_pid(*pid);
     }
     assert_exit(&o, 0);
     let receipt = sb.recorded("escape", "escapes", 1, "cleanup");

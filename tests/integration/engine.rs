@@ -194,12 +194,12 @@ os.execvp(real, [real] + args)
 "#;
 
 /// Kills the impostor server when the test ends.
-struct Impostor(Option<casebatch_runtime::procfs::ProcessId>);
+struct Impostor(Option<casebatch_attempt::local::procfs::ProcessId>);
 
 impl Drop for Impostor {
     fn drop(&mut self) {
         if let Some(p) = self.0.filter(|p| p.is_alive()) {
-            casebatch_runtime::procfs::kill_pid(p.pid);
+            casebatch_attempt::local::procfs::kill_pid(p.pid);
         }
     }
 }
@@ -232,7 +232,7 @@ fn a_server_that_lost_its_port_is_not_taken_for_the_one_that_holds_it() {
         .parse()
         .expect("the impostor started");
     let pid = sb.read("impostor.port.pid").trim().parse().unwrap();
-    let impostor = Impostor(casebatch_runtime::procfs::ProcessId::of(pid));
+    let impostor = Impostor(casebatch_attempt::local::procfs::ProcessId::of(pid));
     assert_exit(&o, 0);
     let record = engine_record(&out).expect("engine.json");
     assert_ne!(

@@ -238,8 +238,8 @@ impl Drop for Sandbox {
     fn drop(&mut self) {
         let spawned = std::mem::take(self.spawned.get_mut().unwrap());
         for (pid, ticks) in spawned {
-            if casebatch_runtime::procfs::is_same_process(pid, ticks) {
-                casebatch_runtime::procfs::kill_pid(pid);
+            if casebatch_attempt::local::procfs::is_same_process(pid, ticks) {
+                casebatch_attempt::local::procfs::kill_pid(pid);
             }
         }
         let roots = std::fs::read_dir(self.dir.path()).into_iter().flatten();
@@ -259,9 +259,9 @@ pub fn kill_engine(output_root: &Path) {
         return;
     };
     if let (Some(pid), Some(ticks)) = (v["pid"].as_u64(), v["start_ticks"].as_u64())
-        && casebatch_runtime::procfs::is_same_process(pid as u32, ticks)
+        && casebatch_attempt::local::procfs::is_same_process(pid as u32, ticks)
     {
-        casebatch_runtime::procfs::kill_pid(pid as u32);
+        casebatch_attempt::local::procfs::kill_pid(pid as u32);
     }
 }
 
@@ -295,7 +295,7 @@ fn wait_output(child: Child, timeout: Duration) -> Output {
     match rx.recv_timeout(timeout) {
         Ok(o) => o.expect("casebatch's output is readable"),
         Err(_) => {
-            casebatch_runtime::procfs::kill_pid(pid);
+            casebatch_attempt::local::procfs::kill_pid(pid);
             let o = rx.recv().unwrap().unwrap();
             panic!(
                 "casebatch did not finish within {timeout:?}\nstdout:\n{}\nstderr:\n{}",
@@ -424,7 +424,7 @@ pub struct KillOnDrop(pub &'static str);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         for pid in processes_matching(self.0) {
-            casebatch_runtime::procfs::kill_pid(pid);
+            casebatch_attempt::local::procfs::kill_pid(pid);
         }
     }
 }
@@ -440,7 +440,7 @@ pub fn processes_matching(needle: &str) -> Vec<u32> {
         };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
         // A zombie (or a process gone meanwhile) is not a survivor.
-        if cmd.contains(needle) && casebatch_runtime::procfs::is_alive(pid) {
+        if cmd.contains(needle) && casebatch_attempt::local::procfs::is_alive(pid) {
             found.push(pid);
         }
     }
@@ -455,7 +455,7 @@ impl Sandbox {
         let mut c = self.command(args);
         c.envs(envs.iter().copied()).stdout(out).stderr(err);
         let child = c.spawn().expect("spawn casebatch");
-        if let Some(ticks) = casebatch_runtime::procfs::start_ticks(child.id()) {
+        if let Some(ticks) = casebatch_attempt::local::procfs::start_ticks(child.id()) {
             let mut spawned = self.spawned.lock().unwrap();
             spawned.push((child.id(), ticks));
         }
@@ -528,7 +528,9 @@ pub fn engine_record(output_root: &Path) -> Option<Value> {
 /// True when the process an `engine.json` names is alive and is that very process.
 pub fn engine_alive(record: &Value) -> bool {
     match (record["pid"].as_u64(), record["start_ticks"].as_u64()) {
-        (Some(pid), Some(ticks)) => casebatch_runtime::procfs::is_same_process(pid as u32, ticks),
+        (Some(pid), Some(ticks)) => {
+            casebatch_attempt::local::procfs::is_same_process(pid as u32, ticks)
+        }
         _ => false,
     }
 }
@@ -599,7 +601,7 @@ impl Cluster {
         wait_until(Duration::from_secs(60), "the cluster answers", || {
             exited = !matches!(cluster.server.try_wait(), Ok(None));
             exited
-                || casebatch_runtime::procfs::listens_on(cluster.pid(), port)
+                || casebatch_attempt::local::procfs::listens_on(cluster.pid(), port)
                     && cluster
                         .temporal(&[
                             "operator",
@@ -867,10 +869,10 @@ fn a_sandbox_stops_what_it_started_when_it_goes() {
         addr.exists()
     });
     let pid = agent.id();
-    let ticks = casebatch_runtime::procfs::start_ticks(pid).unwrap();
+    let ticks = casebatch_attempt::local::procfs::start_ticks(pid).unwrap();
     drop(sb);
     wait_until(Duration::from_secs(10), "the agent stopped", || {
-        !casebatch_runtime::procfs::is_same_process(pid, ticks)
+        !casebatch_attempt::local::procfs::is_same_process(pid, ticks)
     });
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(

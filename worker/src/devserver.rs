@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use casebatch_runtime::procfs::{self, ProcessId, is_same_process, kill_pid};
+use casebatch_attempt::local::procfs::{self, ProcessId, is_same_process, kill_pid};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
@@ -882,7 +882,7 @@ pub(crate) fn free_port() -> std::io::Result<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use casebatch_runtime::procfs::start_ticks;
+    use casebatch_attempt::local::procfs::start_ticks;
 
     #[test]
     fn a_record_names_a_live_server_only_with_its_database_on_the_command_line() {

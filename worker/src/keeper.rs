@@ -20,7 +20,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use casebatch_runtime::procfs::ProcessId;
+use casebatch_attempt::local::procfs::ProcessId;
 
 /// Seconds an engine with no live lease keeps running before its keeper stops it.
 pub const IDLE_ENV: &str = "CASEBATCH_ENGINE_IDLE_SECS";

@@ -6,8 +6,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use casebatch_activities::{CaseActivities, Stopping};
+use casebatch_attempt::hostname;
 use casebatch_proto::{TASK_QUEUE, host_task_queue};
-use casebatch_runtime::local_process::hostname;
 use casebatch_telemetry::{Listen, Metrics, Readiness, Telemetry};
 use casebatch_workflows::{BatchWorkflow, RatePacer, RuntimeBreaker};
 use temporalio_client::Client;

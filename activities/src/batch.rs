@@ -1,0 +1,111 @@
+//! The activities of a batch as a whole, not of one case: booking a start on a shared pace,
+//! `supersede`'s sweep of the batch's jobs, and the closing write of the batch files.
+
+use std::sync::Arc;
+
+use casebatch_bundle::{Bundle, Event, append_jsonl, now_ms, write_final_batch_files};
+use casebatch_proto::pace::PaceAsk;
+use casebatch_proto::{FinalizeInput, SweepInput, SweepReport};
+use temporalio_sdk::ApplicationFailure;
+use temporalio_sdk::activities::{ActivityContext, ActivityError};
+
+use crate::beats::StageContext;
+use crate::case::context::{CaseActivities, heartbeating, unreadable_plan};
+
+impl CaseActivities {
+    pub(crate) async fn reserve_start_on_pace(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        ask: PaceAsk,
+    ) -> Result<u64, ActivityError> {
+        // Counted as an action; the ask is short and sends no heartbeat.
+        let _ctx = StageContext::new(ctx, &self.metrics);
+        let unanswered = |message: String| {
+            ActivityError::application(ApplicationFailure::builder(message).build())
+        };
+        let Some(client) = &self.client else {
+            return Err(unanswered(
+                "this worker has no client for the shared paces".into(),
+            ));
+        };
+        crate::pacers::reserve(client, ask)
+            .await
+            .map_err(unanswered)
+    }
+
+    pub(crate) async fn sweep_batch(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        input: SweepInput,
+    ) -> Result<SweepReport, ActivityError> {
+        // Counted as an action; the sweep is short and sends no heartbeat.
+        let _ctx = StageContext::new(ctx, &self.metrics);
+        // The whole plan, for the sandboxes of its cases: a supersede is rare.
+        let plan = Bundle::at(&input.bundle_dir)
+            .read_plan()
+            .map_err(unreadable_plan)?;
+        let swept = self
+            .runtimes
+            .kill_batch(&plan, &input.batch_id, &input.bundle_dir)
+            .await;
+        let (report, places) = (
+            SweepReport {
+                killed: swept.killed,
+                unreachable: swept.unreachable,
+            },
+            swept.places,
+        );
+        let message = format!(
+            "superseded: {} job(s) killed on {}{}",
+            report.killed.len(),
+            if places.is_empty() {
+                "no runtime (nothing to sweep)".to_string()
+            } else {
+                places.join(" and ")
+            },
+            if report.unreachable.is_empty() {
+                String::new()
+            } else {
+                format!("; not reached: {}", report.unreachable.join("; "))
+            }
+        );
+        let _ = append_jsonl(
+            &Bundle::at(&input.bundle_dir).events(),
+            &Event {
+                ts_ms: now_ms(),
+                kind: "superseded".into(),
+                case_id: None,
+                attempt: None,
+                message,
+            },
+        );
+        Ok(report)
+    }
+
+    pub(crate) async fn finalize_batch(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        input: FinalizeInput,
+    ) -> Result<bool, ActivityError> {
+        let ctx = StageContext::new(ctx, &self.metrics);
+        // Reading every case's records takes seconds on a large batch: off the async
+        // threads, heartbeating meanwhile (as a regular activity; a local one does not).
+        let write = tokio::task::spawn_blocking(move || -> Result<bool, ActivityError> {
+            let bundle = Bundle::at(&input.bundle_dir);
+            let plan = bundle.read_plan_head().map_err(unreadable_plan)?;
+            write_final_batch_files(&bundle, &plan, input.status.counters.temporal_actions)?;
+            append_jsonl(
+                &bundle.events(),
+                &Event::of_batch(
+                    Event::RUN_ENDED,
+                    serde_json::to_string(&input.status.counts).unwrap_or_default(),
+                ),
+            )?;
+            Ok(true)
+        });
+        heartbeating(&ctx, (), write).await.map_err(|e| {
+            let message = format!("the closing write of the batch files stopped: {e}");
+            ActivityError::application(ApplicationFailure::builder(message).build())
+        })?
+    }
+}

@@ -1,0 +1,219 @@
+//! An attempt's evaluation record: how it is made from what an evaluator wrote (untrusted
+//! input, read like the harness's result, [`crate::files`]), what the workflow needs of it
+//! ([`Evaluation`]: the verdict, with a fail verdict carried as an `agent` failure), and its
+//! typed form on the agent's wire.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use casebatch_proto::runtime_v1 as wire;
+use casebatch_proto::{Evaluation, Failure, FailureCode, Stage, Verdict};
+use serde::Deserialize;
+
+use crate::files;
+use crate::layout::attempt_files;
+use crate::records::{EvaluationRecord, RECORD_SCHEMA_VERSION};
+
+/// The exit status of an evaluator that could not join the attempt's cgroup (before it ran).
+pub const JOIN_FAILED: i32 = 96;
+
+#[derive(Deserialize)]
+struct EvaluatorOutput {
+    verdict: String,
+    #[serde(default)]
+    scores: BTreeMap<String, serde_json::Value>,
+}
+
+pub(crate) fn eval_failure(message: String) -> Failure {
+    Failure::harness(Stage::Evaluate, FailureCode::EvaluatorFailed, message)
+}
+
+impl EvaluationRecord {
+    /// The record of a case with no evaluator.
+    pub fn not_configured() -> Self {
+        Self {
+            schema_version: RECORD_SCHEMA_VERSION.into(),
+            configured: false,
+            verdict: None,
+            scores: BTreeMap::new(),
+            failure: None,
+            exit_code: None,
+        }
+    }
+
+    /// The record of an evaluation that gave no verdict.
+    pub fn failed(failure: Failure) -> Self {
+        Self {
+            configured: true,
+            failure: Some(failure),
+            ..Self::not_configured()
+        }
+    }
+
+    /// What the workflow needs of an evaluation record.
+    pub fn to_evaluation(&self) -> Evaluation {
+        let r = self;
+        // A fail verdict is an agent outcome, carried as a failure so reports break it down.
+        let failure = r.failure.clone().or_else(|| {
+            (r.verdict == Some(Verdict::Fail))
+                .then(|| Failure::agent("the evaluator's verdict is fail"))
+        });
+        Evaluation {
+            configured: r.configured,
+            verdict: r.verdict,
+            failure,
+        }
+    }
+
+    /// The record as the agent sends it.
+    pub fn to_wire(&self, job_key: &str) -> wire::Evaluation {
+        let r = self;
+        wire::Evaluation {
+            job_key: job_key.to_string(),
+            configured: r.configured,
+            verdict: match r.verdict {
+                None => wire::Verdict::Unspecified,
+                Some(Verdict::Pass) => wire::Verdict::Pass,
+                Some(Verdict::Fail) => wire::Verdict::Fail,
+            } as i32,
+            // A score is any JSON value the evaluator chose: kept as its own JSON text, so `1`
+            // stays `1` (not `1.0`) in the bundle.
+            scores_json: r
+                .scores
+                .iter()
+                .map(|(k, v)| (k.clone(), v.to_string()))
+                .collect(),
+            failure: r.failure.as_ref().map(Into::into),
+            exit_code: r.exit_code,
+        }
+    }
+
+    /// The record an agent sent; `Err` says what of it is unusable.
+    pub fn from_wire(e: wire::Evaluation) -> Result<Self, String> {
+        let verdict = match wire::Verdict::try_from(e.verdict) {
+            Ok(wire::Verdict::Unspecified) => None,
+            Ok(wire::Verdict::Pass) => Some(Verdict::Pass),
+            Ok(wire::Verdict::Fail) => Some(Verdict::Fail),
+            Err(_) => return Err(format!("unknown verdict {}", e.verdict)),
+        };
+        let scores = e
+            .scores_json
+            .into_iter()
+            .map(|(k, v)| match serde_json::from_str(&v) {
+                Ok(value) => Ok((k, value)),
+                Err(err) => Err(format!("score {k:?} is not JSON: {err}")),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(EvaluationRecord {
+            schema_version: RECORD_SCHEMA_VERSION.into(),
+            configured: e.configured,
+            verdict,
+            scores,
+            failure: e.failure.map(TryInto::try_into).transpose()?,
+            exit_code: e.exit_code,
+        })
+    }
+}
+
+/// The record of an evaluator that exited with `exit_code`, from the result it wrote at
+/// `path` (same rules as the harness's result: regular file, size limit, off the async
+/// threads).
+pub async fn read_result(path: &Path, exit_code: Option<i32>) -> EvaluationRecord {
+    let judged = |verdict, scores, failure| EvaluationRecord {
+        schema_version: RECORD_SCHEMA_VERSION.into(),
+        configured: true,
+        verdict,
+        scores,
+        failure,
+        exit_code,
+    };
+    let no_verdict = |failure| judged(None, BTreeMap::new(), Some(failure));
+    let parsed =
+        match files::read_json::<EvaluatorOutput>(path.to_path_buf(), files::max_result_bytes())
+            .await
+        {
+            Ok(Some(o)) => Ok(o),
+            Ok(None) if exit_code == Some(JOIN_FAILED) => Err(format!(
+                "wrote no result at {} (exit {JOIN_FAILED}: it may not have joined the attempt's \
+             cgroup; see {})",
+                path.display(),
+                attempt_files::EVAL_STDERR
+            )),
+            Ok(None) => Err(format!("it wrote no result at {}", path.display())),
+            Err(e) if e.is_too_large() => {
+                return no_verdict(Failure::harness(
+                    Stage::Evaluate,
+                    FailureCode::ResultTooLarge,
+                    format!("the evaluator's result was not read: {e}"),
+                ));
+            }
+            Err(e @ files::FileError::Parse { .. }) => {
+                Err(format!("its result is not {{\"verdict\": ...}}: {e}"))
+            }
+            Err(e) => Err(format!("its result is unusable: {e}")),
+        };
+    match parsed {
+        Ok(o) if o.verdict == "pass" => judged(Some(Verdict::Pass), o.scores, None),
+        Ok(o) if o.verdict == "fail" => judged(Some(Verdict::Fail), o.scores, None),
+        Ok(o) => no_verdict(eval_failure(format!(
+            "verdict must be \"pass\" or \"fail\", got {:?}",
+            o.verdict
+        ))),
+        Err(why) => no_verdict(eval_failure(format!(
+            "the evaluator exited with {exit_code:?} and {why}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pass() -> EvaluationRecord {
+        EvaluationRecord {
+            configured: true,
+            verdict: Some(Verdict::Pass),
+            ..EvaluationRecord::not_configured()
+        }
+    }
+
+    #[test]
+    fn a_record_survives_the_wire_scores_and_all() {
+        let record = EvaluationRecord {
+            scores: BTreeMap::from([
+                ("accuracy".to_string(), serde_json::json!(1)),
+                ("f1".to_string(), serde_json::json!(0.5)),
+                ("notes".to_string(), serde_json::json!({"a": [1, "x"]})),
+            ]),
+            verdict: Some(Verdict::Pass),
+            exit_code: Some(0),
+            ..EvaluationRecord::failed(eval_failure("x".into()))
+        };
+        let sent = record.to_wire("b/0/1");
+        assert_eq!(sent.scores_json["accuracy"], "1");
+        assert_eq!(EvaluationRecord::from_wire(sent).unwrap(), record);
+        assert_eq!(
+            EvaluationRecord::from_wire(EvaluationRecord::not_configured().to_wire("b/0/1"))
+                .unwrap(),
+            EvaluationRecord::not_configured()
+        );
+    }
+
+    #[test]
+    fn an_unusable_record_from_the_wire_says_what_is_wrong() {
+        let mut sent = pass().to_wire("b/0/1");
+        sent.scores_json.insert("x".into(), "{not json".into());
+        assert!(
+            EvaluationRecord::from_wire(sent)
+                .unwrap_err()
+                .contains("score \"x\"")
+        );
+        let mut sent = pass().to_wire("b/0/1");
+        sent.verdict = 9;
+        assert!(
+            EvaluationRecord::from_wire(sent)
+                .unwrap_err()
+                .contains("verdict 9")
+        );
+    }
+}

@@ -1,0 +1,376 @@
+//! The calls to an agent, one function each, and the two loops every waiting call shares:
+//! [`Outage`] (retry while the agent is unreachable, up to a grace) and [`beating`]
+//! (heartbeat the job while a call runs, and notice a cancel).
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use casebatch_proto::JobRef;
+use casebatch_proto::runtime_v1::{
+    self as wire, ArtifactSet, CONTRACT_VERSION, FetchRequest, HealthRequest, JobRequest, JobState,
+    KillRequest, SubmitRequest, contract_of, kill_request, runtime_client::RuntimeClient,
+};
+use tonic::transport::Channel;
+
+use super::artifacts::{Fetched, Sink};
+use super::{AgentClient, AgentError, AgentTarget};
+use casebatch_attempt::{Attempt, Liveness, files};
+
+/// Deadline of a unary call (submit, kill); cleanup gets longer, it scans for processes.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(40);
+const FIRST_PAUSE: Duration = Duration::from_millis(200);
+
+/// Tracks one stretch of unreachability: pauses with backoff between tries, and gives up once
+/// the agent has been unreachable (or failing) for `grace` without a break.
+pub(crate) struct Outage {
+    grace: Duration,
+    max_pause: Duration,
+    since: Option<Instant>,
+    pause: Duration,
+}
+
+impl Outage {
+    pub fn new(grace: Duration, max_pause: Duration) -> Self {
+        Self {
+            grace,
+            max_pause,
+            since: None,
+            pause: FIRST_PAUSE.min(max_pause),
+        }
+    }
+
+    /// The agent answered: a later failure starts a new outage.
+    pub fn reached(&mut self) {
+        self.since = None;
+        self.pause = FIRST_PAUSE.min(self.max_pause);
+    }
+
+    /// After `err`: `Ok` once it is worth trying again (having paused), `Err` when it is not
+    /// (not transient, or past the grace).
+    pub async fn next(&mut self, err: AgentError) -> Result<(), AgentError> {
+        if !err.is_transient() {
+            return Err(err);
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= self.grace {
+            let note = format!("; no answer for {}", span(self.grace));
+            return Err(match err {
+                AgentError::Unreachable(m) => AgentError::Unreachable(m + &note),
+                AgentError::NoConnection(m) => AgentError::NoConnection(m + &note),
+                AgentError::Failed(m) => AgentError::Failed(m + &note),
+                other => other,
+            });
+        }
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(self.max_pause);
+        Ok(())
+    }
+}
+
+/// `60 s`, or `300 ms` under a second.
+fn span(d: Duration) -> String {
+    if d >= Duration::from_secs(1) {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}
+
+/// Runs `work` while heartbeating the job (`job` is updated as the agent names its process)
+/// every `every`. `None` when `stop_on_cancel` and the activity was cancelled: the engine's
+/// answer to a heartbeat brings the cancel, so it is checked after each one.
+pub(crate) async fn beating<T>(
+    live: &dyn Liveness,
+    job: &Mutex<JobRef>,
+    every: Duration,
+    stop_on_cancel: bool,
+    work: impl Future<Output = T>,
+) -> Option<T> {
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            out = &mut work => return Some(out),
+            _ = tick.tick() => {
+                let current = job.lock().expect("lock").clone();
+                live.heartbeat(&current).await;
+                if stop_on_cancel && live.is_cancelled() {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+fn status(t: &AgentTarget, what: &str) -> impl Fn(tonic::Status) -> AgentError {
+    move |s| AgentError::from_status(t, what, &s)
+}
+
+fn job_request(key: &str) -> JobRequest {
+    JobRequest {
+        job_key: key.to_string(),
+    }
+}
+
+/// Stops the job `key` on the agent.
+pub(crate) async fn kill(
+    mut client: RuntimeClient<Channel>,
+    t: &AgentTarget,
+    key: &str,
+) -> Result<(), AgentError> {
+    let what = format!("kill of job {key}");
+    let request = KillRequest {
+        target: Some(kill_request::Target::JobKey(key.to_string())),
+    };
+    let request = t.request(request, Some(CALL_TIMEOUT))?;
+    client.kill(request).await.map_err(status(t, &what))?;
+    Ok(())
+}
+
+impl AgentClient {
+    /// Submits the attempt's job (idempotent by its key); returns the agent's job. An agent
+    /// of another contract version is [`AgentError::Contract`]: a v2 one says so itself; a v1
+    /// one refuses the request for its empty `planned_case_json`, which its Health confirms.
+    pub(crate) async fn submit_once(
+        &self,
+        t: &AgentTarget,
+        env: &Attempt,
+    ) -> Result<wire::Job, AgentError> {
+        let what = format!("submit of job {}", env.marker());
+        let request = SubmitRequest {
+            key: Some((&env.key).into()),
+            planned_case_json: Vec::new(),
+            contract_version: CONTRACT_VERSION,
+            job: Some(env.job.clone()),
+        };
+        let request = t.request(request, Some(CALL_TIMEOUT))?;
+        let refusal = match self.client(t)?.submit(request).await {
+            Ok(job) => return Ok(job.into_inner()),
+            Err(s) => s,
+        };
+        let err = AgentError::from_status(t, &what, &refusal);
+        if !matches!(err, AgentError::Refused(_))
+            || !refusal.message().contains("planned_case_json")
+        {
+            return Err(err);
+        }
+        match self.contract_version(t).await {
+            Some(theirs) if theirs < CONTRACT_VERSION => Err(AgentError::Contract(format!(
+                "{}: agent speaks contract v{theirs}, this worker needs v{CONTRACT_VERSION}: \
+                 upgrade the agent (`casebatch agent` there) to this worker's casebatch ({})",
+                t.named(),
+                env!("CARGO_PKG_VERSION")
+            ))),
+            _ => Err(err),
+        }
+    }
+
+    /// The contract version the agent's Health reports (`None` when it does not answer).
+    async fn contract_version(&self, t: &AgentTarget) -> Option<u32> {
+        let request = t.request(HealthRequest {}, Some(CALL_TIMEOUT)).ok()?;
+        let reply = self.client(t).ok()?.health(request).await.ok()?;
+        Some(contract_of(reply.into_inner().contract_version))
+    }
+
+    /// Watches the job until it ends (`Ok`, the last state) or the stream fails. Every state
+    /// received marks the agent reached and updates `job` with the process it names.
+    pub(crate) async fn watch_once(
+        &self,
+        t: &AgentTarget,
+        key: &str,
+        job: &Mutex<JobRef>,
+        outage: &mut Outage,
+    ) -> Result<wire::Job, AgentError> {
+        let what = format!("watch of job {key}");
+        let request = t.request(job_request(key), None)?;
+        let mut stream = self
+            .client(t)?
+            .watch(request)
+            .await
+            .map_err(status(t, &what))?
+            .into_inner();
+        loop {
+            let Some(state) = stream.message().await.map_err(status(t, &what))? else {
+                return Err(AgentError::Unreachable(format!(
+                    "{}: the {what} ended before the job did",
+                    t.named()
+                )));
+            };
+            outage.reached();
+            {
+                let mut j = job.lock().expect("lock");
+                j.pid = state.pid.or(j.pid);
+                j.start_ticks = state.start_ticks.or(j.start_ticks);
+            }
+            if state.state == JobState::Ended as i32 {
+                return Ok(state);
+            }
+        }
+    }
+
+    /// Streams the ended job's files (the actor's or the evaluator's: `set`) into the attempt
+    /// directory. `Err` from the agent is worth retrying when transient (files already
+    /// written are rewritten whole).
+    pub(crate) async fn fetch_once(
+        &self,
+        t: &AgentTarget,
+        env: &Attempt,
+        set: ArtifactSet,
+    ) -> Result<Result<Fetched, String>, AgentError> {
+        let key = env.marker();
+        let what = match set {
+            ArtifactSet::Actor => format!("fetch of the artifacts of job {key}"),
+            ArtifactSet::Evaluator => format!("fetch of the evaluator's files of job {key}"),
+        };
+        let fetch = FetchRequest {
+            job_key: key.clone(),
+            set: set as i32,
+        };
+        let request = t.request(fetch, None)?;
+        let mut stream = self
+            .client(t)?
+            .fetch_artifacts(request)
+            .await
+            .map_err(status(t, &what))?
+            .into_inner();
+        let mut sink = match Sink::new(&env.dir, files::max_result_bytes()) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        while let Some(chunk) = stream.message().await.map_err(status(t, &what))? {
+            if let Err(e) = sink.chunk(&chunk.path, &chunk.data) {
+                return Ok(Err(e.to_string()));
+            }
+        }
+        Ok(sink.finish().map_err(|e| e.to_string()))
+    }
+
+    /// Asks the agent for the attempt's evaluation (it runs the evaluator once, and returns
+    /// the recorded evaluation to a repeated call). The deadline leaves the evaluator its
+    /// whole timeout.
+    pub(crate) async fn evaluate_once(
+        &self,
+        t: &AgentTarget,
+        env: &Attempt,
+    ) -> Result<wire::Evaluation, AgentError> {
+        let key = env.marker();
+        let what = format!("evaluation of job {key}");
+        let deadline = Duration::from_secs(env.job.timeout_seconds.max(1)) + CALL_TIMEOUT;
+        let request = t.request(job_request(&key), Some(deadline))?;
+        let evaluation = self
+            .client(t)?
+            .evaluate(request)
+            .await
+            .map_err(|s| evaluate_error(t, &what, &s))?;
+        Ok(evaluation.into_inner())
+    }
+
+    pub(crate) async fn kill_once(&self, t: &AgentTarget, key: &str) -> Result<(), AgentError> {
+        kill(self.client(t)?, t, key).await
+    }
+
+    /// Stops every job of the batch on the agent; returns the keys of the jobs it stopped.
+    pub(crate) async fn kill_batch_once(
+        &self,
+        t: &AgentTarget,
+        batch_id: &str,
+    ) -> Result<Vec<String>, AgentError> {
+        let what = format!("kill of the jobs of batch {batch_id}");
+        let request = KillRequest {
+            target: Some(kill_request::Target::BatchId(batch_id.to_string())),
+        };
+        let request = t.request(request, Some(CALL_TIMEOUT))?;
+        let reply = self
+            .client(t)?
+            .kill(request)
+            .await
+            .map_err(status(t, &what))?;
+        Ok(reply.into_inner().killed_job_keys)
+    }
+
+    pub(crate) async fn cleanup_once(
+        &self,
+        t: &AgentTarget,
+        key: &str,
+    ) -> Result<wire::CleanupReceipt, AgentError> {
+        let what = format!("cleanup of job {key}");
+        let request = t.request(job_request(key), Some(CLEANUP_TIMEOUT))?;
+        let receipt = self
+            .client(t)?
+            .cleanup(request)
+            .await
+            .map_err(status(t, &what))?;
+        Ok(receipt.into_inner())
+    }
+}
+
+/// What an Evaluate's status means; UNIMPLEMENTED is an agent from before evaluators ran
+/// where the actor ran.
+fn evaluate_error(t: &AgentTarget, what: &str, s: &tonic::Status) -> AgentError {
+    if s.code() != tonic::Code::Unimplemented {
+        return AgentError::from_status(t, what, s);
+    }
+    AgentError::Refused(format!(
+        "{} cannot run the case's evaluator: it is older than this worker (its runtime service \
+         has no Evaluate), and evaluators run where the actor ran; upgrade it to this worker's \
+         casebatch ({})",
+        t.named(),
+        env!("CARGO_PKG_VERSION")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_without_evaluate_is_refused_naming_it_and_saying_to_upgrade() {
+        let t = AgentTarget {
+            name: "gpu".into(),
+            endpoint: "https://agent.example:7070".into(),
+            token: None,
+            tls_ca: None,
+            unreachable_grace: None,
+        };
+        let old = tonic::Status::unimplemented("unknown method Evaluate");
+        let e = evaluate_error(&t, "evaluation of job b/0/1", &old);
+        assert!(matches!(e, AgentError::Refused(_)), "{e:?}");
+        for part in ["runtime `gpu` at https://agent.example:7070", "upgrade it"] {
+            assert!(e.message().contains(part), "{part} missing from {e}");
+        }
+        // Any other status means what it means for every call.
+        let down = tonic::Status::unavailable("restarting");
+        assert!(evaluate_error(&t, "evaluation of job b/0/1", &down).is_transient());
+    }
+
+    #[tokio::test]
+    async fn an_outage_backs_off_then_gives_up_after_its_grace() {
+        let grace = Duration::from_millis(300);
+        let mut outage = Outage::new(grace, Duration::from_millis(50));
+        let down = || AgentError::Unreachable("runtime `a` at http://127.0.0.1:1 is down".into());
+        let start = Instant::now();
+        let mut tries = 0;
+        let err = loop {
+            match outage.next(down()).await {
+                Ok(()) => tries += 1,
+                Err(e) => break e,
+            }
+        };
+        assert!(tries >= 3, "retried {tries} times within the grace");
+        assert!(start.elapsed() >= grace);
+        assert!(err.message().ends_with("no answer for 300 ms"), "{err}");
+        assert!(matches!(err, AgentError::Unreachable(_)));
+
+        // An answer ends the outage: the grace starts again.
+        outage.reached();
+        assert!(outage.next(down()).await.is_ok());
+        // A refusal is never retried.
+        let auth = AgentError::Auth("refused".into());
+        assert_eq!(outage.next(auth.clone()).await, Err(auth));
+    }
+}
