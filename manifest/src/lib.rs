@@ -31,6 +31,7 @@ pub mod model;
 
 mod batch_v1;
 mod case_dir;
+mod decl;
 mod error;
 mod jsonl;
 mod locate;

@@ -16,48 +16,19 @@ use sha2::{Digest, Sha256};
 
 use crate::LoadOptions;
 use crate::case_dir::case_dir_name;
+use crate::decl::{CaseDecl, FileDefaults, Loaded};
 use crate::limits::EPOCHS_RANGE;
 use crate::model::{
     BatchSettings, CaseSource, CommandSpec, DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT_SECONDS, Defaults, Epoch, FakeScript, Inputs, ManifestFormat,
     PLAN_SCHEMA_VERSION, Plan, PlannedCase, Provenance, Resources, RunSpec, RuntimeChoice,
-    RuntimeKind, Sandbox, SpreadWeights, SummarySpec,
+    RuntimeKind, Sandbox, SpreadWeights,
 };
 use crate::programs;
 use crate::report::{FieldPath, Report};
 use crate::runtimes::{self, Lookup, Table};
 use crate::source::sha256_hex;
 use crate::validate::batch_id_error;
-use crate::yaml::FileDefaults;
-
-/// What every manifest shape produces before planning.
-pub(crate) struct Loaded {
-    pub(crate) format: ManifestFormat,
-    /// The batch id written in the manifest, and where.
-    pub(crate) batch_id: Option<(String, FieldPath)>,
-    pub(crate) defaults: Defaults,
-    pub(crate) summary: SummarySpec,
-    /// The manifest's own `runtimes:` table.
-    pub(crate) runtimes: Table,
-    pub(crate) cases: Vec<CaseDecl>,
-}
-
-/// One declared case, not yet combined with the defaults.
-#[derive(Clone)]
-pub(crate) struct CaseDecl {
-    pub(crate) id: String,
-    /// Where the id is written (`tasks[3].task_id`, `batch.cases[0].label`, `id`).
-    pub(crate) id_path: FieldPath,
-    /// The case as a whole.
-    pub(crate) path: FieldPath,
-    /// Where the case's own settings live (the runspec for batch_v1).
-    pub(crate) spec_path: FieldPath,
-    pub(crate) line: Option<usize>,
-    pub(crate) spec: RunSpec,
-    pub(crate) runspec: Option<String>,
-    /// Set by [`expand_epochs`] on each run of a task that runs several times.
-    pub(crate) epoch: Option<Epoch>,
-}
 
 /// Everything besides the loaded manifest that the plan depends on.
 pub(crate) struct PlanInput<'a> {

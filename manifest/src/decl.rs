@@ -1,0 +1,54 @@
+//! What planning is handed, whichever shape the manifest has: the manifest's declarations
+//! ([`Loaded`], one [`CaseDecl`] per case) and the defaults file's ([`FileDefaults`]).
+//!
+//! Each shape (`yaml`, `jsonl`, `batch_v1`) reads its own layout and produces these; planning
+//! reads only these, so it never depends on a shape and the shapes never depend on it. Nothing
+//! here is resolved yet: no layer is merged and no runtime name is looked up.
+
+use std::path::PathBuf;
+
+use crate::model::{Defaults, Epoch, ManifestFormat, RunSpec, SummarySpec};
+use crate::report::FieldPath;
+use crate::runtimes::Table;
+
+/// What every manifest shape produces before planning.
+pub(crate) struct Loaded {
+    pub(crate) format: ManifestFormat,
+    /// The batch id written in the manifest, and where.
+    pub(crate) batch_id: Option<(String, FieldPath)>,
+    pub(crate) defaults: Defaults,
+    pub(crate) summary: SummarySpec,
+    /// The manifest's own `runtimes:` table.
+    pub(crate) runtimes: Table,
+    pub(crate) cases: Vec<CaseDecl>,
+}
+
+/// One declared case, not yet combined with the defaults.
+#[derive(Clone)]
+pub(crate) struct CaseDecl {
+    pub(crate) id: String,
+    /// Where the id is written (`tasks[3].task_id`, `batch.cases[0].label`, `id`).
+    pub(crate) id_path: FieldPath,
+    /// The case as a whole.
+    pub(crate) path: FieldPath,
+    /// Where the case's own settings live (the runspec for batch_v1).
+    pub(crate) spec_path: FieldPath,
+    pub(crate) line: Option<usize>,
+    pub(crate) spec: RunSpec,
+    pub(crate) runspec: Option<String>,
+    /// Set by planning on each run of a task that runs several times (`epochs`).
+    pub(crate) epoch: Option<Epoch>,
+}
+
+/// The settings of `--defaults-file`, and where its `runtime` name is written (the name is
+/// checked against the runtimes table later, when the table is known).
+#[derive(Debug, Default)]
+pub(crate) struct FileDefaults {
+    pub(crate) defaults: Defaults,
+    pub(crate) file: PathBuf,
+    pub(crate) runtime_line: Option<usize>,
+    /// Where its `harness` and `evaluator` are written (a program they name is checked once
+    /// the cases that inherit them are known).
+    pub(crate) harness_line: Option<usize>,
+    pub(crate) evaluator_line: Option<usize>,
+}
