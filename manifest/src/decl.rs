@@ -1,5 +1,6 @@
 //! What planning is handed, whichever shape the manifest has: the manifest's declarations
-//! ([`Loaded`], one [`CaseDecl`] per case) and the defaults file's ([`FileDefaults`]).
+//! ([`Loaded`], one [`CaseDecl`] per case), the defaults file's ([`FileDefaults`]) and the
+//! command line's ([`LoadOptions`], public at the crate root).
 //!
 //! Each shape (`yaml`, `jsonl`, `batch_v1`) reads its own layout and produces these; planning
 //! reads only these, so it never depends on a shape and the shapes never depend on it. Nothing
@@ -51,4 +52,25 @@ pub(crate) struct FileDefaults {
     /// the cases that inherit them are known).
     pub(crate) harness_line: Option<usize>,
     pub(crate) evaluator_line: Option<usize>,
+}
+
+/// How to load a manifest: what command-line flags said.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// `--batch-id`. Wins over the manifest's own; required for JSONL and batch_v1 unless the
+    /// file stem is a valid id.
+    pub batch_id: Option<String>,
+    /// Settings from flags (`--concurrency`/`--parallelism`, `--max-retries`, `--runtime`,
+    /// `--harness`, ...). Flags win over the manifest's defaults; a task's own fields win
+    /// over flags.
+    pub overrides: Defaults,
+    /// A YAML/JSON file holding one `Defaults` object: the settings of a JSONL manifest.
+    /// Lowest precedence; also honoured for the other shapes.
+    pub defaults_file: Option<PathBuf>,
+    /// Soft threshold: more cases only add a warning to
+    /// [`Plan::warnings`](crate::Plan::warnings).
+    pub max_cases: Option<usize>,
+    /// `--runtimes FILE`: a YAML/JSON file whose only key is `runtimes:`, merged with the
+    /// manifest's own table (a name may be declared in only one of them). Any shape.
+    pub runtimes_file: Option<PathBuf>,
 }

@@ -14,9 +14,8 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::LoadOptions;
 use crate::case_dir::case_dir_name;
-use crate::decl::{CaseDecl, FileDefaults, Loaded};
+use crate::decl::{CaseDecl, FileDefaults, LoadOptions, Loaded};
 use crate::limits::EPOCHS_RANGE;
 use crate::model::{
     BatchSettings, CaseSource, CommandSpec, DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES,
