@@ -1,12 +1,12 @@
 //! What planning is handed, whichever shape the manifest has: the manifest's declarations
 //! ([`Loaded`], one [`CaseDecl`] per case), the defaults file's ([`FileDefaults`]) and the
-//! command line's ([`LoadOptions`], public at the crate root).
+//! command line's ([`LoadOptions`], public at the crate root), gathered in [`PlanInput`].
 //!
 //! Each shape (`yaml`, `jsonl`, `batch_v1`) reads its own layout and produces these; planning
 //! reads only these, so it never depends on a shape and the shapes never depend on it. Nothing
 //! here is resolved yet: no layer is merged and no runtime name is looked up.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::model::{Defaults, Epoch, ManifestFormat, RunSpec, SummarySpec};
 use crate::report::FieldPath;
@@ -39,6 +39,16 @@ pub(crate) struct CaseDecl {
     pub(crate) runspec: Option<String>,
     /// Set by planning on each run of a task that runs several times (`epochs`).
     pub(crate) epoch: Option<Epoch>,
+}
+
+/// Everything besides the loaded manifest that the plan depends on.
+pub(crate) struct PlanInput<'a> {
+    pub(crate) manifest: &'a Path,
+    pub(crate) bytes: &'a [u8],
+    pub(crate) opts: &'a LoadOptions,
+    pub(crate) file_defaults: FileDefaults,
+    /// The `--runtimes` file's table, and the file.
+    pub(crate) runtimes_file: Option<(Table, &'a Path)>,
 }
 
 /// The settings of `--defaults-file`, and where its `runtime` name is written (the name is

@@ -110,7 +110,7 @@ fn load_plan_from_bytes(
                 }
             }
         });
-    let input = plan::PlanInput {
+    let input = decl::PlanInput {
         manifest: path,
         bytes,
         opts,
