@@ -11,9 +11,9 @@ use std::path::{Component, Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::decl::{CaseDecl, Loaded};
 use crate::error::FILE_FIELD;
 use crate::model::{ManifestFormat, RunSpec};
-use crate::plan::{CaseDecl, Loaded};
 use crate::report::{FieldPath, Report};
 use crate::runtimes;
 use crate::source::{self, Syntax};

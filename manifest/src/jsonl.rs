@@ -10,10 +10,10 @@
 
 use serde_json::Value;
 
+use crate::decl::{CaseDecl, Loaded};
 use crate::error::{FILE_FIELD, SYNTAX_FIELD, too_deep_problem};
 use crate::limits::MAX_NESTING_DEPTH;
 use crate::model::{ManifestFormat, RunSpec, SummarySpec};
-use crate::plan::{CaseDecl, Loaded};
 use crate::report::{FieldPath, Locator, Report};
 use crate::walk::{self, Leaf, Obj, TASK_FIELDS};
 use crate::{locate, validate};

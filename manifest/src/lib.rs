@@ -31,6 +31,7 @@ pub mod model;
 
 mod batch_v1;
 mod case_dir;
+mod decl;
 mod error;
 mod jsonl;
 mod locate;
@@ -48,9 +49,10 @@ mod yaml;
 mod yaml_scalar;
 mod yaml_syntax;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub use case_dir::{MAX_CASE_DIR_LEN, case_dir_name, is_safe_case_dir};
+pub use decl::LoadOptions;
 pub use error::{ManifestError, Problem};
 pub use model::*;
 pub use schema::{batch_schema, batch_v1_schema, runspec_schema};
@@ -58,26 +60,6 @@ pub use schema::{batch_schema, batch_v1_schema, runspec_schema};
 use error::FILE_FIELD;
 use report::{FieldPath, Report};
 use source::Syntax;
-
-/// How to load a manifest: what command-line flags said.
-#[derive(Debug, Clone, Default)]
-pub struct LoadOptions {
-    /// `--batch-id`. Wins over the manifest's own; required for JSONL and batch_v1 unless the
-    /// file stem is a valid id.
-    pub batch_id: Option<String>,
-    /// Settings from flags (`--concurrency`/`--parallelism`, `--max-retries`, `--runtime`,
-    /// `--harness`, ...). Flags win over the manifest's defaults; a task's own fields win
-    /// over flags.
-    pub overrides: Defaults,
-    /// A YAML/JSON file holding one `Defaults` object: the settings of a JSONL manifest.
-    /// Lowest precedence; also honoured for the other shapes.
-    pub defaults_file: Option<PathBuf>,
-    /// Soft threshold: more cases only add a warning to [`Plan::warnings`].
-    pub max_cases: Option<usize>,
-    /// `--runtimes FILE`: a YAML/JSON file whose only key is `runtimes:`, merged with the
-    /// manifest's own table (a name may be declared in only one of them). Any shape.
-    pub runtimes_file: Option<PathBuf>,
-}
 
 /// Read, check and resolve the manifest at `path` into a plan.
 ///
@@ -128,7 +110,7 @@ fn load_plan_from_bytes(
                 }
             }
         });
-    let input = plan::PlanInput {
+    let input = decl::PlanInput {
         manifest: path,
         bytes,
         opts,

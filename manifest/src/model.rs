@@ -259,6 +259,13 @@ impl RuntimeKind {
     }
 }
 
+/// Runtime names that need no table entry: `runtime: NAME` finds these before the table, and
+/// a table entry may not reuse them.
+pub(crate) const BUILT_IN: &[(&str, RuntimeKind)] = &[
+    ("local-process", RuntimeKind::LocalProcess),
+    ("fake", RuntimeKind::Fake),
+];
+
 /// One entry of the runtimes table (`runtimes:` in a manifest, or `--runtimes FILE`): where
 /// the cases that name it run. Holds where a secret is read from, never the secret.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -723,7 +730,7 @@ impl<C> Plan<C> {
     /// A runtime by the name a `runtime:` list gives it: a built-in (`local-process`,
     /// `fake`) or an entry of the runtimes table, as its kind and table name.
     pub fn runtime_named(&self, name: &str) -> Option<(RuntimeKind, Option<&RuntimeSpec>)> {
-        if let Some((_, kind)) = crate::runtimes::BUILT_IN.iter().find(|(n, _)| *n == name) {
+        if let Some((_, kind)) = BUILT_IN.iter().find(|(n, _)| *n == name) {
             return Some((*kind, None));
         }
         self.runtimes.get(name).map(|spec| (spec.kind, Some(spec)))

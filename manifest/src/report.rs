@@ -206,14 +206,6 @@ mod tests {
     }
 
     #[test]
-    fn locator_falls_back_to_the_nearest_ancestor() {
-        let text = "tasks:\n  - task_id: a\n    query: q\n";
-        let loc = Locator::Index(crate::yaml_syntax::parse(text).unwrap().lines);
-        let missing = FieldPath::root().key("tasks").index(0).key("url");
-        assert_eq!(loc.line(&missing), Some(2));
-    }
-
-    #[test]
     fn absorbed_problems_name_the_sub_file() {
         let mut sub = Report::new(Locator::Fixed(7));
         sub.at(&FieldPath::root().key("qurey"), "unknown field", "rename");

@@ -17,7 +17,7 @@ use crate::limits::{
     CONCURRENCY_RANGE, MAX_MEMORY_MB, MAX_RUNTIME_NAME_LEN,
     UNREACHABLE_GRACE_S_RANGE as UNREACHABLE_GRACE_S,
 };
-use crate::model::{RuntimeKind, RuntimeSpec};
+use crate::model::{BUILT_IN, RuntimeKind, RuntimeSpec};
 use crate::report::{FieldPath, Report};
 use crate::source::{self, Syntax};
 use crate::validate::env_name_syntax_error;
@@ -39,11 +39,6 @@ pub(crate) const ENTRY_FIELDS: &[&str] = &[
 /// Accepted `breaker_failures`, `breaker_cooldown_s` and `unreachable_grace_s`.
 /// The only top-level key of a `--runtimes` file.
 const FILE_FIELDS: &[&str] = &["runtimes"];
-/// Names that need no table entry.
-pub(crate) const BUILT_IN: &[(&str, RuntimeKind)] = &[
-    ("local-process", RuntimeKind::LocalProcess),
-    ("fake", RuntimeKind::Fake),
-];
 const EXAMPLE: &str = "`box-a: {kind: agent, endpoint: \"http://127.0.0.1:7300\"}`";
 
 /// One declared name and where it was declared.

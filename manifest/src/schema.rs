@@ -39,6 +39,13 @@ fn schema_of<T: JsonSchema>(file: &str, title: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{
+        BatchV1, BatchV1Case, Defaults, FakeScript, Resources, Sandbox, SummarySpec, Task,
+    };
+    use crate::walk::{
+        DEFAULTS_FIELDS, FAKE_FIELDS, RESOURCES_FIELDS, RUNSPEC_FIELDS, SANDBOX_FIELDS,
+        SUMMARY_FIELDS, TASK_FIELDS,
+    };
 
     #[test]
     fn schema_is_stable_and_identified() {
@@ -137,5 +144,56 @@ mod tests {
                 .contains("runtimes:")
         );
         assert!(batch_v1_schema()["properties"]["runtimes"].is_object());
+    }
+
+    fn schema_fields<T: JsonSchema>() -> Vec<String> {
+        let schema = schemars::schema_for!(T);
+        let mut keys: Vec<String> = schema
+            .as_value()
+            .get("properties")
+            .and_then(Value::as_object)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        keys.sort();
+        keys
+    }
+
+    fn sorted(fields: &[&str]) -> Vec<String> {
+        let mut v: Vec<String> = fields.iter().map(|s| s.to_string()).collect();
+        v.sort();
+        v
+    }
+
+    /// The readers (`walk`, `runtimes`, and the shapes) check keys against hand-written field
+    /// lists; the schema comes from the model, so it is the one place that can hold all of them.
+    #[test]
+    fn field_lists_match_the_model() {
+        assert_eq!(sorted(DEFAULTS_FIELDS), schema_fields::<Defaults>());
+        assert_eq!(sorted(SANDBOX_FIELDS), schema_fields::<Sandbox>());
+        assert_eq!(sorted(RESOURCES_FIELDS), schema_fields::<Resources>());
+        assert_eq!(sorted(FAKE_FIELDS), schema_fields::<FakeScript>());
+        assert_eq!(sorted(SUMMARY_FIELDS), schema_fields::<SummarySpec>());
+        assert_eq!(sorted(TASK_FIELDS), schema_fields::<Task>());
+        assert_eq!(sorted(RUNSPEC_FIELDS), schema_fields::<RunSpec>());
+        assert_eq!(
+            sorted(crate::runtimes::ENTRY_FIELDS),
+            schema_fields::<crate::model::RuntimeSpec>()
+        );
+        assert_eq!(
+            sorted(crate::yaml::MANIFEST_FIELDS),
+            schema_fields::<BatchManifest>()
+        );
+        assert_eq!(
+            sorted(crate::batch_v1::TOP_FIELDS),
+            schema_fields::<BatchV1Manifest>()
+        );
+        assert_eq!(
+            sorted(crate::batch_v1::BATCH_FIELDS),
+            schema_fields::<BatchV1>()
+        );
+        assert_eq!(
+            sorted(crate::batch_v1::CASE_FIELDS),
+            schema_fields::<BatchV1Case>()
+        );
     }
 }

@@ -3,7 +3,8 @@
 //! serde's derive stops at the first error and says neither which task nor which line, so
 //! objects are walked by hand: each field is type-checked on its own, unknown keys are named
 //! with their nearest valid spelling, and the walk always continues. The field lists below
-//! must match the model structs; a unit test compares them with the generated JSON Schema.
+//! must match the model structs; a unit test in `schema` compares them with the generated
+//! JSON Schema.
 
 use std::collections::BTreeMap;
 
@@ -524,57 +525,6 @@ pub(crate) fn runspec(value: &Value, path: &FieldPath, r: &mut Report) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{BatchManifest, BatchV1, BatchV1Case, BatchV1Manifest};
-    use schemars::JsonSchema;
-
-    fn schema_fields<T: JsonSchema>() -> Vec<String> {
-        let schema = schemars::schema_for!(T);
-        let mut keys: Vec<String> = schema
-            .as_value()
-            .get("properties")
-            .and_then(Value::as_object)
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default();
-        keys.sort();
-        keys
-    }
-
-    fn sorted(fields: &[&str]) -> Vec<String> {
-        let mut v: Vec<String> = fields.iter().map(|s| s.to_string()).collect();
-        v.sort();
-        v
-    }
-
-    #[test]
-    fn field_lists_match_the_model() {
-        assert_eq!(sorted(DEFAULTS_FIELDS), schema_fields::<Defaults>());
-        assert_eq!(sorted(SANDBOX_FIELDS), schema_fields::<Sandbox>());
-        assert_eq!(sorted(RESOURCES_FIELDS), schema_fields::<Resources>());
-        assert_eq!(sorted(FAKE_FIELDS), schema_fields::<FakeScript>());
-        assert_eq!(sorted(SUMMARY_FIELDS), schema_fields::<SummarySpec>());
-        assert_eq!(sorted(TASK_FIELDS), schema_fields::<Task>());
-        assert_eq!(sorted(RUNSPEC_FIELDS), schema_fields::<RunSpec>());
-        assert_eq!(
-            sorted(crate::runtimes::ENTRY_FIELDS),
-            schema_fields::<crate::model::RuntimeSpec>()
-        );
-        assert_eq!(
-            sorted(crate::yaml::MANIFEST_FIELDS),
-            schema_fields::<BatchManifest>()
-        );
-        assert_eq!(
-            sorted(crate::batch_v1::TOP_FIELDS),
-            schema_fields::<BatchV1Manifest>()
-        );
-        assert_eq!(
-            sorted(crate::batch_v1::BATCH_FIELDS),
-            schema_fields::<BatchV1>()
-        );
-        assert_eq!(
-            sorted(crate::batch_v1::CASE_FIELDS),
-            schema_fields::<BatchV1Case>()
-        );
-    }
 
     #[test]
     fn nearest_suggests_typos_only() {

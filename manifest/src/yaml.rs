@@ -5,8 +5,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::decl::{CaseDecl, FileDefaults, Loaded};
 use crate::model::{Defaults, ManifestFormat};
-use crate::plan::{CaseDecl, Loaded};
 use crate::report::{FieldPath, Report};
 use crate::runtimes;
 use crate::source::{self, Syntax};
@@ -110,19 +110,6 @@ pub(crate) fn load_defaults_file(file: &Path, r: &mut Report) -> Option<FileDefa
     let label = format!("defaults file {}", file.display());
     r.absorb(sub, &label, &FieldPath::root().key("defaults"), None);
     defaults
-}
-
-/// The settings of `--defaults-file`, and where its `runtime` name is written (the name is
-/// checked against the runtimes table later, when the table is known).
-#[derive(Debug, Default)]
-pub(crate) struct FileDefaults {
-    pub(crate) defaults: Defaults,
-    pub(crate) file: std::path::PathBuf,
-    pub(crate) runtime_line: Option<usize>,
-    /// Where its `harness` and `evaluator` are written (a program they name is checked once
-    /// the cases that inherit them are known).
-    pub(crate) harness_line: Option<usize>,
-    pub(crate) evaluator_line: Option<usize>,
 }
 
 fn read_defaults(file: &Path, r: &mut Report) -> Option<Defaults> {

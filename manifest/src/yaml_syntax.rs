@@ -373,6 +373,7 @@ fn merge(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::Locator;
 
     const YAML: &str = "\
 batch_id: demo   # comment
@@ -489,6 +490,16 @@ summary:
         assert_eq!(value("a: |\n  x\n"), "x\n");
         assert_eq!(value("a: |\n  x\n# c"), "x\n");
         assert_eq!(value("a: |\n  x\nb: 1"), "x\n");
+    }
+
+    /// The index this parser records, read through the report's locator: a path the document
+    /// does not have falls back to its nearest written ancestor.
+    #[test]
+    fn locator_falls_back_to_the_nearest_ancestor() {
+        let text = "tasks:\n  - task_id: a\n    query: q\n";
+        let loc = Locator::Index(parse(text).unwrap().lines);
+        let missing = FieldPath::root().key("tasks").index(0).key("url");
+        assert_eq!(loc.line(&missing), Some(2));
     }
 
     #[test]
