@@ -126,7 +126,7 @@ impl Attempt {
             })
     }
 
-    /// The harness contract's environment variables (see the README).
+    /// The harness contract's environment variables (see docs/harness.md).
     pub fn contract_env(&self) -> BTreeMap<String, String> {
         let path = |name: &str| self.file(name).display().to_string();
         let mut env = BTreeMap::new();
