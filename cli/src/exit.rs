@@ -7,7 +7,7 @@ use casebatch_control::{ControlError, Verdict};
 use casebatch_worker::EngineError;
 
 /// Exit codes: the only place they are defined. `--help` renders this table ([`help`]) and
-/// the README's table says the same (both checked by the tests below).
+/// the table in docs/exit-codes.md says the same (both checked by the tests below).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     Success = 0,
@@ -35,7 +35,7 @@ impl Exit {
         self as u8
     }
 
-    /// What the code tells a script, as `--help` and the README say it.
+    /// What the code tells a script, as `--help` and docs/exit-codes.md say it.
     pub fn meaning(self) -> &'static str {
         match self {
             Exit::Success => {
@@ -181,8 +181,8 @@ pub type CliResult<T = Exit> = Result<T, CliError>;
 /// Reading exit-code lists back, for the tests of this table and of the help that shows it.
 #[cfg(test)]
 pub(crate) mod tests_support {
-    /// The `Exit codes:` entries of a help text or of the README's table: (code, meaning)
-    /// with whitespace collapsed (clap wraps long lines to the terminal).
+    /// The `Exit codes:` entries of a help text or of the table in docs/exit-codes.md: (code,
+    /// meaning) with whitespace collapsed (clap wraps long lines to the terminal).
     pub(crate) fn entries(lines: impl Iterator<Item = String>) -> Vec<(u8, String)> {
         let mut entries: Vec<(u8, String)> = Vec::new();
         for line in lines {
@@ -275,10 +275,11 @@ mod tests {
         }
     }
 
-    /// The README's exit code table says what the table says (in its own row order).
+    /// The exit code table of docs/exit-codes.md says what the table says (in its own row
+    /// order).
     #[test]
     fn the_readme_s_exit_codes_are_the_table_s() {
-        let readme = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+        let readme = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/exit-codes.md");
         let text = std::fs::read_to_string(readme).unwrap();
         let rows = text
             .split_once("| exit | meaning |\n|---|---|\n")

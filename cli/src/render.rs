@@ -117,7 +117,7 @@ impl Observer for Progress {
                 self.batch_id
             )),
             DriveEvent::Unsearchable => self.line(
-                "note: this namespace has no Casebatch* search attributes, so `temporal workflow list --query` cannot find the batch (README: Finding batches with Temporal's tools)",
+                "note: this namespace has no Casebatch* search attributes, so `temporal workflow list --query` cannot find the batch (docs/operations.md: Finding batches with Temporal's tools)",
             ),
             DriveEvent::NoWorker { task_queue } => self.line(&format!(
                 "no worker polls task queue {task_queue}: nothing runs until one does (start `casebatch worker` with the same engine flags, or run without --no-worker); still waiting"

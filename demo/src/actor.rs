@@ -1,4 +1,4 @@
-//! The web actor and its evaluator, as harness commands (see the README's harness contract).
+//! The web actor and its evaluator, as harness commands (docs/harness.md: the harness contract).
 
 use std::path::PathBuf;
 use std::sync::LazyLock;

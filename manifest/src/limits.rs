@@ -3,7 +3,7 @@
 //! A value outside these bounds is refused by `validate` (exit 2) instead of failing, or
 //! hanging, at run time: the engine adds, multiplies and converts these numbers (durations
 //! into Temporal timeouts, MiB into bytes, doubling on OOM boosts), and each bound leaves room
-//! for that arithmetic. The README's manifest section and the JSON Schema descriptions
+//! for that arithmetic. The limits table of docs/manifest.md and the JSON Schema descriptions
 //! (`casebatch config schema`) quote the same numbers; a unit test keeps the schema in step.
 
 use std::ops::RangeInclusive;

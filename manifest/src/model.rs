@@ -63,7 +63,7 @@ pub struct Defaults {
     pub timeout_seconds: Option<u64>,
     pub sandbox: Option<Sandbox>,
     pub resources: Option<Resources>,
-    /// The actor command (see the harness contract in the README).
+    /// The actor command (see the harness contract, docs/harness.md).
     pub harness: Option<CommandSpec>,
     /// Optional evaluator command; writes `{"verdict": "pass"|"fail"}`.
     pub evaluator: Option<CommandSpec>,

@@ -629,7 +629,7 @@ fn breaker_settings_and_the_unreachable_grace_are_checked() {
     assert_eq!(spec.breaker().failures, 5);
     assert_eq!(spec.breaker().cooldown_s, 60);
     assert_eq!(spec.unreachable_grace_s, Some(4));
-    // Unset: the defaults the README names.
+    // Unset: the defaults docs/runtimes.md names.
     assert_eq!(plan.runtimes["box-b"].breaker().failures, 3);
     assert_eq!(plan.runtimes["box-b"].breaker().cooldown_s, 30);
 

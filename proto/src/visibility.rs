@@ -1,6 +1,6 @@
 //! What Temporal's own tools (`temporal workflow list/describe`, the web UI) see of a batch:
 //! the search attributes it is found by and the memo it is read by. The names here are
-//! registered on the embedded dev server and documented for clusters (README).
+//! registered on the embedded dev server and documented for clusters (docs/operations.md).
 
 use crate::{BatchEnd, Counts};
 
