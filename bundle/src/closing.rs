@@ -8,8 +8,9 @@ use casebatch_attempt::{
 };
 use casebatch_manifest::model::{PlannedCase, RuntimeKind};
 use casebatch_proto::AttemptSummary;
+use casebatch_proto::CaseState;
 
-use crate::records::{CaseRecordState, CaseResult, Lineage, Origin};
+use crate::records::{CaseResult, Lineage, Origin};
 use crate::{Bundle, read_json};
 
 /// The record of `summary`'s attempt of `case`, cleaned up as `receipt` says, with the
@@ -50,7 +51,7 @@ pub fn case_result(
     bundle: &Bundle,
     case: &PlannedCase,
     summary: &AttemptSummary,
-    state: CaseRecordState,
+    state: CaseState,
     cleanup_confirmed: bool,
     harvest: Harvest,
 ) -> CaseResult {

@@ -3,13 +3,14 @@
 //! pass@k (the chance that at least one of k runs passes) is what eval teams compare.
 //! Pure: computed from the plan and the cases' latest results.
 
+use casebatch_proto::CaseState;
 use std::collections::BTreeMap;
 
 use casebatch_manifest::model::CaseIdentity;
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{ScoreStat, mean_and_stderr};
-use crate::{CaseRecordState, CaseResult};
+use crate::CaseResult;
+use crate::mean::{ScoreStat, mean_and_stderr};
 
 /// What a run counts as: passed when its case succeeded; finished when it succeeded or
 /// failed (a queued or cancelled run is not a sample).
@@ -147,17 +148,12 @@ fn task_row(task: &str, epochs: u32, results: &[Option<&CaseResult>]) -> TaskRow
         .iter()
         .flatten()
         .copied()
-        .filter(|r| {
-            matches!(
-                r.state,
-                CaseRecordState::Succeeded | CaseRecordState::Failed
-            )
-        })
+        .filter(|r| matches!(r.state, CaseState::Succeeded | CaseState::Failed))
         .collect();
     let n = finished.len() as u32;
     let c = finished
         .iter()
-        .filter(|r| r.state == CaseRecordState::Succeeded)
+        .filter(|r| r.state == CaseState::Succeeded)
         .count() as u32;
     let mut values: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for r in &finished {

@@ -12,7 +12,7 @@ pub struct CaseResult {
     pub schema_version: String,
     pub case_id: String,
     pub case_dir: String,
-    pub state: CaseRecordState,
+    pub state: CaseState,
     pub attempts: u32,
     pub actor_status: Option<ActorStatus>,
     pub exit_code: Option<i32>,
@@ -79,55 +79,6 @@ pub struct Lineage {
     pub recollected: Vec<String>,
     #[serde(default)]
     pub recovered: Vec<String>,
-}
-
-/// The state a case's record shows; `Retrying` while another attempt is coming.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum CaseRecordState {
-    Queued,
-    Running,
-    Retrying,
-    Succeeded,
-    Failed,
-    Cancelled,
-}
-
-impl From<CaseState> for CaseRecordState {
-    fn from(s: CaseState) -> Self {
-        match s {
-            CaseState::Queued => Self::Queued,
-            CaseState::Running => Self::Running,
-            CaseState::Succeeded => Self::Succeeded,
-            CaseState::Failed => Self::Failed,
-            CaseState::Cancelled => Self::Cancelled,
-        }
-    }
-}
-
-impl CaseRecordState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Running => "running",
-            Self::Retrying => "retrying",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
-        }
-    }
 }
 
 /// `cases/<dir>/released/<attempt>-<ms>.json`: an environment provisioned ahead for an attempt

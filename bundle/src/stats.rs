@@ -2,13 +2,15 @@
 //! score means with standard errors, attempt duration percentiles. Pure: computed from the
 //! records a bundle holds.
 
+use casebatch_proto::CaseState;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use casebatch_proto::{FailureClass, Stage};
 
-use crate::{AttemptRecord, CaseRecordState, CaseResult};
+use crate::mean::{ScoreStat, mean_and_stderr};
+use crate::{AttemptRecord, CaseResult};
 
 /// A share of cases, with what it is a share of.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -30,15 +32,6 @@ impl Rate {
             rate: (of > 0).then(|| passed as f64 / of as f64),
         }
     }
-}
-
-/// Mean of one numeric score over the cases that report it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct ScoreStat {
-    pub n: usize,
-    pub mean: f64,
-    /// Standard error of the mean (sample standard deviation / √n); `None` below 2 cases.
-    pub stderr: Option<f64>,
 }
 
 /// Percentiles of durations, in milliseconds.
@@ -137,21 +130,16 @@ impl BatchStats {
         let finished: Vec<&CaseResult> = results
             .iter()
             .flatten()
-            .filter(|r| {
-                matches!(
-                    r.state,
-                    CaseRecordState::Succeeded | CaseRecordState::Failed
-                )
-            })
+            .filter(|r| matches!(r.state, CaseState::Succeeded | CaseState::Failed))
             .collect();
         let passed = finished
             .iter()
-            .filter(|r| r.state == CaseRecordState::Succeeded)
+            .filter(|r| r.state == CaseState::Succeeded)
             .count();
         let infra = finished
             .iter()
             .filter(|r| {
-                r.state == CaseRecordState::Failed
+                r.state == CaseState::Failed
                     && r.failure
                         .as_ref()
                         .is_some_and(|f| f.class == FailureClass::Infra)
@@ -191,16 +179,6 @@ impl BatchStats {
             tasks: None,
         }
     }
-}
-
-pub(crate) fn mean_and_stderr(xs: &[f64]) -> ScoreStat {
-    let n = xs.len();
-    let mean = xs.iter().sum::<f64>() / n as f64;
-    let stderr = (n >= 2).then(|| {
-        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
-        (var / n as f64).sqrt()
-    });
-    ScoreStat { n, mean, stderr }
 }
 
 /// Nearest-rank percentile of sorted values.

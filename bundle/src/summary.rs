@@ -3,6 +3,7 @@
 //! Per-case files are the source of truth on disk (they stream in as each case finishes);
 //! the batch files are a projection that `finalize` and `report` rebuild at any time.
 
+use casebatch_proto::CaseState;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,7 +12,7 @@ use casebatch_manifest::model::{CaseIdentity, Plan};
 use casebatch_proto::Usage;
 use serde::{Deserialize, Serialize};
 
-use crate::records::{CaseRecordState, CaseResult};
+use crate::records::CaseResult;
 use crate::stats::{AttemptTally, BatchStats};
 use crate::write::prepare_json_atomic;
 use crate::{Bundle, BundleError, read_json_if_present, write_json_atomic};
@@ -78,7 +79,7 @@ impl BatchSummary {
 pub struct SummaryRow {
     pub case_id: String,
     pub case_dir: String,
-    pub state: CaseRecordState,
+    pub state: CaseState,
     pub attempts: u32,
     pub actor_status: Option<String>,
     pub verdict: Option<String>,
@@ -167,7 +168,7 @@ impl<'p, C: CaseIdentity> Scan<'p, C> {
         case_attempts.iter().for_each(|a| self.attempts.add(a));
         let usage = usage_of(&case_attempts);
 
-        let state = result.as_ref().map_or(CaseRecordState::Queued, |r| r.state);
+        let state = result.as_ref().map_or(CaseState::Queued, |r| r.state);
         *self.counts.entry(state.as_str().to_string()).or_default() += 1;
         let row = match &result {
             Some(r) => self.finished_row(r, usage),
@@ -198,7 +199,7 @@ impl<'p, C: CaseIdentity> Scan<'p, C> {
         self.simulated |= r.simulated;
         self.cleanup_unconfirmed += usize::from(!r.cleanup_confirmed);
         self.collect_failed += usize::from(r.collect_failure.is_some());
-        if let (CaseRecordState::Failed, Some(f)) = (r.state, &r.failure) {
+        if let (CaseState::Failed, Some(f)) = (r.state, &r.failure) {
             let key = format!("{}/{}", f.stage.as_str(), f.class.as_str());
             *self.by_stage_class.entry(key).or_default() += 1;
             *self.by_code.entry(f.code.to_string()).or_default() += 1;
@@ -274,15 +275,15 @@ impl<'p, C: CaseIdentity> Scan<'p, C> {
 pub fn count_states<C: CaseIdentity>(
     bundle: &Bundle,
     plan: &Plan<C>,
-) -> Result<BTreeMap<CaseRecordState, usize>, BundleError> {
+) -> Result<BTreeMap<CaseState, usize>, BundleError> {
     #[derive(Deserialize)]
     struct StateOnly {
-        state: CaseRecordState,
+        state: CaseState,
     }
     let mut counts = BTreeMap::new();
     for case in &plan.cases {
         let result: Option<StateOnly> = read_json_if_present(&bundle.case_result(case.case_dir()))?;
-        let state = result.map_or(CaseRecordState::Queued, |r| r.state);
+        let state = result.map_or(CaseState::Queued, |r| r.state);
         *counts.entry(state).or_default() += 1;
     }
     Ok(counts)
@@ -615,9 +616,9 @@ mod tests {
         result(3, "succeeded");
         let counts = count_states(&bundle, &plan).unwrap();
         let expected = [
-            (CaseRecordState::Queued, 2),
-            (CaseRecordState::Succeeded, 2),
-            (CaseRecordState::Failed, 1),
+            (CaseState::Queued, 2),
+            (CaseState::Succeeded, 2),
+            (CaseState::Failed, 1),
         ];
         assert_eq!(counts, BTreeMap::from(expected));
         // A damaged result is an error naming it, never a case counted as queued.

@@ -1,7 +1,7 @@
 //! Where a new run of a batch starts from: the last run's result when the engine has one,
 //! else the bundle's per-case records.
 
-use casebatch_bundle::{Bundle, CaseRecordState, CaseResult, case_usage, read_json_if_present};
+use casebatch_bundle::{Bundle, CaseResult, case_usage, read_json_if_present};
 use casebatch_manifest::Plan;
 use casebatch_proto::{Carried, CaseSlot, CaseState, Spending};
 use temporalio_client::WorkflowGetResultOptions;
@@ -63,16 +63,13 @@ fn from_bundle(bundle: &Bundle, plan: &Plan) -> Result<Option<Carried>> {
         };
         any = true;
         if let Some(usage) = case_usage(bundle, &c.case_dir)? {
-            let finished = matches!(
-                r.state,
-                CaseRecordState::Succeeded | CaseRecordState::Failed
-            );
+            let finished = matches!(r.state, CaseState::Succeeded | CaseState::Failed);
             spending.record(&usage, finished);
         }
         let state = match r.state {
-            CaseRecordState::Succeeded => CaseState::Succeeded,
-            CaseRecordState::Failed => CaseState::Failed,
-            CaseRecordState::Cancelled => CaseState::Cancelled,
+            CaseState::Succeeded => CaseState::Succeeded,
+            CaseState::Failed => CaseState::Failed,
+            CaseState::Cancelled => CaseState::Cancelled,
             _ => CaseState::Queued,
         };
         slots.push(CaseSlot {

@@ -1,11 +1,12 @@
 //! `batch diff` and `batch list`: batches side by side, read from their bundles only (nothing
 //! is written and no engine is asked).
 
+use casebatch_proto::CaseState;
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use casebatch_bundle::stats::{BatchStats, Rate};
-use casebatch_bundle::{Bundle, CaseRecordState, CaseResult, Event, read_json, summary};
+use casebatch_bundle::{Bundle, CaseResult, Event, read_json, summary};
 pub use casebatch_views::compare::{BatchDiff, Flip, Interval, Listed, PairedDelta, RateDelta};
 
 use crate::bootstrap::paired_delta;
@@ -44,12 +45,8 @@ fn state(r: &Option<CaseResult>) -> String {
 
 /// Succeeded or failed: a result to compare (the pass rate's denominator).
 fn finished(r: &Option<CaseResult>) -> Option<&CaseResult> {
-    r.as_ref().filter(|r| {
-        matches!(
-            r.state,
-            CaseRecordState::Succeeded | CaseRecordState::Failed
-        )
-    })
+    r.as_ref()
+        .filter(|r| matches!(r.state, CaseState::Succeeded | CaseState::Failed))
 }
 
 fn rate_delta(a: Rate, b: Rate) -> RateDelta {
@@ -88,7 +85,7 @@ pub fn diff(a: &BatchLocation, b: &BatchLocation) -> Result<BatchDiff> {
         let Some((ra, rb)) = both else {
             continue;
         };
-        let passed = |r: &CaseResult| f64::from(u8::from(r.state == CaseRecordState::Succeeded));
+        let passed = |r: &CaseResult| f64::from(u8::from(r.state == CaseState::Succeeded));
         passes.push((passed(ra), passed(rb)));
         for (name, va) in &ra.scores {
             if let (Some(x), Some(y)) = (va.as_f64(), rb.scores.get(name).and_then(|v| v.as_f64()))

@@ -3,10 +3,10 @@
 //! what the run adds up to.
 
 use casebatch_bundle::{
-    BatchSummary, Bundle, CaseRecordState, CaseResult, RECORD_SCHEMA_VERSION, write_batch_files,
-    write_json_atomic,
+    BatchSummary, Bundle, CaseResult, RECORD_SCHEMA_VERSION, write_batch_files, write_json_atomic,
 };
 use casebatch_manifest::PlanHead;
+use casebatch_proto::CaseState;
 use casebatch_proto::{BatchEnd, BatchOutcome, UnrecordedFailure};
 
 use crate::error::{ControlError, Result};
@@ -107,7 +107,7 @@ fn record_unrecorded(
             schema_version: RECORD_SCHEMA_VERSION.into(),
             case_id: case.case_id.clone(),
             case_dir: case.case_dir.clone(),
-            state: CaseRecordState::Failed,
+            state: CaseState::Failed,
             attempts: u.attempts,
             actor_status: None,
             exit_code: None,

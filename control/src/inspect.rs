@@ -1,12 +1,12 @@
 //! Looking at a batch: live status (from the workflow when it runs, else from its last result
 //! or the bundle), the report (from the bundle alone), and the raw history.
 
+use casebatch_proto::CaseState;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use casebatch_bundle::{
-    AttemptRecord, BatchSummary, Bundle, CaseRecordState, CaseResult, summary, write_assembled,
-    write_bytes_atomic,
+    AttemptRecord, BatchSummary, Bundle, CaseResult, summary, write_assembled, write_bytes_atomic,
 };
 use casebatch_manifest::{Plan, PlanHead};
 use casebatch_proto::{BatchEnd, BatchStatus, Counts, FailureCode, Phase, workflow_id};
@@ -131,13 +131,11 @@ fn from_bundle(bundle: &Bundle, plan: &PlanHead, phase: Phase) -> Result<BatchSt
         batch_id: plan.batch_id.clone(),
         phase,
         counts: Counts {
-            queued: get(CaseRecordState::Queued)
-                + get(CaseRecordState::Retrying)
-                + get(CaseRecordState::Running),
+            queued: get(CaseState::Queued) + get(CaseState::Retrying) + get(CaseState::Running),
             running: 0,
-            succeeded: get(CaseRecordState::Succeeded),
-            failed: get(CaseRecordState::Failed),
-            cancelled: get(CaseRecordState::Cancelled),
+            succeeded: get(CaseState::Succeeded),
+            failed: get(CaseState::Failed),
+            cancelled: get(CaseState::Cancelled),
         },
         concurrency: plan.settings.concurrency,
         ..BatchStatus::default()

@@ -6,12 +6,13 @@
 //! that job only (recorded as `memory_boost_mb`, compounding across retries, capped); past
 //! the cap they stay failed, with the advice to change the spec.
 
+use casebatch_proto::CaseState;
 use std::collections::BTreeMap;
 
 use casebatch_bundle::attempt_files;
 use casebatch_bundle::{
-    Bundle, BundleError, CaseRecordState, CaseResult, Lineage, Origin, RECORD_SCHEMA_VERSION,
-    read_json_if_present, write_bytes_atomic, write_json_atomic,
+    Bundle, BundleError, CaseResult, Lineage, Origin, RECORD_SCHEMA_VERSION, read_json_if_present,
+    write_bytes_atomic, write_json_atomic,
 };
 use casebatch_manifest::Plan;
 use casebatch_proto::{FailureClass, FailureCode, Stage};
@@ -260,9 +261,9 @@ async fn recollect(mut r: CaseResult, target: &Bundle) -> Result<(CaseResult, bo
         r.collect_failure = None;
         r.failure = None;
         r.state = if is_verified_success(r.actor_status, r.evaluation_configured, r.verdict) {
-            CaseRecordState::Succeeded
+            CaseState::Succeeded
         } else {
-            CaseRecordState::Failed
+            CaseState::Failed
         };
     }
     Ok((r, recovered))
@@ -277,7 +278,7 @@ fn choose(
         // Never ran (the source was drained or cancelled): unfinished work always runs.
         return Choice::Rerun { boost_mb: None };
     };
-    if r.state == CaseRecordState::Succeeded {
+    if r.state == CaseState::Succeeded {
         return Choice::Carry(r);
     }
     let failure = r.failure.as_ref();

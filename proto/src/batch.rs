@@ -206,21 +206,46 @@ pub struct UnrecordedFailure {
     pub failure: crate::Failure,
 }
 
-/// Per-case state in the workflow. `Running` never survives a run: a resumed run re-queues it.
+/// A case's state: in the workflow (where `Running` never survives a run: a resumed run
+/// re-queues it) and in the case's record in the bundle, which also shows `Retrying` while
+/// another attempt is coming (the workflow holds such a case as `Running` or `Queued`).
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
 )]
 #[serde(rename_all = "snake_case")]
 pub enum CaseState {
     #[default]
     Queued,
     Running,
+    Retrying,
     Succeeded,
     Failed,
     Cancelled,
 }
 
 impl CaseState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Retrying => "retrying",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
@@ -427,7 +452,8 @@ impl Counts {
         for s in slots {
             match s.state {
                 CaseState::Queued => c.queued += 1,
-                CaseState::Running => c.running += 1,
+                // A slot never holds `Retrying` (a record's state): it counts as running.
+                CaseState::Running | CaseState::Retrying => c.running += 1,
                 CaseState::Succeeded => c.succeeded += 1,
                 CaseState::Failed => c.failed += 1,
                 CaseState::Cancelled => c.cancelled += 1,

@@ -85,6 +85,8 @@ pub mod slots {
             CaseState::Succeeded => 2,
             CaseState::Failed => 3,
             CaseState::Cancelled => 4,
+            // Only a case's record shows it; the workflow never holds it.
+            CaseState::Retrying => 5,
         }
     }
 
@@ -95,6 +97,7 @@ pub mod slots {
             2 => CaseState::Succeeded,
             3 => CaseState::Failed,
             4 => CaseState::Cancelled,
+            5 => CaseState::Retrying,
             _ => return None,
         })
     }

@@ -3,11 +3,12 @@
 //! links to its logs and records, relative to the report so the bundle and the report move
 //! together).
 
+use casebatch_proto::CaseState;
 use std::path::{Component, Path, PathBuf};
 
 use casebatch_bundle::attempt_files;
 use casebatch_bundle::summary::sum_usage;
-use casebatch_bundle::{AttemptRecord, CaseRecordState, CaseResult};
+use casebatch_bundle::{AttemptRecord, CaseResult};
 use casebatch_manifest::PlannedCase;
 use serde::Serialize;
 
@@ -62,10 +63,8 @@ pub fn sections(
     bundle_dir: &Path,
     bundle_href: &str,
 ) -> (Vec<CaseSection>, usize) {
-    let succeeded = |e: &CaseEvidence<'_>| {
-        e.result
-            .is_some_and(|r| r.state == CaseRecordState::Succeeded)
-    };
+    let succeeded =
+        |e: &CaseEvidence<'_>| e.result.is_some_and(|r| r.state == CaseState::Succeeded);
     let mut shown: Vec<usize> = (0..cases.len())
         .filter(|&i| !succeeded(&cases[i]))
         .collect();

@@ -131,7 +131,8 @@ fn human(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use casebatch_bundle::{CaseRecordState, RECORD_SCHEMA_VERSION, SummaryRow};
+    use casebatch_bundle::{RECORD_SCHEMA_VERSION, SummaryRow};
+    use casebatch_proto::CaseState;
     use std::collections::BTreeMap;
 
     fn summary(case_id: &str) -> BatchSummary {
@@ -157,7 +158,7 @@ mod tests {
             rows: vec![SummaryRow {
                 case_id: case_id.into(),
                 case_dir: "c".into(),
-                state: CaseRecordState::Failed,
+                state: CaseState::Failed,
                 attempts: 1,
                 actor_status: None,
                 verdict: None,

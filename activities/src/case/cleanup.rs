@@ -2,13 +2,13 @@
 //! record, and (unless it is evidence only) the case's result; a `settle` that closes a final
 //! attempt ends it the same way.
 
+use casebatch_proto::CaseState;
 use std::sync::Arc;
 use std::time::Instant;
 
 use casebatch_bundle::closing::{self, Harvest};
 use casebatch_bundle::{
-    AttemptRecord, BundleError, CaseRecordState, CleanupReceipt, Entry, RECORD_SCHEMA_VERSION,
-    write_json_atomic,
+    AttemptRecord, BundleError, CleanupReceipt, Entry, RECORD_SCHEMA_VERSION, write_json_atomic,
 };
 use casebatch_proto::{
     AttemptSummary, CleanupInput, CleanupReport, Failure, FailureCode, Stage, UNANSWERED_WAIT_S,
@@ -197,9 +197,9 @@ impl CaseActivities {
         }
 
         let state = if will_retry {
-            CaseRecordState::Retrying
+            CaseState::Retrying
         } else {
-            decide::attempt_state(s).into()
+            decide::attempt_state(s)
         };
         // The one full parse of the harness's result: its outputs and scores move into the
         // case result.
