@@ -16,12 +16,12 @@ pub mod decide;
 mod envelopes;
 mod lifecycle;
 pub mod pace;
-pub mod pacer;
-mod rate;
+mod rate_limited;
+pub mod rate_pacer;
 mod shared;
 mod tail;
 mod visibility;
 
 pub use batch::BatchWorkflow;
 pub use breaker::RuntimeBreaker;
-pub use pacer::RatePacer;
+pub use rate_pacer::RatePacer;

@@ -2,7 +2,7 @@
 //! arrival time (`tat`) says when the next start is due at the steady rate; a start conforms
 //! from `tat − (burst − 1) × every` on, so a batch that waited may start a second's worth at
 //! once and never more. Integer microseconds of workflow time: deterministic on replay. The
-//! batch paces itself with one ([`crate::batch`]), and a shared key's [`crate::pacer`]
+//! batch paces itself with one ([`crate::batch`]), and a shared key's [`crate::rate_pacer`]
 //! workflow paces every batch that names it with another.
 
 use std::cell::Cell;

@@ -13,7 +13,7 @@ use temporalio_sdk::WorkflowContext;
 
 use crate::circuits::Circuits;
 use crate::lifecycle::Lifecycle;
-use crate::rate::RateWidth;
+use crate::rate_limited::RateWidth;
 use crate::tail::Tail;
 
 /// The timeline keeps its newest steps only, so history stays compact.

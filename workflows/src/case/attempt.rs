@@ -22,11 +22,12 @@ use crate::shared::{Host, cost, workflow_ms};
 pub(super) struct AttemptEnd {
     pub(super) summary: AttemptSummary,
     pub(super) next: Next,
-    pub(super) left_behind: Vec<Attempt>,
+    pub(super) left_behind: Vec<InFlight>,
 }
 
-/// An attempt as it goes through its stages: where it runs and what it reported so far.
-pub(super) struct Attempt {
+/// An attempt in flight, as the workflow follows it through its stages: where it runs and
+/// what it reported so far.
+pub(super) struct InFlight {
     pub(super) key: AttemptKey,
     pub(super) host_queue: Option<String>,
     pub(super) summary: AttemptSummary,
@@ -38,7 +39,7 @@ pub(super) struct Attempt {
     pub(super) never_submitted: bool,
 }
 
-impl Attempt {
+impl InFlight {
     /// Folds `settle`'s outcome into the summary (`token`: the one the settle ran under).
     pub(super) fn settled<H: Host>(
         &mut self,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use casebatch_proto::{AttemptSummary, CleanupInput, CleanupReport, FailureCode, Stage};
 use temporalio_sdk::{ActivityExecutionError, WorkflowCancellationToken, WorkflowContext};
 
-use super::attempt::Attempt;
+use super::attempt::InFlight;
 use super::options::stage_options;
 use super::outcome::activity_failure;
 use super::params::{CaseDone, CleanedUp, LeftBehind};
@@ -31,7 +31,7 @@ pub(super) struct Leftovers {
 }
 
 impl Leftovers {
-    pub(super) fn add<H: Host>(&mut self, ctx: &WorkflowContext<H>, attempt: Attempt) {
+    pub(super) fn add<H: Host>(&mut self, ctx: &WorkflowContext<H>, attempt: InFlight) {
         let ctx = ctx.clone();
         self.running.push(Box::pin(async move {
             let report = run_cleanup(&ctx, &attempt, true, true).await;
@@ -85,7 +85,7 @@ impl Leftovers {
 /// counted here; the case's own attempt is counted by the caller.
 pub(super) async fn clean_up<H: Host>(
     ctx: &WorkflowContext<H>,
-    attempt: Attempt,
+    attempt: InFlight,
     will_retry: bool,
     done: &mut CaseDone,
 ) -> AttemptSummary {
@@ -95,7 +95,7 @@ pub(super) async fn clean_up<H: Host>(
 /// [`clean_up`], `patient` with a runtime that did not answer for the attempt's job.
 pub(super) async fn clean_up_with<H: Host>(
     ctx: &WorkflowContext<H>,
-    attempt: Attempt,
+    attempt: InFlight,
     will_retry: bool,
     patient: bool,
     done: &mut CaseDone,
@@ -122,7 +122,7 @@ pub(super) async fn clean_up_with<H: Host>(
 /// patient one waits up to [`UNANSWERED_WAIT`] for the attempt's runtime to answer.
 pub(super) async fn run_cleanup<H: Host>(
     ctx: &WorkflowContext<H>,
-    attempt: &Attempt,
+    attempt: &InFlight,
     will_retry: bool,
     patient: bool,
 ) -> Result<CleanupReport, ActivityExecutionError> {

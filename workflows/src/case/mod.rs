@@ -43,7 +43,7 @@ use casebatch_proto::{
 };
 use temporalio_sdk::{WorkflowCancellationToken, WorkflowContext};
 
-use self::attempt::{Attempt, AttemptEnd, settle_job};
+use self::attempt::{AttemptEnd, InFlight, settle_job};
 use self::cleanup::{Leftovers, clean_up, clean_up_with};
 use self::options::stage_options;
 use self::outcome::{decide_attempt, mark_error, summary_cleanup_ok};
@@ -121,7 +121,7 @@ pub(crate) async fn run_case<H: Host>(
                 p.retry_backoff_ms * u64::from(spent.retries),
             )),
             After::RateLimited(asked_ms) => {
-                // The batch narrows while its cases are limited (AIMD, `crate::rate`).
+                // The batch narrows while its cases are limited (AIMD, `crate::rate_limited`).
                 let now = workflow_ms(&ctx);
                 ctx.state_mut(|s| {
                     let shared = s.shared_mut();
@@ -281,14 +281,14 @@ struct Stages<'a, 'r, H: Host> {
     reattach: Reattach,
     routed: Routed<'r>,
     /// Attempts this one leaves behind: a speculation's loser, or itself when stranded.
-    left_behind: Vec<Attempt>,
+    left_behind: Vec<InFlight>,
 }
 
 impl<H: Host> Stages<'_, '_, H> {
     /// `start`: provision + submit, on any worker (routed over the case's runtime list).
     /// Returns the attempt, its job if one started, and whether a job may exist all the same
     /// (a submit that may have reached a runtime that did not answer).
-    async fn start(&mut self, mut key: AttemptKey) -> (Attempt, Option<JobRef>, bool) {
+    async fn start(&mut self, mut key: AttemptKey) -> (InFlight, Option<JobRef>, bool) {
         let (ctx, p, cancel) = (self.ctx, self.p, self.cancel);
         let mut s = AttemptSummary::new(&key);
         s.started_at_ms = Some(workflow_ms(ctx));
@@ -361,7 +361,7 @@ impl<H: Host> Stages<'_, '_, H> {
             }
             break;
         }
-        let mut attempt = Attempt {
+        let mut attempt = InFlight {
             key,
             host_queue,
             summary: s,
@@ -378,7 +378,7 @@ impl<H: Host> Stages<'_, '_, H> {
 
     /// `settle`: await + evaluate + collect where the job runs; a retry adopts the job. A
     /// final attempt is closed by settle too, unless it may race a duplicate.
-    async fn settle(&mut self, attempt: &mut Attempt, job: JobRef) {
+    async fn settle(&mut self, attempt: &mut InFlight, job: JobRef) {
         let (ctx, p, cancel) = (self.ctx, self.p, self.cancel);
         let before = attempt.summary.clone();
         let mut stage = "settle".to_string();
@@ -433,7 +433,7 @@ impl<H: Host> Stages<'_, '_, H> {
     /// closed it), or leaves it behind, stranded, when its runtime did not answer.
     async fn close(
         mut self,
-        mut attempt: Attempt,
+        mut attempt: InFlight,
         job_may_exist: bool,
         spent: Spent,
     ) -> AttemptEnd {

@@ -22,7 +22,7 @@ use casebatch_proto::{
 use futures::future::LocalBoxFuture;
 use temporalio_sdk::{ActivityExecutionError, WorkflowCancellationToken, WorkflowContext};
 
-use super::attempt::{Attempt, settle_job};
+use super::attempt::{InFlight, settle_job};
 use super::options::stage_options;
 use super::outcome::mark_error;
 use super::params::{CaseDone, CaseParams};
@@ -43,12 +43,12 @@ type SettleFuture = LocalBoxFuture<'static, Result<Settled, ActivityExecutionErr
 pub(super) async fn race<H: Host>(
     ctx: &WorkflowContext<H>,
     p: &CaseParams,
-    primary: &mut Attempt,
+    primary: &mut InFlight,
     settle: SettleFuture,
     token: WorkflowCancellationToken,
     cancel: &WorkflowCancellationToken,
     routed: &mut Routed<'_>,
-) -> Option<Attempt> {
+) -> Option<InFlight> {
     let case = p.case_index;
     let dispatched = primary.summary.started_at_ms.unwrap_or_default();
     ctx.state_mut(|s| with_tail(s, |t| t.waiting(case, dispatched)));
@@ -80,7 +80,7 @@ pub(super) async fn race<H: Host>(
         runtime: Some(to_name.clone()),
         ..primary.key.clone()
     };
-    let mut duplicate = Attempt {
+    let mut duplicate = InFlight {
         summary: AttemptSummary {
             started_at_ms: Some(workflow_ms(ctx)),
             ..AttemptSummary::new(&key)
@@ -124,12 +124,12 @@ pub(super) async fn race<H: Host>(
 /// its end, the case's own attempt does, and decides: a retry, a cancel). The other is kept
 /// as evidence, with a note naming where each ran (the primary's runtime, the duplicate's).
 fn conclude(
-    primary: &mut Attempt,
-    mut duplicate: Attempt,
+    primary: &mut InFlight,
+    mut duplicate: InFlight,
     duplicate_won: bool,
     (from_name, to_name): (String, String),
     done: &mut CaseDone,
-) -> Attempt {
+) -> InFlight {
     if duplicate_won {
         std::mem::swap(primary, &mut duplicate);
         done.tally.speculation_wins += 1;
@@ -154,7 +154,7 @@ fn conclude(
 async fn until_asked<H: Host>(
     ctx: &WorkflowContext<H>,
     case: u32,
-    primary: &mut Attempt,
+    primary: &mut InFlight,
     mut settle: SettleFuture,
     token: &WorkflowCancellationToken,
 ) -> Option<SettleFuture> {
@@ -184,8 +184,8 @@ async fn until_asked<H: Host>(
 
 /// The two copies of a raced attempt, each with the token its settle runs under.
 struct Copies<'a> {
-    primary: &'a mut Attempt,
-    duplicate: &'a mut Attempt,
+    primary: &'a mut InFlight,
+    duplicate: &'a mut InFlight,
     token: &'a WorkflowCancellationToken,
     dup_token: &'a WorkflowCancellationToken,
 }
