@@ -29,9 +29,22 @@ def resolve(path: tuple, known: dict) -> tuple | None:
     return None
 
 
+# Comments, string literals (raw ones too) and char literals, matched in one pass so that a
+# `//` inside a string ("http://...") is not taken for a comment, nor a `"` in a char for a
+# string.
+TOKENS = re.compile(
+    r"//[^\n]*"
+    r"|/\*.*?\*/"
+    r"|(?<![\w])b?r(#*)\".*?\"\1"
+    r"|(?<![\w])b?\"(?:\\.|[^\"\\])*\""
+    r"|'(?:\\[^']{1,10}|[^'\\\n])'",
+    re.S,
+)
+
+
 def strip_comments(text: str) -> str:
-    text = re.sub(r"//[^\n]*", "", text)
-    return re.sub(r'"(\\.|[^"\\])*"', '""', text)
+    """The text without comments, and with every string and char literal emptied."""
+    return TOKENS.sub(lambda m: " " if m.group(0).startswith("/") else '""', text)
 
 
 def edges(known: dict) -> dict[tuple, set]:

@@ -6,7 +6,7 @@
 //!
 //! A stage records nothing in its first half cadence: one that ends sooner costs no
 //! heartbeat, and one that a crash interrupts then is found again by its attempt's files
-//! (`Runtime::adopt`). The count follows the SDK's throttle (first heartbeat at once, then at
+//! (`Executor::adopt`). The count follows the SDK's throttle (first heartbeat at once, then at
 //! most one per window, the latest of a window sent at its end), since the SDK does not say
 //! what it sent.
 

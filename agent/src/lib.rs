@@ -4,13 +4,14 @@
 //!
 //! Owns the server side of the runtime protocol: the job table (SQLite, [`table`]), the
 //! envelope (max concurrent jobs, declared-memory budget), authentication (a bearer token,
-//! TLS), the data directory's lock and readiness file. Jobs run with exactly the
-//! `local-process` machinery of `casebatch-runtime` (wrapper, process group, job intents in
-//! the attempt's journal, memory limits, cleanup): this crate never starts or signals a process itself.
-//! What reaches it is proto's (a submit is an attempt key and a `JobSpec`, contract v2; a
-//! request of another contract version is refused naming both), what runs it is the
-//! runtime's: it depends on neither the manifest nor the bundle crate. It must not know
-//! Temporal, manifests, or the bundle's layout beyond an attempt's own files.
+//! TLS), the data directory's lock and readiness file. Jobs run through the same executor seam
+//! a worker uses (`casebatch_attempt::Executor`): the local-process machinery of
+//! `casebatch-attempt` (wrapper, process group, job intents in the attempt's journal, memory
+//! limits, cleanup), or a container with `--sandbox container`; this crate never starts or
+//! signals a process itself. What reaches it is proto's (a submit is an attempt key and a
+//! `JobSpec`, contract v2; a request of another contract version is refused naming both), what
+//! runs it is the attempt crate's: it depends on neither the manifest nor the bundle crate. It
+//! must not know Temporal, manifests, or the bundle's layout beyond an attempt's own files.
 //!
 //! ```text
 //! D/agent.lock                 flock held for the agent's life (its pid inside)

@@ -63,7 +63,7 @@ pub fn max_result_bytes() -> u64 {
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
     #[error(
-        "{path} is a symbolic link; result files must be regular files inside the attempt directory"
+        "{path} is a symbolic link; an attempt's files must be regular files inside its directory"
     )]
     Symlink { path: String },
     #[error("{path} is {kind}, not a regular file")]

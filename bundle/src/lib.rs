@@ -18,6 +18,7 @@
 pub mod closing;
 pub mod epochs;
 pub mod layout;
+pub mod mean;
 pub mod plan_file;
 pub mod records;
 pub mod stats;

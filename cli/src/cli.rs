@@ -811,6 +811,20 @@ impl BatchRef {
 mod tests {
     use clap::CommandFactory;
 
+    use crate::exit::tests_support::{help_entries, table};
+
+    /// `casebatch --help` and `-h` list every code of the table, with its meaning, and no other.
+    #[test]
+    fn the_help_lists_exactly_the_table_s_exit_codes() {
+        let codes: Vec<u8> = crate::exit::Exit::ALL.iter().map(|e| e.code()).collect();
+        assert_eq!(codes, (0..=6).collect::<Vec<u8>>(), "every code, in order");
+        let mut command = super::Cli::command();
+        for help in [command.render_long_help(), command.render_help()] {
+            let help = help.to_string();
+            assert_eq!(help_entries(&help), table(), "{help}");
+        }
+    }
+
     /// Every flag and argument of every command says what it is for (`--help`, the man
     /// page and completions all show it).
     #[test]

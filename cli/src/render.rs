@@ -444,7 +444,7 @@ fn rate(r: &casebatch_bundle::stats::Rate) -> String {
 }
 
 /// `mean 0.500 ± 0.289` (`± -` below two values).
-fn mean_and_error(sc: &casebatch_bundle::stats::ScoreStat) -> String {
+fn mean_and_error(sc: &casebatch_bundle::mean::ScoreStat) -> String {
     let stderr = sc.stderr.map_or("-".to_string(), |e| format!("{e:.3}"));
     format!("mean {:.3} ± {stderr}", sc.mean)
 }

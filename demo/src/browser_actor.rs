@@ -17,7 +17,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::DemoError;
-use crate::actor::{attempt_receipts, read_input, write_result};
+use crate::harness_io::{attempt_receipts, read_input, write_result};
 
 /// In the attempt's working directory: how to reach its browser.
 pub const ENDPOINT_FILE: &str = "browser.json";

@@ -11,6 +11,7 @@ pub mod actor;
 pub mod browser;
 pub mod browser_actor;
 pub mod fixture;
+mod harness_io;
 
 pub use fixture::{Fixture, FixtureOptions, MANIFEST_BATCH_ID};
 

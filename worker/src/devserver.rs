@@ -703,7 +703,9 @@ pub fn keep(state_dir: &Path, port: u16, ui: Option<u16>, idle: Duration) -> i32
         Command::new(&bin)
     };
     server_args(&mut server, port, ui, state_dir);
-    keeper::keep(state_dir, server, idle)
+    keeper::keep(state_dir, server, idle, || {
+        StateLock::acquire(state_dir).ok()
+    })
 }
 
 /// Whether `bin` names an existing file, or one found on PATH.

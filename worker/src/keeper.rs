@@ -92,8 +92,14 @@ pub fn live_users(state_dir: &Path) -> Vec<u32> {
 
 /// `casebatch engine keep`: runs `server` (the dev server's command) as its child until the
 /// server exits, the keeper is killed (the server dies with it), or no lease has been live
-/// for `idle`. Returns the exit code.
-pub fn keep(state_dir: &Path, mut server: Command, idle: Duration) -> i32 {
+/// for `idle`. Returns the exit code. `lock` takes the engine's state lock (the guard it
+/// returns holds it), under which the last check before stopping is made.
+pub fn keep<G>(
+    state_dir: &Path,
+    mut server: Command,
+    idle: Duration,
+    lock: impl Fn() -> Option<G>,
+) -> i32 {
     let mut child = match server.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -122,7 +128,7 @@ pub fn keep(state_dir: &Path, mut server: Command, idle: Duration) -> i32 {
         } else if idle_since.get_or_insert_with(Instant::now).elapsed() >= idle {
             // Under the state lock: a command arriving now either took its lease first (the
             // engine stays) or finds it stopped and starts its own.
-            if let Ok(_lock) = crate::devserver::StateLock::acquire(state_dir)
+            if let Some(_lock) = lock()
                 && live_users(state_dir).is_empty()
             {
                 eprintln!(

@@ -9,8 +9,10 @@ use casebatch_attempt::{Attempt, EvaluationRecord, Liveness};
 use casebatch_proto::runtime_v1 as wire;
 use casebatch_proto::{Failure, FailureCode, JobRef, Stage};
 
-use super::calls::beating;
-use super::{AgentClient, AgentError, AgentTarget};
+use super::client::AgentClient;
+use super::error::AgentError;
+use super::target::AgentTarget;
+use super::waits::beating;
 
 impl AgentClient {
     pub(crate) async fn evaluate_remote(

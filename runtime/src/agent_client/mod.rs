@@ -25,14 +25,16 @@
 
 pub mod artifacts;
 mod calls;
+mod client;
 mod error;
 mod evaluate;
+mod status;
 mod target;
 #[cfg(test)]
 mod tests;
+mod waits;
 
 use std::sync::Mutex;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use casebatch_attempt::{
@@ -40,57 +42,14 @@ use casebatch_attempt::{
     RECORD_SCHEMA_VERSION, attempt_files, files,
 };
 use casebatch_manifest::model::RuntimeSpec;
-use casebatch_proto::runtime_v1::{self as wire, runtime_client::RuntimeClient};
+use casebatch_proto::runtime_v1 as wire;
 use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
-use tonic::transport::Channel;
 
+pub use client::{AgentClient, Timing};
 pub use error::AgentError;
 pub use target::{AgentTarget, TABLE_KEYS, is_loopback};
 
-use calls::{Outage, beating};
-use target::Channels;
-
-/// How long the client waits on an agent.
-#[derive(Debug, Clone, Copy)]
-pub struct Timing {
-    /// How long an awaited job's agent may stay unreachable (without a break) before the
-    /// attempt fails as `RUNTIME_UNREACHABLE`.
-    pub unreachable_grace: Duration,
-    /// How long a submit retries an unreachable agent (inside the `start` activity's
-    /// deadline).
-    pub submit_grace: Duration,
-    /// The same, for an attempt routed over its case's runtime list, which can move on.
-    pub spill_grace: Duration,
-    /// How long cleanup retries an unreachable agent before an unconfirmed receipt (inside
-    /// the `cleanup` activity's deadline).
-    pub cleanup_grace: Duration,
-    /// How long a cancelled job is waited for after the kill.
-    pub cancel_wait: Duration,
-    /// The longest pause between tries.
-    pub max_backoff: Duration,
-    pub heartbeat_every: Duration,
-}
-
-impl Default for Timing {
-    fn default() -> Self {
-        Self {
-            unreachable_grace: Duration::from_secs(60),
-            submit_grace: Duration::from_secs(20),
-            spill_grace: Duration::from_secs(2),
-            cleanup_grace: Duration::from_secs(40),
-            cancel_wait: Duration::from_secs(30),
-            max_backoff: Duration::from_secs(5),
-            heartbeat_every: Duration::from_secs(1),
-        }
-    }
-}
-
-/// The runtime for cases on an agent. One per worker: it holds one channel per agent.
-#[derive(Default)]
-pub struct AgentClient {
-    channels: Channels,
-    timing: Timing,
-}
+use waits::beating;
 
 fn failed(failure: Failure) -> ActorReport {
     ActorReport {
@@ -116,25 +75,6 @@ fn job_ref(t: &AgentTarget, key: String, job: Option<&wire::Job>) -> JobRef {
 }
 
 impl AgentClient {
-    pub fn new(timing: Timing) -> Self {
-        Self {
-            channels: Channels::default(),
-            timing,
-        }
-    }
-
-    pub fn timing(&self) -> Timing {
-        self.timing
-    }
-
-    fn client(&self, t: &AgentTarget) -> Result<RuntimeClient<Channel>, AgentError> {
-        self.channels.client(t)
-    }
-
-    fn outage(&self, grace: Duration) -> Outage {
-        Outage::new(grace, self.timing.max_backoff)
-    }
-
     /// Waits for the job to end; `Err` is the attempt's failure.
     async fn watch_to_end(
         &self,

@@ -18,7 +18,7 @@ use casebatch_proto::runtime_v1::runtime_client::RuntimeClient;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Uri};
 
-use super::AgentError;
+use super::error::AgentError;
 use casebatch_proto::token::TokenSource;
 
 /// How long opening a connection may take before the agent counts as unreachable.
