@@ -8,6 +8,7 @@
 #   SKIP_10K=1 scripts/bench.sh # without the 10,000-case fake batch
 #   ONLY=agent scripts/bench.sh # only the agent-vs-local-process comparison
 #   ONLY=tail scripts/bench.sh  # only the uniform-vs-weighted split over a fast and a slow agent
+#   CASEBATCH_BIN=path scripts/bench.sh # measure that binary instead of building this tree
 #   ONLY=local scripts/bench.sh # only the local-process cost per case (sleep 1, true, 256 wide;
 #                               # WIDE=1 adds 2,048 x sleep 10 at 512), on an aged file system
 #                               # and on a fresh one (see `round_fs`; FS=aged or FS=fresh for one;
@@ -30,9 +31,14 @@ C=${C:-64}
 BIG=${BIG:-10000}
 RUNS=${RUNS:-3}
 # The release binary, built as the README's demo command builds it (the tests use the `testing`
-# profile: casebatch's crates less optimized).
-cargo build --release -q -p casebatch-cli
-BIN=$PWD/target/release/casebatch
+# profile: casebatch's crates less optimized); or CASEBATCH_BIN, to measure another build (an
+# earlier commit's, back to back with this one's).
+if [ -n "${CASEBATCH_BIN:-}" ]; then
+  BIN=$CASEBATCH_BIN
+else
+  cargo build --release -q -p casebatch-cli
+  BIN=$PWD/target/release/casebatch
+fi
 # BENCH_DIR: where bundles are written (default /tmp); its filesystem shows in the figures.
 WORK=$(mktemp -d "${BENCH_DIR:-/tmp}/casebatch-bench.XXXXXX")
 trap 'mountpoint -q "$WORK/fresh" && umount "$WORK/fresh"; rm -rf "$WORK"' EXIT
