@@ -612,6 +612,7 @@ impl Jobs {
                 start_ticks: row.start_ticks,
                 host_queue: None,
                 runtime: None,
+                queued: false,
             };
             (job_ref, row.starts.max(1))
         } else {
@@ -847,6 +848,7 @@ impl Jobs {
             start_ticks: row.start_ticks,
             host_queue: None,
             runtime: None,
+            queued: false,
         };
         let jobs = self.clone();
         let k = key.to_string();

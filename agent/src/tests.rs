@@ -118,6 +118,7 @@ fn planned(
         resources: Some(pb::Resources {
             memory_mb,
             cpu: None,
+            gpus: None,
         }),
         sandbox: None,
     }

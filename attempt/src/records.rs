@@ -95,6 +95,9 @@ pub struct CleanupReceipt {
     /// a `sandbox.provider: container` sandbox; absent otherwise).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub containers: Vec<ContainerFacts>,
+    /// The attempt's job as its cluster scheduler last reported it (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_job: Option<SchedulerFacts>,
 }
 
 /// One container of an attempt, as its cleanup found it.
@@ -199,6 +202,8 @@ pub enum JobEntry {
     Process(JobRecord),
     /// A simulated job (the `fake` runtime): only when it began.
     Simulated(SimulatedJob),
+    /// A job handed to a cluster scheduler (Slurm).
+    Scheduled(ScheduledJob),
 }
 
 impl JobEntry {
@@ -206,9 +211,73 @@ impl JobEntry {
     pub fn process(&self) -> Option<&JobRecord> {
         match self {
             JobEntry::Process(r) => Some(r),
-            JobEntry::Simulated(_) => None,
+            JobEntry::Simulated(_) | JobEntry::Scheduled(_) => None,
         }
     }
+
+    /// The scheduler's job, if this is one.
+    pub fn scheduled(&self) -> Option<&ScheduledJob> {
+        match self {
+            JobEntry::Scheduled(j) => Some(j),
+            JobEntry::Process(_) | JobEntry::Simulated(_) => None,
+        }
+    }
+}
+
+/// A job handed to a cluster scheduler: what any worker needs to find it there again. The
+/// scheduler's own record is the truth while it keeps one; this one is written before the
+/// submit (an intent, `job_id` unknown) and again as the job moves, so a job the scheduler
+/// has forgotten is still known to have been submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduledJob {
+    pub schema_version: String,
+    /// `slurm`.
+    pub scheduler: String,
+    pub marker: String,
+    /// The job's name in the scheduler, from the attempt's marker: how it is found again.
+    pub name: String,
+    /// The scheduler's id for it, once it answered the submit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+    pub state: ScheduledState,
+    /// Why the scheduler holds it pending (Slurm's reason: `Priority`, `Resources`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Where it ran, once it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// When the submit was decided (the intent), in ms since the epoch.
+    pub submitted_at_ms: u64,
+    /// Submits made for the attempt: 1, unless an intent provably never reached the
+    /// scheduler and the attempt was submitted again.
+    pub starts: u32,
+}
+
+/// Where a scheduled job stands, as the worker last saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduledState {
+    /// Written before the submit: the scheduler's answer is not known yet.
+    Submitting,
+    /// Queued by the scheduler, not running.
+    Pending,
+    Running,
+    /// The scheduler reports it ended.
+    Ended,
+}
+
+/// A scheduler's job as cleanup last saw it (a receipt's `scheduler_job`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedulerFacts {
+    /// `slurm`.
+    pub scheduler: String,
+    pub job_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The scheduler's state (`COMPLETED`, `OUT_OF_MEMORY`, `CANCELLED`, ...).
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
 }
 
 /// The `fake` runtime's job: when the simulated job began, so a re-attached wait only waits

@@ -88,16 +88,20 @@ pub enum Command {
 #[derive(Debug, Clone, Subcommand)]
 pub enum SandboxCommand {
     /// List the containers casebatch labelled on the engine at `DOCKER_HOST` (or the default
-    /// socket) and which are garbage: their bundle is gone, or their attempt is closed (its
-    /// cleanup ran). A dry run unless `--apply`, which removes the garbage; another user's
-    /// containers are listed and never removed.
+    /// socket), or with `--slurm` its jobs in the Slurm cluster (`SLURM_CONF`), and which are
+    /// garbage: their bundle is gone, or their attempt is closed (its cleanup ran). A dry run
+    /// unless `--apply`, which removes (or cancels) the garbage; another user's are listed and
+    /// never touched.
     Gc {
         /// Remove the garbage (without it, only list).
         #[arg(long)]
         apply: bool,
-        /// Only the containers of this batch (its `batch-id` label).
+        /// Only the containers (or jobs) of this batch.
         #[arg(long, value_name = "ID")]
         batch_id: Option<String>,
+        /// casebatch's Slurm jobs instead of its containers.
+        #[arg(long)]
+        slurm: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,

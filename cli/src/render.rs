@@ -786,6 +786,25 @@ pub fn status(view: &StatusView) {
             .collect();
         say!("  in flight: {}", ids.join(", "));
     }
+    if !view.queued.is_empty() {
+        let held: Vec<String> = view
+            .queued
+            .iter()
+            .map(|q| {
+                format!(
+                    "{} (job {}: {})",
+                    q.case_id,
+                    q.job_id.as_deref().unwrap_or("being submitted"),
+                    q.reason.as_deref().unwrap_or("no reason given")
+                )
+            })
+            .collect();
+        say!(
+            "  queued by the scheduler, not running yet ({}): {}",
+            held.len(),
+            held.join(", ")
+        );
+    }
     for step in s.timeline.iter().rev().take(10).rev() {
         match step.case.and_then(|i| plan.case_id(i)) {
             Some(id) => say!("  · case {id}: {}", step.message),

@@ -120,6 +120,7 @@ fn job_ref(a: &Attempt) -> JobRef {
         // The engine is this host's: the wait and the cleanup run here.
         host_queue: Some(casebatch_proto::host_task_queue(&hostname())),
         runtime: None,
+        queued: false,
     }
 }
 
@@ -466,6 +467,7 @@ impl Executor for ContainerRuntime {
             escaped: Vec::new(),
             held_job,
             containers: Vec::new(),
+            scheduler_job: None,
         };
         let docker = match self.engine.get(Stage::Cleanup).await {
             Ok(d) => d,

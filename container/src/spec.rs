@@ -168,6 +168,7 @@ mod tests {
             resources: Some(Resources {
                 memory_mb: Some(256),
                 cpu: Some(1.5),
+                gpus: None,
             }),
             ..JobSpec::default()
         };

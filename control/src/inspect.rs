@@ -5,12 +5,13 @@ use casebatch_proto::CaseState;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use casebatch_attempt::{AttemptJournal, ScheduledState};
 use casebatch_bundle::{
     AttemptRecord, BatchSummary, Bundle, CaseResult, summary, write_assembled, write_bytes_atomic,
 };
 use casebatch_manifest::{Plan, PlanHead};
 use casebatch_proto::{BatchEnd, BatchStatus, Counts, FailureCode, Phase, workflow_id};
-use casebatch_views::StatusSource;
+use casebatch_views::{QueuedCase, StatusSource};
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::{
     WorkflowExecutionInfo, WorkflowFetchHistoryOptions, WorkflowGetResultOptions, WorkflowHandle,
@@ -42,6 +43,8 @@ pub struct StatusView {
     pub end: Option<BatchEnd>,
     /// Where the status was read.
     pub source: StatusSource,
+    /// Cases in flight whose job waits in a cluster scheduler's queue.
+    pub queued: Vec<QueuedCase>,
 }
 
 pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<StatusView> {
@@ -85,13 +88,42 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
             Err(_) => (bundle_view(Phase::Finished)?, StatusSource::Bundle),
         },
     };
+    let queued = queued_cases(&bundle, &plan, &status.in_flight);
     Ok(StatusView {
         plan,
         status,
         live: running,
         end,
         source,
+        queued,
     })
+}
+
+/// The cases of `in_flight` whose latest attempt's job a scheduler holds pending, as its
+/// journal last recorded it (the wait keeps the record in step with the scheduler's).
+fn queued_cases(bundle: &Bundle, plan: &PlanHead, in_flight: &[u32]) -> Vec<QueuedCase> {
+    in_flight
+        .iter()
+        .filter_map(|&i| {
+            let case = plan.cases.get(i as usize)?;
+            let attempts = bundle.case(&case.case_dir).join("attempts");
+            let attempt = std::fs::read_dir(&attempts)
+                .ok()?
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .max()?;
+            let journal = AttemptJournal::read(&bundle.attempt(&case.case_dir, attempt)).ok()?;
+            let job = journal.job.as_ref()?.scheduled()?;
+            (job.state == ScheduledState::Pending).then(|| QueuedCase {
+                case_id: case.case_id.clone(),
+                attempt,
+                scheduler: job.scheduler.clone(),
+                job_id: job.job_id.clone(),
+                reason: job.reason.clone(),
+                submitted_at_ms: job.submitted_at_ms,
+            })
+        })
+        .collect()
 }
 
 /// The batch's live status: the first answer of a query and, when it takes longer than

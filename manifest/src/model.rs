@@ -225,6 +225,11 @@ pub struct Resources {
     /// limit is `infra/OOM_KILLED`.
     #[schemars(range(min = 1, max = crate::limits::MAX_MEMORY_MB))]
     pub memory_mb: Option<u64>,
+    /// GPUs the case needs, 1 to 64: a `slurm` runtime asks for them (`--gres=gpu:N`);
+    /// other runtimes do not allocate GPUs.
+    #[schemars(range(min = 1, max = crate::limits::MAX_GPUS))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
 }
 
 /// A command: a string run by `sh -c`, or an argv list run as is. A program written as a path
@@ -247,6 +252,8 @@ pub enum RuntimeKind {
     Fake,
     /// A `casebatch agent` reached over gRPC: jobs run on its host and outlive workers.
     Agent,
+    /// A Slurm cluster the worker submits to (`sbatch`): one Slurm job per attempt.
+    Slurm,
 }
 
 impl RuntimeKind {
@@ -255,6 +262,7 @@ impl RuntimeKind {
             RuntimeKind::LocalProcess => "local-process",
             RuntimeKind::Fake => "fake",
             RuntimeKind::Agent => "agent",
+            RuntimeKind::Slurm => "slurm",
         }
     }
 }
@@ -319,6 +327,26 @@ pub struct RuntimeSpec {
     #[schemars(range(min = 1, max = 600))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unreachable_grace_s: Option<u64>,
+    /// `slurm` only: the partition jobs are submitted to (default: the cluster's default).
+    #[schemars(pattern(r"^[A-Za-z0-9_.-]+$"))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    /// `slurm` only: the account jobs are charged to.
+    #[schemars(pattern(r"^[A-Za-z0-9_.-]+$"))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// `slurm` only: the quality of service jobs ask for.
+    #[schemars(pattern(r"^[A-Za-z0-9_.-]+$"))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<String>,
+    /// `slurm` only: the node features jobs need (`--constraint`, Slurm's expression syntax).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<String>,
+    /// `slurm` only: more `sbatch` options, each `--name=value` or `--name`, from a set that
+    /// cannot change what casebatch relies on (`--nice`, `--exclusive`, `--reservation`,
+    /// `--licenses`, `--tmp`, `--nodelist`, `--exclude`, `--hint`, `--wckey`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_args: Vec<String>,
 }
 
 impl RuntimeSpec {
@@ -744,6 +772,7 @@ impl<C> Plan<C> {
         let location = match kind {
             RuntimeKind::LocalProcess => host,
             RuntimeKind::Agent => spec.and_then(|s| s.endpoint.as_deref()).unwrap_or(""),
+            RuntimeKind::Slurm => spec.and_then(|s| s.partition.as_deref()).unwrap_or(""),
             RuntimeKind::Fake => "",
         };
         Some(casebatch_proto::breaker::breaker_workflow_id(

@@ -35,6 +35,35 @@ pub(crate) const ENTRY_FIELDS: &[&str] = &[
     "breaker_failures",
     "breaker_cooldown_s",
     "unreachable_grace_s",
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "extra_args",
+];
+
+/// The `sbatch` options `extra_args` may carry: none changes what casebatch relies on (the
+/// job's name, comment, output files, working directory, environment, memory, CPUs, time
+/// limit, requeueing, array or dependency, which the runtime sets itself).
+pub const SLURM_EXTRA_ARGS: &[&str] = &[
+    "--nice",
+    "--exclusive",
+    "--reservation",
+    "--licenses",
+    "--tmp",
+    "--nodelist",
+    "--exclude",
+    "--hint",
+    "--wckey",
+    "--mcs-label",
+    "--cores-per-socket",
+    "--sockets-per-node",
+    "--threads-per-core",
+    "--core-spec",
+    "--cpu-freq",
+    "--mem-bind",
+    "--switches",
+    "--network",
 ];
 /// Accepted `breaker_failures`, `breaker_cooldown_s` and `unreachable_grace_s`.
 /// The only top-level key of a `--runtimes` file.
@@ -217,7 +246,7 @@ fn entry(value: &Value, path: &FieldPath, base: &Path, r: &mut Report) -> Option
     o.deny_unknown(r);
     let kind: Option<RuntimeKind> = o.req(
         "kind",
-        &format!("add `kind: agent` (or `local-process`, `fake`) to {path}"),
+        &format!("add `kind: agent` or `kind: slurm` (or `local-process`, `fake`) to {path}"),
         r,
     );
     let endpoint: Option<String> = o.opt("endpoint", r);
@@ -280,7 +309,44 @@ fn entry(value: &Value, path: &FieldPath, base: &Path, r: &mut Report) -> Option
             );
         }
     }
+    let partition: Option<String> = o.opt("partition", r);
+    let account: Option<String> = o.opt("account", r);
+    let qos: Option<String> = o.opt("qos", r);
+    let constraint: Option<String> = o.opt("constraint", r);
+    let extra_args: Option<Vec<String>> = o.opt("extra_args", r);
     let kind = kind?;
+    let slurm_only = [
+        ("partition", partition.is_some()),
+        ("account", account.is_some()),
+        ("qos", qos.is_some()),
+        ("constraint", constraint.is_some()),
+        ("extra_args", extra_args.is_some()),
+    ];
+    if kind == RuntimeKind::Slurm {
+        slurm_fields(
+            [
+                ("partition", &partition),
+                ("account", &account),
+                ("qos", &qos),
+            ],
+            constraint.as_deref(),
+            extra_args.as_deref().unwrap_or_default(),
+            path,
+            r,
+        );
+    } else {
+        for (field, _) in slurm_only.iter().filter(|(_, set)| *set) {
+            let p = path.key(field);
+            r.at(
+                &p,
+                format!(
+                    "`{field}` applies to `kind: slurm` only; this entry is of kind {}",
+                    kind.as_str()
+                ),
+                format!("remove {p}, or set {path}.kind to slurm"),
+            );
+        }
+    }
     let agent_only = [
         ("endpoint", endpoint.is_some()),
         ("token_env", token_env.is_some()),
@@ -294,8 +360,7 @@ fn entry(value: &Value, path: &FieldPath, base: &Path, r: &mut Report) -> Option
             r.at(
                 &p,
                 format!(
-                    "`{field}` applies to `kind: agent` only; a {} runtime runs on the worker \
-                     itself",
+                    "`{field}` applies to `kind: agent` only; this entry is of kind {}",
                     kind.as_str()
                 ),
                 format!("remove {p}, or set {path}.kind to agent"),
@@ -363,7 +428,66 @@ fn entry(value: &Value, path: &FieldPath, base: &Path, r: &mut Report) -> Option
         breaker_failures,
         breaker_cooldown_s,
         unreachable_grace_s,
+        partition,
+        account,
+        qos,
+        constraint,
+        extra_args: extra_args.unwrap_or_default(),
     })
+}
+
+/// A `slurm` entry's own settings: names Slurm accepts, a constraint on one line, and
+/// `extra_args` from [`SLURM_EXTRA_ARGS`] only.
+fn slurm_fields(
+    names: [(&str, &Option<String>); 3],
+    constraint: Option<&str>,
+    extra_args: &[String],
+    path: &FieldPath,
+    r: &mut Report,
+) {
+    for (field, value) in names {
+        if let Some(v) = value
+            && (v.is_empty()
+                || !v
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+        {
+            let p = path.key(field);
+            r.at(
+                &p,
+                format!("{field} {v:?} is not a Slurm name (letters, digits, `_`, `.`, `-`)"),
+                format!("set {p} to the {field}'s name as `sinfo`/`sacctmgr` show it"),
+            );
+        }
+    }
+    if let Some(c) = constraint
+        && (c.trim().is_empty() || c.chars().any(|ch| ch.is_control() || ch.is_whitespace()))
+    {
+        let p = path.key("constraint");
+        r.at(
+            &p,
+            format!("constraint {c:?} is not a Slurm feature expression"),
+            format!("set {p} to features such as `gpu&a100`, without spaces"),
+        );
+    }
+    for (i, arg) in extra_args.iter().enumerate() {
+        let p = path.key("extra_args").index(i);
+        let name = arg.split_once('=').map_or(arg.as_str(), |(name, _)| name);
+        if !SLURM_EXTRA_ARGS.contains(&name) || arg.chars().any(char::is_control) {
+            r.at(
+                &p,
+                format!(
+                    "{arg:?} is not an sbatch option casebatch passes on: casebatch sets the \
+                     job's name, comment, files, directory, environment, memory, CPUs, time \
+                     limit and requeueing itself"
+                ),
+                format!(
+                    "write it as `--name=value` with one of {}, or remove it",
+                    SLURM_EXTRA_ARGS.join(", ")
+                ),
+            );
+        }
+    }
 }
 
 fn absolute(base: &Path, raw: &str) -> String {

@@ -4,9 +4,10 @@ use std::collections::BTreeMap;
 
 use crate::limits::{
     CONCURRENCY_RANGE, EPOCHS_RANGE, MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS,
-    MAX_FAKE_INFRA_FAILURES, MAX_HEARTBEAT_EVERY_SECONDS, MAX_MEMORY_MB, MAX_PREPARE_AHEAD,
-    MAX_RATE_LIMIT_RETRIES, MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS, MAX_STARTS_PER_MINUTE,
-    RESERVED_ENV_PREFIX, SANDBOX_NETWORKS, SANDBOX_PROVIDERS, SANDBOX_PULLS, TIMEOUT_SECONDS_RANGE,
+    MAX_FAKE_INFRA_FAILURES, MAX_GPUS, MAX_HEARTBEAT_EVERY_SECONDS, MAX_MEMORY_MB,
+    MAX_PREPARE_AHEAD, MAX_RATE_LIMIT_RETRIES, MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS,
+    MAX_STARTS_PER_MINUTE, RESERVED_ENV_PREFIX, SANDBOX_NETWORKS, SANDBOX_PROVIDERS, SANDBOX_PULLS,
+    TIMEOUT_SECONDS_RANGE,
 };
 use crate::model::{
     BudgetSpec, CommandSpec, Defaults, FakeScript, RateSpec, Resources, RunSpec, Sandbox,
@@ -397,6 +398,16 @@ fn resources(res: &Resources, path: &FieldPath, r: &mut Report) {
             &p,
             "memory_mb is 0",
             format!("set {p} to a positive number of MiB or remove it"),
+        );
+    }
+    if let Some(gpus) = res.gpus
+        && !(1..=MAX_GPUS).contains(&gpus)
+    {
+        let p = path.key("gpus");
+        r.at(
+            &p,
+            format!("gpus {gpus} is outside 1..={MAX_GPUS}"),
+            format!("set {p} to how many GPUs one case needs, or remove it"),
         );
     }
     if let Some(mb) = res.memory_mb

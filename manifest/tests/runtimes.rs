@@ -69,6 +69,11 @@ fn cases_carry_the_kind_and_the_table_name_and_built_ins_still_work() {
             breaker_failures: None,
             breaker_cooldown_s: None,
             unreachable_grace_s: None,
+            partition: None,
+            account: None,
+            qos: None,
+            constraint: None,
+            extra_args: Vec::new(),
         }
     );
     assert_eq!(plan.runtimes.len(), 2);

@@ -192,6 +192,15 @@ failure_codes! {
     /// A sandbox's image is not on the engine's host and may not be pulled (`pull: never`),
     /// or the registry refused it: class config, never retried; the message names the image.
     ImageUnavailable => "IMAGE_UNAVAILABLE",
+    /// The node a scheduler ran the job on failed or was lost, the job could not boot there,
+    /// or the scheduler preempted it: retryable, and a case with a runtime list moves on.
+    NodeFailed => "NODE_FAILED",
+    /// The cluster scheduler refused the job (an unknown partition, account or QOS, a limit
+    /// the job passes): class config; the message quotes the scheduler.
+    SchedulerRefused => "SCHEDULER_REFUSED",
+    /// Someone other than casebatch cancelled the job in its scheduler (an operator's
+    /// `scancel`, a site policy): infra, retryable; the message names the job.
+    SchedulerCancelled => "SCHEDULER_CANCELLED",
 }
 
 impl fmt::Display for FailureCode {

@@ -57,6 +57,11 @@ pub struct JobRef {
     /// The runtimes-table entry (an agent) holding the job: any worker can reach it there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// The job waits in a queue of its runtime's own (a cluster scheduler's) before it runs,
+    /// for as long as that takes: its wait has no deadline but its heartbeats, and its
+    /// timeout counts from when it runs, as the scheduler enforces it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub queued: bool,
 }
 
 /// Status of the actor, kept apart from the evaluator's verdict and cleanup.

@@ -112,6 +112,7 @@ impl Executor for Scripted {
             start_ticks: None,
             host_queue: None,
             runtime: None,
+            queued: false,
         })
     }
 
@@ -123,6 +124,7 @@ impl Executor for Scripted {
             .and_then(|j| match j.job.as_ref()? {
                 JobEntry::Simulated(job) => Some(job.started_at_ms),
                 JobEntry::Process(job) => Some(job.started_at_ms),
+                JobEntry::Scheduled(job) => Some(job.submitted_at_ms),
             })
             .unwrap_or_else(now_ms);
         let end = started + script.duration_ms;
@@ -169,6 +171,7 @@ impl Executor for Scripted {
             start_ticks: None,
             host_queue: None,
             runtime: None,
+            queued: false,
         })
     }
 
@@ -188,6 +191,7 @@ impl Executor for Scripted {
             escaped: Vec::new(),
             held_job: Some(true),
             containers: Vec::new(),
+            scheduler_job: None,
         }
     }
 

@@ -35,6 +35,7 @@ pub fn from_planned(case: &PlannedCase) -> JobSpec {
         resources: Some(Resources {
             memory_mb: case.resources.memory_mb,
             cpu: case.resources.cpu,
+            gpus: case.resources.gpus,
         }),
         sandbox: case
             .sandbox

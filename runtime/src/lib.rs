@@ -18,6 +18,7 @@ use casebatch_bundle::Bundle;
 use casebatch_container::ContainerRuntime;
 use casebatch_manifest::model::{Plan, PlannedCase, RuntimeKind, RuntimeSpec};
 use casebatch_proto::AttemptKey;
+use casebatch_slurm::{Settings as SlurmSettings, SlurmRuntime};
 
 pub use casebatch_attempt::{Attempt, Executor, Liveness, NotStarted, OnCancel};
 
@@ -78,6 +79,19 @@ pub struct Runtimes {
     pub container: ContainerRuntime,
     pub fake: fake::Fake,
     pub agents: agent_client::AgentClient,
+    pub slurm: SlurmRuntime,
+}
+
+/// A `slurm` entry of the runtimes table, as the Slurm runtime takes it.
+fn slurm_settings(spec: Option<&RuntimeSpec>) -> SlurmSettings {
+    spec.map(|s| SlurmSettings {
+        partition: s.partition.clone(),
+        account: s.account.clone(),
+        qos: s.qos.clone(),
+        constraint: s.constraint.clone(),
+        extra_args: s.extra_args.clone(),
+    })
+    .unwrap_or_default()
 }
 
 impl Runtimes {
@@ -93,14 +107,17 @@ impl Runtimes {
                 env.case.runtime_name.as_deref(),
                 env.runtime_spec.as_ref(),
             ))),
+            RuntimeKind::Slurm => Picked::Bound(Box::new(
+                self.slurm.on(slurm_settings(env.runtime_spec.as_ref())),
+            )),
         }
     }
 }
 
 impl Runtimes {
     /// Kills every job of batch `batch_id` (bundle `bundle_dir`) that the runtimes of its
-    /// `plan` hold: each agent of its runtimes table, and this host's container engine when a
-    /// case runs in a container (containers elsewhere end with their cases' cleanup, which
+    /// `plan` hold: each agent of its runtimes table, its Slurm cluster, and this host's
+    /// container engine when a case runs in a container (containers elsewhere end with their cases' cleanup, which
     /// runs on their host; local processes live with a worker and end likewise).
     pub async fn kill_batch(&self, plan: &Plan, batch_id: &str, bundle_dir: &str) -> Swept {
         let mut swept = Swept::default();
@@ -118,6 +135,19 @@ impl Runtimes {
                     .killed
                     .extend(keys.into_iter().map(|k| format!("{name}: {k}"))),
                 Err(why) => swept.unreachable.push(format!("{name}: {why}")),
+            }
+        }
+        if plan
+            .runtimes
+            .values()
+            .any(|spec| spec.kind == RuntimeKind::Slurm)
+        {
+            swept.places.push("Slurm");
+            match self.slurm.kill_batch(batch_id, bundle_dir).await {
+                Ok(names) => swept
+                    .killed
+                    .extend(names.into_iter().map(|n| format!("slurm: {n}"))),
+                Err(why) => swept.unreachable.push(format!("slurm: {why}")),
             }
         }
         let boxed = plan

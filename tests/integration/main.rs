@@ -32,6 +32,7 @@ mod result_files;
 mod retry;
 mod sdk_start;
 mod shared_cluster;
+mod slurm;
 mod snapshots;
 mod stalls;
 mod submit_window;

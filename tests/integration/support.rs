@@ -40,6 +40,12 @@ impl Sandbox {
         Self::in_group("alone")
     }
 
+    /// The same, for a test that starts a Slurm cluster of its own (group `slurm`, one at a
+    /// time).
+    pub fn slurm() -> Self {
+        Self::in_group("slurm")
+    }
+
     /// Nextest (0.9.90 and later) names the test group it runs a test in: a test outside the
     /// group it needs would run beside tests it must not, so it fails here and says where to
     /// add it. Under `cargo test` (one test picked by hand) there is no group to check.

@@ -19,6 +19,25 @@ pub struct StatusView {
     pub source: StatusSource,
     /// The batch's status, as its workflow (or its bundle) reports it.
     pub status: BatchStatus,
+    /// Cases in flight whose job a cluster scheduler holds in its queue (not running yet),
+    /// as their attempts' journals last recorded it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queued: Vec<QueuedCase>,
+}
+
+/// A case in flight whose job waits in a cluster scheduler's queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct QueuedCase {
+    pub case_id: String,
+    pub attempt: u32,
+    /// `slurm`.
+    pub scheduler: String,
+    /// The scheduler's job id, once it answered the submit.
+    pub job_id: Option<String>,
+    /// Why the scheduler holds it (Slurm's reason: `Priority`, `Resources`, ...).
+    pub reason: Option<String>,
+    /// When it was submitted, in ms since the epoch.
+    pub submitted_at_ms: u64,
 }
 
 /// Where `batch status` read the batch's status.

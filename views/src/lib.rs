@@ -20,7 +20,7 @@ use serde_json::Value;
 
 pub use compare::{BatchDiff, Flip, Interval, Listed, PairedDelta, RateDelta};
 pub use engine::EngineStatus;
-pub use inspect::{BatchHistoryView, ReportView, StatusSource, StatusView};
+pub use inspect::{BatchHistoryView, QueuedCase, ReportView, StatusSource, StatusView};
 pub use manifest::{PlanView, ValidateView};
 pub use operate::{ControlView, Effect};
 pub use run::{RunEnd, RunView};

@@ -59,8 +59,8 @@ fn splitmix64(seed: u64) -> u64 {
 
 /// Whether a failure is the runtime's, so the case may move to another runtime of its list:
 /// a retryable infra failure of the dispatch (provision, submit), or a runtime that became
-/// unreachable or lost the job. Never an OOM kill (the case's own size), config, harness or
-/// agent failures: those would fail the same way anywhere.
+/// unreachable, lost the job or lost the node under it. Never an OOM kill (the case's own
+/// size), config, harness or agent failures: those would fail the same way anywhere.
 pub fn spills(f: &casebatch_proto::Failure) -> bool {
     use casebatch_proto::Stage;
     f.class == FailureClass::Infra
@@ -69,7 +69,7 @@ pub fn spills(f: &casebatch_proto::Failure) -> bool {
         && (matches!(f.stage, Stage::Provision | Stage::Submit)
             || matches!(
                 f.code,
-                FailureCode::RuntimeUnreachable | FailureCode::JobLost
+                FailureCode::RuntimeUnreachable | FailureCode::JobLost | FailureCode::NodeFailed
             ))
 }
 

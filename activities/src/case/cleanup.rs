@@ -93,6 +93,7 @@ impl CaseActivities {
                 escaped: Vec::new(),
                 held_job: Some(false),
                 containers: Vec::new(),
+                scheduler_job: None,
             };
         }
         if closing.patient {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use casebatch_attempt::hostname;
 use casebatch_bundle::{AttemptJournal, Bundle, BundleError, PlanIndex};
-use casebatch_manifest::model::{RuntimeKind, RuntimeSpec};
+use casebatch_manifest::model::RuntimeSpec;
 use casebatch_proto::{AttemptKey, Failure, FailureCode, JobRef, Stage};
 use casebatch_runtime::{AttemptEnv, Liveness, Runtimes};
 use casebatch_telemetry::Metrics;
@@ -139,12 +139,12 @@ impl CaseActivities {
             case.runtime = kind;
             case.runtime_name = spec.map(|_| name.clone());
         }
-        // The agent's entry of the runtimes table; a missing one is the runtime's to report
+        // The case's entry of the runtimes table; a missing one is the runtime's to report
         // (a config failure of the stage, an unconfirmed cleanup), not an activity error.
-        let spec = match &case.runtime_name {
-            Some(n) if case.runtime == RuntimeKind::Agent => plan.runtimes.get(n).cloned(),
-            _ => None,
-        };
+        let spec = case
+            .runtime_name
+            .as_ref()
+            .and_then(|n| plan.runtimes.get(n).cloned());
         let env = AttemptEnv::new(key.clone(), case);
         Ok(match spec {
             Some(spec) => env.with_runtime_spec(spec),

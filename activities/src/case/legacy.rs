@@ -63,6 +63,7 @@ impl CaseActivities {
                 start_ticks: None,
                 host_queue: self.runtimes.executor(&env).host_queue(),
                 runtime: env.case.runtime_name.clone(),
+                queued: false,
             });
         self.evaluate_stage(&ctx, &env, &job).await
     }

@@ -26,8 +26,8 @@ pub fn read_job_checked(env: &Attempt) -> Result<Option<JobRecord>, String> {
     match &journal.job {
         None => Ok(None),
         Some(JobEntry::Process(record)) => Ok(Some(record.clone())),
-        Some(JobEntry::Simulated(_)) => {
-            Err("its job entry is a simulated job's, not a process's".into())
+        Some(JobEntry::Simulated(_) | JobEntry::Scheduled(_)) => {
+            Err("its job entry is another runtime's, not a process's".into())
         }
     }
 }
@@ -77,5 +77,6 @@ pub fn job_ref(r: &JobRecord) -> JobRef {
         start_ticks: r.start_ticks,
         host_queue: Some(casebatch_proto::host_task_queue(&hostname())),
         runtime: None,
+        queued: false,
     }
 }

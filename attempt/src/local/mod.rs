@@ -443,6 +443,7 @@ impl Executor for LocalProcess {
                 start_ticks: t.ticks,
                 host_queue: Some(casebatch_proto::host_task_queue(&hostname())),
                 runtime: None,
+                queued: false,
             }),
         }
     }
@@ -519,6 +520,7 @@ impl Executor for LocalProcess {
             escaped,
             held_job: Some(job.is_some()),
             containers: Vec::new(),
+            scheduler_job: None,
         }
     }
 

@@ -73,7 +73,14 @@ pub async fn dispatch(command: Command) -> CliResult {
             apply,
             batch_id,
             json,
+            slurm: false,
         }) => sandbox::gc(apply, batch_id.as_deref(), json).await,
+        Command::Sandbox(SandboxCommand::Gc {
+            apply,
+            batch_id,
+            json,
+            slurm: true,
+        }) => sandbox::gc_slurm(apply, batch_id.as_deref(), json).await,
         Command::Engine(EngineCommand::Status { output_dir, json }) => {
             engine::status(&output_dir, json)
         }

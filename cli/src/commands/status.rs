@@ -17,6 +17,7 @@ pub async fn status(r: &BatchRef) -> CliResult {
             end: view.end,
             source: view.source,
             status: view.status,
+            queued: view.queued,
         });
     } else {
         render::status(&view);

@@ -78,14 +78,13 @@ pub(super) fn resolve_case(
         (Some(RuntimeKind::LocalProcess), None) if harness.is_none() => {
             Some("runtime local-process needs a harness command".to_string())
         }
-        (Some(kind @ (RuntimeKind::LocalProcess | RuntimeKind::Agent)), Some(name))
-            if harness.is_none() =>
-        {
-            Some(format!(
-                "runtime `{name}` ({}) needs a harness command",
-                kind.as_str()
-            ))
-        }
+        (
+            Some(kind @ (RuntimeKind::LocalProcess | RuntimeKind::Agent | RuntimeKind::Slurm)),
+            Some(name),
+        ) if harness.is_none() => Some(format!(
+            "runtime `{name}` ({}) needs a harness command",
+            kind.as_str()
+        )),
         _ => None,
     };
     if let Some(message) = missing {

@@ -63,7 +63,8 @@ impl Fingerprint {
         let view = FingerprintCase {
             case_id: &c.case_id,
             runtime: match c.runtime {
-                RuntimeKind::Agent => RuntimeKind::LocalProcess,
+                // Each runs the harness as a process: a batch may move between them.
+                RuntimeKind::Agent | RuntimeKind::Slurm => RuntimeKind::LocalProcess,
                 kind => kind,
             },
             harness: &c.harness,

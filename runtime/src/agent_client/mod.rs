@@ -71,6 +71,7 @@ fn job_ref(t: &AgentTarget, key: String, job: Option<&wire::Job>) -> JobRef {
         // Any worker can reach the agent: settle and cleanup run on the shared queue.
         host_queue: None,
         runtime: Some(t.name.clone()),
+        queued: false,
     }
 }
 
@@ -379,6 +380,7 @@ impl Executor for OnAgent<'_> {
             escaped: Vec::new(),
             held_job,
             containers: Vec::new(),
+            scheduler_job: None,
         };
         let t = match self.target.clone() {
             Ok(t) => t,
@@ -403,6 +405,7 @@ impl Executor for OnAgent<'_> {
                         escaped: r.escaped,
                         held_job: Some(true),
                         containers: Vec::new(),
+                        scheduler_job: None,
                     };
                 }
                 // The agent's table is durable: no entry means nothing was ever submitted, or

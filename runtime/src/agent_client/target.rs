@@ -261,6 +261,11 @@ mod tests {
             breaker_failures: None,
             breaker_cooldown_s: None,
             unreachable_grace_s: None,
+            partition: None,
+            account: None,
+            qos: None,
+            constraint: None,
+            extra_args: Vec::new(),
         }
     }
 

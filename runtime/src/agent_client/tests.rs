@@ -52,6 +52,11 @@ fn env(root: &std::path::Path, endpoint: &str, token_file: Option<String>) -> At
         breaker_failures: None,
         breaker_cooldown_s: None,
         unreachable_grace_s: None,
+        partition: None,
+        account: None,
+        qos: None,
+        constraint: None,
+        extra_args: Vec::new(),
     })
 }
 

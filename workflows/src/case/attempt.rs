@@ -81,6 +81,11 @@ impl InFlight {
     }
 }
 
+/// How long `settle` may wait for a job its runtime's scheduler queues (`JobRef::queued`):
+/// its deadline is the scheduler's, from when the job runs; a dead worker's wait is still
+/// noticed by its heartbeats within seconds.
+const QUEUED_WAIT: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// `settle` of a started job, as an owned future (it may race a duplicate's).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn settle_job<H: Host>(
@@ -93,8 +98,13 @@ pub(super) fn settle_job<H: Host>(
     host_queue: Option<String>,
     token: &WorkflowCancellationToken,
 ) -> LocalBoxFuture<'static, Result<Settled, ActivityExecutionError>> {
-    // The actor's limit, then the evaluator's (at least a minute), then slack.
-    let timeout = Duration::from_secs(2 * p.max_timeout_seconds.max(60) + 120);
+    // The actor's limit, then the evaluator's (at least a minute), then slack; a job queued
+    // by its runtime's scheduler waits there as long as it takes, watched by heartbeats.
+    let timeout = if job.queued {
+        QUEUED_WAIT
+    } else {
+        Duration::from_secs(2 * p.max_timeout_seconds.max(60) + 120)
+    };
     let mut opts = stage_options(ctx, stage, key, timeout, host_queue, token);
     // On cancel, wait until the activity has stopped its job, so cleanup never races a
     // process that is still being killed.
