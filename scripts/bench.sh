@@ -19,6 +19,9 @@
 #   ONLY=aged scripts/bench.sh  # only an agent with 300,000 ended jobs against a fresh one
 #   ONLY=huge scripts/bench.sh  # only 100,000 simulated cases (HUGE=N): completes, peak RSS,
 #                               # `batch status` every 5 s during the run (median, slowest)
+#   ONLY=slurm scripts/bench.sh # only 300 x sleep 1 at 32 through a Slurm runtime against xargs -P 32
+#                               # of `sbatch --wait`, on a one-node cluster of the bench's own
+#                               # (scripts/slurm-cluster.sh; Slurm calls per case counted)
 #   ONLY=containers scripts/bench.sh # only 200 x true in containers against podman run (needs
 #                               # DOCKER_HOST=$(bash scripts/container-engine.sh))
 #
@@ -48,7 +51,9 @@ manifest() { # name runtime harness count concurrency
   local f="$WORK/$1.yaml"
   {
     echo "batch_id: $1"
-    if [ -n "${AGENT2_ADDR:-}" ]; then
+    if [ -n "${SLURM_PARTITION:-}" ]; then
+      echo "runtimes: {hpc: {kind: slurm, partition: $SLURM_PARTITION}}"
+    elif [ -n "${AGENT2_ADDR:-}" ]; then
       echo "runtimes: {bench-agent: {kind: agent, endpoint: 'http://$AGENT_ADDR'}, bench-agent-2: {kind: agent, endpoint: 'http://$AGENT2_ADDR'}}"
     elif [ -n "${AGENT_ADDR:-}" ]; then
       echo "runtimes: {bench-agent: {kind: agent, endpoint: 'http://$AGENT_ADDR'}}"
@@ -461,6 +466,33 @@ containers_vs_podman_run() {
     'true' "${N_CONTAINERS:-200}" "podman --url $DOCKER_HOST run --rm $limits $image true"
 }
 
+# 300 x `sleep 1` at 32 in flight through `kind: slurm`, against `xargs -P 32` of `sbatch
+# --wait --wrap 'sleep 1'` on the same cluster, in the same run. Every call casebatch makes to
+# Slurm goes through a shim on PATH that counts it.
+slurm_vs_sbatch_wait() {
+  local count=${N_SLURM:-300} real
+  export CASEBATCH_SLURM_DIR="$WORK/slurm"
+  SLURM_CONF=$(bash scripts/slurm-cluster.sh)
+  export SLURM_CONF
+  trap 'bash scripts/slurm-cluster.sh stop; mountpoint -q "$WORK/fresh" && umount "$WORK/fresh"; rm -rf "$WORK"' EXIT
+  mkdir -p "$WORK/shims"
+  for tool in sbatch squeue scancel; do
+    real=$(command -v "$tool")
+    printf '#!/bin/sh
+echo %s >> "%s/calls"
+exec %s "$@"
+' "$tool" "$WORK" "$real" > "$WORK/shims/$tool"
+    chmod +x "$WORK/shims/$tool"
+  done
+  : > "$WORK/calls"
+  PATH="$WORK/shims:$PATH" SLURM_PARTITION=debug C=32 scenario "slurm, sleep 1" hpc 'sleep 1' \
+    "$count" "$(command -v sbatch) --wait --quiet --output=/dev/null --wrap 'sleep 1'"
+  awk -v n="$count" -v runs="$RUNS" '{ c[$1]++ } END {
+    printf "slurm calls per case (casebatch): %.2f sbatch, %.2f squeue, %.2f scancel\n",
+      c["sbatch"] / (n * runs), c["squeue"] / (n * runs), c["scancel"] / (n * runs) }' "$WORK/calls"
+}
+
+if [ "${ONLY:-}" = slurm ]; then slurm_vs_sbatch_wait; exit 0; fi
 if [ "${ONLY:-}" = huge ]; then huge_batch; exit 0; fi
 if [ "${ONLY:-}" = containers ]; then containers_vs_podman_run; exit 0; fi
 if [ "${ONLY:-}" = agent ]; then agent_vs_local; exit 0; fi
