@@ -471,6 +471,8 @@ containers_vs_podman_run() {
 # Slurm goes through a shim on PATH that counts it.
 slurm_vs_sbatch_wait() {
   local count=${N_SLURM:-300} real
+  # munged wants every directory above its socket open to all.
+  chmod 755 "$WORK"
   export CASEBATCH_SLURM_DIR="$WORK/slurm"
   SLURM_CONF=$(bash scripts/slurm-cluster.sh)
   export SLURM_CONF

@@ -22,6 +22,8 @@ use temporalio_sdk::activities::ActivityContext;
 /// An activity's context, and its heartbeats so far. Derefs to the SDK's context.
 pub(crate) struct StageContext {
     ctx: ActivityContext,
+    /// The engine's clock, read from when the server started this activity.
+    clock: crate::timings::EngineClock,
     started: Instant,
     every: Duration,
     throttle: Mutex<Throttle>,
@@ -29,6 +31,16 @@ pub(crate) struct StageContext {
 }
 
 impl StageContext {
+    /// Timings for this activity's stages, on the engine's clock.
+    pub(crate) fn timings(&self) -> crate::timings::StageTimings {
+        crate::timings::StageTimings::new(self.clock, self.ctx.info().attempt)
+    }
+
+    /// Milliseconds since the epoch on the engine's clock (workflow time's), now.
+    pub(crate) fn engine_now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
     pub(crate) fn new(ctx: ActivityContext, metrics: &Metrics) -> Self {
         // The SDK's throttle: 80 % of the timeout the workflow set (`BatchInput::
         // heartbeat_timeout`), which is the batch's cadence.
@@ -42,7 +54,9 @@ impl StageContext {
         } else {
             "activities"
         });
+        let clock = crate::timings::EngineClock::new(ctx.info().started_time);
         Self {
+            clock,
             ctx,
             started: Instant::now(),
             every,

@@ -529,6 +529,7 @@ mod tests {
             pid,
             start_ticks: None,
             started_at_ms: 1,
+            started_at_boot_ms: None,
             timeout_seconds: 60,
             memory: crate::local::memlimit::MemoryLimit::None,
             tracking: Default::default(),
@@ -553,6 +554,7 @@ mod tests {
             started_at_ms: at,
             ended_at_ms: at + 1,
             duration_ms: 1,
+            resumed: None,
         }
     }
 

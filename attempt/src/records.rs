@@ -45,13 +45,19 @@ pub struct AttemptRecord {
     pub stages: Vec<StageTiming>,
 }
 
-/// One stage's wall-clock span, as the worker that ran it saw it (ms since the epoch).
+/// One stage's span: its start on the engine's clock (ms since the epoch, the clock workflow
+/// times are on), its duration measured on a clock that does not step, its end their sum.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageTiming {
     pub stage: Stage,
     pub started_at_ms: u64,
     pub ended_at_ms: u64,
     pub duration_ms: u64,
+    /// The stage ran in a retry of its activity (this try's number): the try before was lost
+    /// with its worker or to the engine's patience (a wait that spanned an outage), and the
+    /// time between is in no stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<u32>,
 }
 
 /// The journal's `prepared` entry: the attempt's environment was provisioned ahead of need
@@ -156,6 +162,11 @@ pub struct JobRecord {
     pub pid: Option<u32>,
     pub start_ticks: Option<u64>,
     pub started_at_ms: u64,
+    /// The same moment on the host's boot clock (`local::boot_clock`), which a deadline is
+    /// measured on: a wall clock that steps moves no deadline. Absent in records from before
+    /// it was kept: then the wrapper's start time stands in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_boot_ms: Option<u64>,
     pub timeout_seconds: u64,
     pub memory: MemoryLimit,
     /// The cgroup that holds the attempt's processes (`marker_scan` when none was writable,
@@ -304,6 +315,14 @@ pub struct ContainerRecord {
     /// sandbox lifetime) counts from here, else from `created_at_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at_ms: Option<u64>,
+    /// The same moment on the host's boot clock, which the deadline is measured on (a
+    /// wall-clock step moves no deadline). Absent in records from before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_boot_ms: Option<u64>,
+    /// The process that started it: a wait in any other process, once that one is gone,
+    /// adopted it. Absent in records from before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<ProcessId>,
 }
 
 impl ContainerRecord {

@@ -111,11 +111,14 @@ impl AttemptTally {
         if let Some(ms) = s.duration_ms().filter(|_| !s.speculative_loser) {
             self.durations_ms.push(ms);
         }
+        // One figure per stage and attempt: a stage that ran several times (a wait watched
+        // by `start`, then by `settle`, or taken over after an outage) counts whole.
+        let mut per_stage: BTreeMap<Stage, u64> = BTreeMap::new();
         for t in &a.stages {
-            self.stage_ms
-                .entry(t.stage)
-                .or_default()
-                .push(t.duration_ms);
+            *per_stage.entry(t.stage).or_default() += t.duration_ms;
+        }
+        for (stage, ms) in per_stage {
+            self.stage_ms.entry(stage).or_default().push(ms);
         }
     }
 }

@@ -38,7 +38,8 @@ use bollard::models::{ContainerInspectResponse, ContainerStateStatusEnum as Stat
 use bollard::query_parameters::{
     CreateContainerOptions, CreateImageOptions, RemoveContainerOptions,
 };
-use casebatch_attempt::local::{fault_point, lock_attempt};
+use casebatch_attempt::local::procfs::ProcessId;
+use casebatch_attempt::local::{boot_clock, fault_point, lock_attempt};
 use casebatch_attempt::{
     Attempt, CleanupReceipt, ContainerFacts, ContainerRecord, Entry, EvaluationRecord, Executor,
     Liveness, NotStarted, OnCancel, RECORD_SCHEMA_VERSION, attempt_files, harness, hostname,
@@ -72,6 +73,8 @@ fn new_record(a: &Attempt, provisioned: bool) -> ContainerRecord {
         created_at_ms: now_ms(),
         provisioned,
         started_at_ms: None,
+        started_at_boot_ms: None,
+        owner: None,
     }
 }
 
@@ -267,6 +270,8 @@ impl ContainerRuntime {
         if record.started_at_ms.is_none() {
             let started = ContainerRecord {
                 started_at_ms: Some(now_ms()),
+                started_at_boot_ms: boot_clock::now_ms(),
+                owner: ProcessId::this(),
                 ..record
             };
             write_record(a, &started, Stage::Submit)?;
@@ -313,10 +318,21 @@ impl Executor for ContainerRuntime {
             return failed(lost(a, "its container record is missing"), a);
         };
         let name = container_name(a, Role::Actor);
-        let adopted = !self.started.lock().expect("lock").contains(&name);
-        let since = record.started_at_ms.unwrap_or(record.created_at_ms);
-        let deadline_ms = since + a.job.timeout_seconds.max(1) * 1000;
-        let deadline = Instant::now() + Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
+        // Adopted: started by another worker process that is gone (not this one, which
+        // started it, and not a live replica's on this host).
+        let adopted = match record.owner {
+            Some(owner) => !owner.is_alive(),
+            None => !self.started.lock().expect("lock").contains(&name),
+        };
+        let timeout_ms = a.job.timeout_seconds.max(1) * 1000;
+        // Measured on the boot clock where the record has it: a wall-clock step moves no
+        // deadline.
+        let elapsed_ms = match (record.started_at_boot_ms, boot_clock::now_ms()) {
+            (Some(at), Some(now)) => now.saturating_sub(at),
+            _ => now_ms().saturating_sub(record.started_at_ms.unwrap_or(record.created_at_ms)),
+        };
+        let deadline =
+            Instant::now() + Duration::from_millis(timeout_ms.saturating_sub(elapsed_ms));
         let waited = wait::wait(docker, &name, deadline, job, live).await;
         if matches!(waited, Waited::Exited { .. } | Waited::TimedOut) {
             let logs = (a.file(attempt_files::STDOUT), a.file(attempt_files::STDERR));

@@ -1124,6 +1124,20 @@ fn an_agent_frozen_past_the_grace_costs_no_job_and_each_first_attempt_settles() 
             r["attempts"], 1,
             "{case} settled by its first attempt: {r:#}"
         );
+        // The waits on both sides of the freeze are in the attempt's record: the one that
+        // gave up on the frozen agent, and the one after it answered again.
+        let record = sb.recorded("frozen", &case, 1, "record");
+        let waits: Vec<u64> = record["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["stage"] == "await")
+            .map(|s| s["duration_ms"].as_u64().unwrap())
+            .collect();
+        assert!(
+            waits.len() >= 2 && waits.iter().sum::<u64>() >= 30_000,
+            "{case}: waits {waits:?} in {record:#}"
+        );
     }
     let counters = &sb.status("frozen")["status"]["counters"];
     assert!(

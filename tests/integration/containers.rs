@@ -104,6 +104,12 @@ tasks:
     assert_eq!(r["state"], "succeeded", "{r:#}");
     assert_eq!(r["attempts"], 2, "{r:#}");
     assert_eq!(r["verdict"], "pass", "{r:#}");
+    // Nothing crashed: no attempt was adopted, and the summary's recovery count says none.
+    assert_eq!(r["adopted"], false, "{r:#}");
+    for attempt in 1..=2 {
+        let record = sb.recorded("boxed", "t1", attempt, "record");
+        assert_eq!(record["summary"]["adopted"], false, "{record:#}");
+    }
 
     let out = |n: u32, f: &str| {
         std::fs::read_to_string(sb.attempt_file("boxed", "t1", n, &format!("output/{f}")))

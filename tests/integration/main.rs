@@ -11,6 +11,7 @@ mod budget;
 mod case_view;
 mod chaos_kills;
 mod cleanup;
+mod clocks;
 mod containers;
 mod demo;
 mod deploy_files;

@@ -12,7 +12,6 @@ use tracing::Instrument;
 
 use super::context::{CaseActivities, attempt_span, heartbeating};
 use crate::beats::StageContext;
-use crate::timings::StageTimings;
 
 impl CaseActivities {
     pub(crate) async fn prepare_ahead(
@@ -26,7 +25,7 @@ impl CaseActivities {
         let span = attempt_span(&env);
         async move {
             let host_queue = self.runtimes.executor(&env).host_queue();
-            let mut timings = StageTimings::default();
+            let mut timings = ctx.timings();
             let provisioned = timings.time(Stage::Provision, self.provision_stage(&ctx, &env));
             let provisioned = heartbeating(&ctx, (), provisioned).await?;
             timings.append_to(&env);

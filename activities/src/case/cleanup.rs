@@ -62,7 +62,7 @@ impl CaseActivities {
                 patient: input.patient,
             };
             let report = self
-                .close(&ctx, &env, &input.summary, closing, StageTimings::default())
+                .close(&ctx, &env, &input.summary, closing, ctx.timings())
                 .await;
             self.metrics.stage("cleanup", began.elapsed());
             report

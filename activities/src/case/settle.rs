@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use casebatch_bundle::{BundleError, Entry, attempt_files, now_ms};
+use casebatch_bundle::{BundleError, Entry, attempt_files};
 use casebatch_proto::{
     ActorReport, ActorStatus, AttemptSummary, Evaluation, Failure, FailureCode, JobRef,
     SettleInput, Settled, Stage,
@@ -41,7 +41,7 @@ impl CaseActivities {
         let env = self.env(&input.key)?;
         let span = attempt_span(&env);
         async move {
-            let mut timings = StageTimings::default();
+            let mut timings = ctx.timings();
             let awaiting = self.metrics.awaiting(env.case.runtime.as_str());
             let awaited = timings.time(Stage::Await, self.await_stage(&ctx, &env, input.job));
             let (job, actor) = awaited.await?;
@@ -176,8 +176,8 @@ impl CaseActivities {
         if let Some(mut summary) = close_from {
             summary.apply_settled(&settled);
             if decide::is_final_when_settled(&summary) {
-                summary.ended_at_ms = Some(now_ms());
-                let timings = std::mem::take(&mut timings);
+                summary.ended_at_ms = Some(ctx.engine_now_ms());
+                let timings = std::mem::replace(&mut timings, ctx.timings());
                 let closing = Closing::of_final();
                 let report = self.close(ctx, env, &summary, closing, timings).await?;
                 summary.cleanup_confirmed = Some(report.cleanup_confirmed);

@@ -55,7 +55,7 @@ impl CaseActivities {
         let env = self.env(input.key())?;
         let span = attempt_span(&env);
         async move {
-            let mut timings = StageTimings::default();
+            let mut timings = ctx.timings();
             // Heartbeating throughout: the breaker's answer can take a moment too.
             let start = async {
                 // A routed case consults its runtime's breaker first: an open circuit sends it
@@ -165,7 +165,7 @@ impl CaseActivities {
         job: JobRef,
         short: &SettleShort,
     ) -> Result<StartResult, ActivityError> {
-        let mut timings = StageTimings::default();
+        let mut timings = ctx.timings();
         let live = Watching {
             ctx,
             until: Instant::now() + Duration::from_millis(short.within_ms),
@@ -176,10 +176,12 @@ impl CaseActivities {
         let actor = watched.await;
         drop(awaiting);
         if actor.status == ActorStatus::Cancelled {
+            // The watch is part of the attempt's wait, whatever comes next: settle's await
+            // continues it.
+            timings.append_to(env);
             if ctx.is_cancelled() {
                 return Err(ActivityError::cancelled());
             }
-            // Still running: its wait so far is not a stage of its own (settle's await is).
             let heartbeats = ctx.sent();
             return Ok(StartResult::Watched { job, heartbeats });
         }

@@ -33,6 +33,7 @@
 //!
 //! This is not an OS sandbox: it shares the host's filesystem, user and network.
 
+pub mod boot_clock;
 pub mod cgroup;
 pub mod evaluate;
 pub mod job;
@@ -130,6 +131,7 @@ impl LocalProcess {
             pid: None,
             start_ticks: None,
             started_at_ms: now_ms(),
+            started_at_boot_ms: boot_clock::now_ms(),
             timeout_seconds: env.job.timeout_seconds,
             memory,
             tracking,
@@ -367,13 +369,13 @@ impl Executor for LocalProcess {
         // Not when this process holds the child, or started it (and lost the handle), or
         // the starter is a live replica on this host.
         let adopted = child.is_none() && !record.owner.is_some_and(|o| o.is_alive());
-        let deadline_ms = record.started_at_ms + record.timeout_seconds * 1000;
+        let deadline = Deadline::of(&record);
         let rss_limit = match record.memory {
             MemoryLimit::RssPoll { limit_mb } => Some(limit_mb * 1024 * 1024),
             _ => None,
         };
 
-        let waited = wait(env, &record, child, live, deadline_ms, rss_limit).await;
+        let waited = wait(env, &record, child, live, deadline, rss_limit).await;
         match waited {
             Waited::Exited(code) => self.finish(env, &record, code, adopted).await,
             Waited::TimedOut => {
@@ -591,7 +593,10 @@ impl LocalProcess {
         if let Some(t) = start_traces(env) {
             return Self::complete(env, &record, t.pid, t.ticks, true).map(|r| job_ref(&r));
         }
-        let written = Duration::from_millis(now_ms().saturating_sub(record.started_at_ms));
+        let written = match (record.started_at_boot_ms, boot_clock::now_ms()) {
+            (Some(at), Some(now)) => Duration::from_millis(now.saturating_sub(at)),
+            _ => Duration::from_millis(now_ms().saturating_sub(record.started_at_ms)),
+        };
         if let Some(wait) = SPAWN_GRACE.checked_sub(written) {
             tokio::time::sleep(wait).await;
             if let Some(t) = start_traces(env) {
@@ -698,12 +703,50 @@ impl LocalProcess {
 
 /// Waits for the job: directly on the child when this process spawned it, else by polling
 /// its exit-status file and identity (an adopted job).
+/// A job's deadline: its timeout after its start, measured on the host's boot clock, which
+/// a wall-clock step does not move. Records from before the boot clock was kept count from the
+/// wrapper's start time (the same clock); only a record with neither falls back to the wall
+/// clock.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    started_boot_ms: Option<u64>,
+    started_wall_ms: u64,
+    timeout_ms: u64,
+}
+
+impl Deadline {
+    fn of(record: &JobRecord) -> Self {
+        Self {
+            started_boot_ms: record
+                .started_at_boot_ms
+                .or(record.start_ticks.map(boot_clock::ticks_to_ms)),
+            started_wall_ms: record.started_at_ms,
+            timeout_ms: record.timeout_seconds * 1000,
+        }
+    }
+
+    fn passed(&self) -> bool {
+        match (self.started_boot_ms, boot_clock::now_ms()) {
+            (Some(started), Some(now)) => now.saturating_sub(started) >= self.timeout_ms,
+            _ => now_ms() >= self.started_wall_ms + self.timeout_ms,
+        }
+    }
+}
+
+/// A child's exit status as a shell would report it (128 + the signal when killed).
+fn status_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(9))
+}
+
 async fn wait(
     env: &Attempt,
     record: &JobRecord,
     mut child: Option<Child>,
     live: &dyn Liveness,
-    deadline_ms: u64,
+    deadline: Deadline,
     rss_limit: Option<u64>,
 ) -> Waited {
     let job = job_ref(record);
@@ -716,7 +759,16 @@ async fn wait(
         if live.is_cancelled() {
             return Waited::Cancelled(child);
         }
-        if now_ms() >= deadline_ms {
+        if deadline.passed() {
+            // However long nobody looked (an engine stall, a worker restart), a job that has
+            // ended is no timeout: its recorded end is read first.
+            if let Some(code) = exit_status(env) {
+                return Waited::Exited(code);
+            }
+            if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                return exit_status(env)
+                    .map_or_else(|| Waited::Exited(status_code(status)), Waited::Exited);
+            }
             return Waited::TimedOut;
         }
         if let Some(limit) = rss_limit {
@@ -737,12 +789,7 @@ async fn wait(
                 };
                 if let Ok(status) = tokio::time::timeout(tick, c.wait()).await {
                     // The wrapper's file is authoritative (it holds the harness's own status).
-                    let code = exit_status(env).or_else(|| {
-                        status.ok().map(|s| {
-                            use std::os::unix::process::ExitStatusExt;
-                            s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9))
-                        })
-                    });
+                    let code = exit_status(env).or_else(|| status.ok().map(status_code));
                     return code.map_or(Waited::Lost, Waited::Exited);
                 }
             }
@@ -802,8 +849,9 @@ fn start_traces(env: &Attempt) -> Option<Trace> {
     find_marked(env)
 }
 
-/// A record rebuilt from a start's traces alone (no usable intent): the memory mechanism and
-/// the original start time are unknown, so the deadline counts from now.
+/// A record rebuilt from a start's traces alone (no usable intent): the memory mechanism is
+/// unknown, and the deadline counts from the wrapper's start where its process is known, else
+/// from now.
 fn recovered_record(env: &Attempt, t: Trace) -> JobRecord {
     JobRecord {
         schema_version: RECORD_SCHEMA_VERSION.into(),
@@ -812,6 +860,10 @@ fn recovered_record(env: &Attempt, t: Trace) -> JobRecord {
         pid: t.pid,
         start_ticks: t.ticks,
         started_at_ms: now_ms(),
+        started_at_boot_ms: match t.ticks {
+            Some(ticks) => Some(boot_clock::ticks_to_ms(ticks)),
+            None => boot_clock::now_ms(),
+        },
         timeout_seconds: env.job.timeout_seconds,
         memory: MemoryLimit::None,
         tracking: tracking_of(env, None),
