@@ -225,3 +225,55 @@ fn an_attempt_s_stages_add_up_to_its_duration_the_start_s_watch_included() {
         "the report's await is the whole wait: {report:#}"
     );
 }
+
+/// The same step on an agent's host: its jobs' deadlines are on its boot clock too.
+#[test]
+fn an_agent_s_wall_clock_stepped_an_hour_forward_times_out_none_of_its_jobs() {
+    let sb = Sandbox::engine();
+    let offset = sb.path("clock-offset");
+    let Some(env) = faketime("clocks::agent_forward", &offset) else {
+        return;
+    };
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let port = free_port();
+    let data = sb.path("agent-data");
+    let (listen, data_arg) = (format!("127.0.0.1:{port}"), data.display().to_string());
+    let mut agent = sb.spawn_env(
+        &["agent", "--listen", &listen, "--data-dir", &data_arg],
+        "agent.log",
+        &env,
+    );
+    wait_until(Duration::from_secs(30), "the agent listens", || {
+        data.join("agent.addr").exists()
+    });
+    let m = sb.write(
+        "agent.yaml",
+        &manifest("agent", "sleep 10", 120)
+            .replace(
+                "defaults:\n",
+                &format!(
+                    "runtimes: {{box: {{kind: agent, endpoint: 'http://{listen}'}}}}\ndefaults:\n"
+                ),
+            )
+            .replace("runtime: local-process", "runtime: box"),
+    );
+    let mut runner = sb.spawn_batch(&m, "runner.log");
+    wait_until(Duration::from_secs(60), "8 jobs running", || runs(&sb) == 8);
+    std::fs::write(&offset, "+1h\n").unwrap();
+    assert_eq!(
+        wait_child(&mut runner, Duration::from_secs(120)),
+        0,
+        "{}\n{}",
+        tail(&sb.path("runner.log"), 30),
+        tail(&sb.path("agent.log"), 30)
+    );
+    assert_eq!(runs(&sb), 8, "one start per case");
+    for i in 0..8 {
+        assert_eq!(
+            sb.case_result("agent", &format!("c{i}"))["state"],
+            "succeeded"
+        );
+    }
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
