@@ -29,7 +29,7 @@ use casebatch_attempt::local::LocalProcess;
 use casebatch_attempt::{Attempt, CleanupReceipt, EvaluationRecord, Executor, Liveness, OnCancel};
 use casebatch_container::ContainerRuntime;
 use casebatch_proto::runtime_v1::{self as pb, CONTRACT_VERSION, contract_of};
-use casebatch_proto::{ActorReport, ActorStatus, AttemptKey, Failure, FailureCode, JobRef, Stage};
+use casebatch_proto::{ActorReport, AttemptKey, Failure, FailureCode, JobRef, Stage};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
@@ -899,15 +899,7 @@ impl Jobs {
 }
 
 fn failed(f: Failure) -> ActorReport {
-    ActorReport {
-        status: ActorStatus::Failed,
-        exit_code: None,
-        failure: Some(f),
-        adopted: false,
-        memory_limit_mb: None,
-        usage: None,
-        retry_after_ms: None,
-    }
+    ActorReport::failed(f, None)
 }
 
 #[cfg(test)]

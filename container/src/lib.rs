@@ -46,7 +46,7 @@ use casebatch_attempt::{
     now_ms,
 };
 use casebatch_proto::runtime_v1::{Command, Sandbox};
-use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, JobRef, Stage};
+use casebatch_proto::{ActorReport, Failure, FailureCode, JobRef, Stage};
 use futures::StreamExt;
 
 use crate::names::{Role, container_name};
@@ -129,13 +129,8 @@ fn job_ref(a: &Attempt) -> JobRef {
 
 fn failed(failure: Failure, a: &Attempt) -> ActorReport {
     ActorReport {
-        status: ActorStatus::Failed,
-        exit_code: None,
-        failure: Some(failure),
-        adopted: false,
         memory_limit_mb: a.memory_mb(),
-        usage: None,
-        retry_after_ms: None,
+        ..ActorReport::failed(failure, None)
     }
 }
 

@@ -98,6 +98,19 @@ pub struct ActorReport {
 }
 
 impl ActorReport {
+    /// A job that failed as `failure` says, with the exit status it ended with, if any.
+    pub fn failed(failure: crate::Failure, exit_code: Option<i32>) -> Self {
+        Self {
+            status: ActorStatus::Failed,
+            exit_code,
+            failure: Some(failure),
+            adopted: false,
+            memory_limit_mb: None,
+            usage: None,
+            retry_after_ms: None,
+        }
+    }
+
     /// A job stopped by a cancel, before it could end on its own.
     pub fn cancelled() -> Self {
         Self {

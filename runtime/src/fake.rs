@@ -32,15 +32,7 @@ pub struct Scripted(FakeScript);
 
 /// What the simulated actor reports for an attempt.
 pub fn simulated_report(script: &FakeScript, attempt: u32) -> ActorReport {
-    let failed = |f: Failure| ActorReport {
-        status: ActorStatus::Failed,
-        exit_code: Some(1),
-        failure: Some(f),
-        adopted: false,
-        memory_limit_mb: None,
-        usage: None,
-        retry_after_ms: None,
-    };
+    let failed = |f: Failure| ActorReport::failed(f, Some(1));
     if attempt <= script.infra_failures_first {
         return failed(Failure::infra(
             Stage::Await,

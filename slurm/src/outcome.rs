@@ -5,22 +5,10 @@
 use std::time::Duration;
 
 use casebatch_attempt::{Attempt, attempt_files, harness};
-use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, Stage};
+use casebatch_proto::{ActorReport, Failure, FailureCode, Stage};
 
 use crate::queue::Job;
 use crate::script::{DIR_NOT_SHARED, time_limit_minutes};
-
-fn failed(failure: Failure, exit_code: Option<i32>) -> ActorReport {
-    ActorReport {
-        status: ActorStatus::Failed,
-        exit_code,
-        failure: Some(failure),
-        adopted: false,
-        memory_limit_mb: None,
-        usage: None,
-        retry_after_ms: None,
-    }
-}
 
 /// The report of a job that ended as `job` says. A kill by the memory or time limit is
 /// Slurm's to tell; otherwise, once the harness ran to its end (the wrapper wrote its exit
@@ -29,9 +17,10 @@ fn failed(failure: Failure, exit_code: Option<i32>) -> ActorReport {
 pub(crate) async fn ended(a: &Attempt, job: &Job) -> ActorReport {
     let exit = a.journal().ok().and_then(|j| j.exit);
     let named = format!("Slurm job {} on {}", job.id, display_nodes(&job.nodes));
-    let infra = |code, message| failed(Failure::infra(Stage::Await, code, message), exit);
+    let infra =
+        |code, message| ActorReport::failed(Failure::infra(Stage::Await, code, message), exit);
     let mut report = match (job.state.as_str(), exit) {
-        ("OUT_OF_MEMORY", _) => failed(Failure::oom(a.memory_mb()), exit),
+        ("OUT_OF_MEMORY", _) => ActorReport::failed(Failure::oom(a.memory_mb()), exit),
         ("TIMEOUT" | "DEADLINE", _) => infra(
             FailureCode::Timeout,
             format!(
@@ -50,7 +39,7 @@ pub(crate) async fn ended(a: &Attempt, job: &Job) -> ActorReport {
             FailureCode::SchedulerCancelled,
             format!("{named} was cancelled in Slurm by someone other than casebatch"),
         ),
-        (_, None) if job.exit_code == Some(i64::from(DIR_NOT_SHARED)) => failed(
+        (_, None) if job.exit_code == Some(i64::from(DIR_NOT_SHARED)) => ActorReport::failed(
             Failure::config(
                 Stage::Await,
                 FailureCode::SpawnFailed,
@@ -95,7 +84,7 @@ async fn classify(a: &Attempt, exit: i32) -> ActorReport {
 
 /// A job neither Slurm nor the journal can account for.
 pub(crate) fn lost(a: &Attempt, why: &str) -> ActorReport {
-    failed(
+    ActorReport::failed(
         Failure::infra(
             Stage::Await,
             FailureCode::JobLost,
@@ -107,7 +96,7 @@ pub(crate) fn lost(a: &Attempt, why: &str) -> ActorReport {
 
 /// Slurm did not answer for `waited`.
 pub(crate) fn unreachable(why: &str, waited: Duration) -> ActorReport {
-    failed(
+    ActorReport::failed(
         Failure::infra(
             Stage::Await,
             FailureCode::RuntimeUnreachable,

@@ -52,15 +52,7 @@ pub use target::{AgentTarget, TABLE_KEYS, is_loopback};
 use waits::beating;
 
 fn failed(failure: Failure) -> ActorReport {
-    ActorReport {
-        status: ActorStatus::Failed,
-        exit_code: None,
-        failure: Some(failure),
-        adopted: false,
-        memory_limit_mb: None,
-        usage: None,
-        retry_after_ms: None,
-    }
+    ActorReport::failed(failure, None)
 }
 
 fn job_ref(t: &AgentTarget, key: String, job: Option<&wire::Job>) -> JobRef {
