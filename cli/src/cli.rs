@@ -243,9 +243,11 @@ pub enum HarnessCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Print a JSON Schema: of the batch manifest (default), or of a command's `--json` output.
+    /// Print a JSON Schema: of the batch manifest (default), of the result file a harness or
+    /// an evaluator writes, or of a command's `--json` output.
     Schema {
-        /// The batch manifest (`batch`), or the `--json` view of a command.
+        /// The batch manifest (`batch`), a harness's result file (`result`), an evaluator's
+        /// (`evaluator-result`), or the `--json` view of a command.
         #[arg(long, value_enum, default_value = "batch")]
         kind: casebatch_views::ViewKind,
     },
