@@ -588,8 +588,9 @@ pub struct RerunArgs {
     /// Every case that did not succeed.
     #[arg(long)]
     pub failed: bool,
-    /// These cases (by task id); repeatable.
-    #[arg(long)]
+    /// These cases; repeatable. A task id selects every run of the task (with epochs,
+    /// `TASK#1`, `TASK#2`, ...); a case id (`TASK#2`) selects one run.
+    #[arg(long, value_name = "TASK_ID|CASE_ID")]
     pub case: Vec<String>,
     /// Every case.
     #[arg(long)]
@@ -603,7 +604,7 @@ pub struct RerunArgs {
 pub struct SingleRunArgs {
     #[command(flatten)]
     pub manifest: ManifestArgs,
-    /// The task id of the case to run.
+    /// The case to run: its task id, or with epochs one run of the task (`TASK#2`).
     #[arg(long = "case")]
     pub case_id: String,
     /// Root of result bundles (`<output-dir>/<batch_id>--<case_dir>/`).

@@ -873,6 +873,9 @@ pub fn report(view: &ReportView) {
     if let Some(stats) = &s.stats {
         stats_lines(stats);
     }
+    if let Some(line) = rerun_note(view) {
+        say!("{line}");
+    }
     if let Some(usage) = &s.usage {
         let cases = s.rows.iter().filter(|r| r.usage.is_some()).count();
         say!("  usage: {} (over {cases} case(s))", usage_text(usage));
@@ -944,6 +947,34 @@ pub fn report(view: &ReportView) {
             }
         );
     }
+}
+
+/// Runs of tasks with epochs queued again after they finished: their pass@k counts each
+/// run's latest outcome, re-runs included, which is not what k fresh runs would give.
+fn rerun_note(view: &ReportView) -> Option<String> {
+    let rerun: std::collections::BTreeSet<&str> =
+        view.rerun_cases.iter().map(String::as_str).collect();
+    let tasks: std::collections::BTreeSet<&str> = view
+        .plan
+        .cases
+        .iter()
+        .filter(|c| rerun.contains(c.case_id.as_str()))
+        .filter_map(|c| c.epoch.as_ref().map(|e| e.task_id.as_str()))
+        .collect();
+    let runs = view
+        .plan
+        .cases
+        .iter()
+        .filter(|c| c.epoch.is_some() && rerun.contains(c.case_id.as_str()))
+        .count();
+    (runs > 0).then(|| {
+        format!(
+            "  note: pass@k includes {runs} re-run run(s) of {} task(s) ({}): each run counts \
+             its latest outcome, so pass@k is not that of independent runs",
+            tasks.len(),
+            truncate(&tasks.into_iter().collect::<Vec<_>>().join(", "), 80)
+        )
+    })
 }
 
 /// What `retry-failed` is about to do, before the new batch runs.
