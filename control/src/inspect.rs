@@ -20,6 +20,7 @@ use temporalio_client::{
 
 use crate::error::{ControlError, Result};
 use crate::location::{Attached, BatchLocation, EngineChoice};
+use crate::pollers::{Workers, workers};
 use crate::workflow::{Handle, Presence, presence as presence_of, query_status};
 
 /// How long a status query may take before the bundle's view is shown instead.
@@ -60,7 +61,10 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
     } = location.attach(engine).await?;
     let deadline = Instant::now() + QUERY_WAIT;
     let mut live = None;
-    while presence == Presence::Running && Instant::now() < deadline {
+    // A query no worker can answer is not waited for: the batch's runner is gone (stopped, or
+    // killed), and the workflow waits for one to come back.
+    let mut unworked = presence == Presence::Running && workers(&handle).await == Workers::Gone;
+    while presence == Presence::Running && !unworked && Instant::now() < deadline {
         let left = deadline.saturating_duration_since(Instant::now());
         let asked = hedged_query(&handle, &bundle, &plan);
         match tokio::time::timeout(left.min(QUERY_TRY), asked).await {
@@ -73,9 +77,11 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
             // behind the workflow task in flight (it holds one; the runner's own progress
             // queries take it), and a query held as its run continues as new can wait on a
             // run that is over. No answer at all (no worker) ends in the bundle's view.
+            // A runner that was still exiting when first looked at is gone by now.
             Ok(Err(_)) | Err(_) => {
                 tokio::time::sleep(QUERY_AGAIN_AFTER).await;
                 presence = presence_of(&handle, &bundle, &plan).await?;
+                unworked = presence == Presence::Running && workers(&handle).await == Workers::Gone;
             }
         }
     }
@@ -83,6 +89,7 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
     let bundle_view = |phase| Ok::<_, ControlError>((from_bundle(&bundle, &plan, phase)?, None));
     let ((status, end), source) = match live {
         Some(s) => ((s, None), StatusSource::Workflow),
+        None if running && unworked => (bundle_view(Phase::Running)?, StatusSource::NoWorker),
         None if running => (bundle_view(Phase::Running)?, StatusSource::Bundle),
         None => match handle.get_result(WorkflowGetResultOptions::default()).await {
             Ok(o) => ((o.status, Some(o.end)), StatusSource::Result),

@@ -51,6 +51,10 @@ pub enum StatusSource {
     /// The cases' result records alone (counts only): the workflow runs but no worker
     /// answered within 5 s, or it ended without a result (terminated, failed).
     Bundle,
+    /// The cases' result records alone (counts only): the workflow is open but no worker polls
+    /// its task queue (its runner was stopped or killed), so none was asked; `batch resume`
+    /// continues it.
+    NoWorker,
 }
 
 /// The answer of `batch report --json` (read from the bundle alone).
