@@ -414,8 +414,10 @@ pub struct ManifestArgs {
     /// the current directory).
     #[arg(long)]
     pub evaluator: Option<String>,
-    /// YAML/JSON file with a `defaults` object (for JSONL task lists).
-    #[arg(long)]
+    /// YAML/JSON file of settings for every case (what a JSONL task list has no place for):
+    /// written as in a manifest, a `defaults:` object and optionally `summary:`, or the
+    /// defaults' fields alone at its top level. The manifest's own settings win over it.
+    #[arg(long, value_name = "FILE")]
     pub defaults: Option<PathBuf>,
     /// Warn when the batch has more cases than this.
     #[arg(long)]
