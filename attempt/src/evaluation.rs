@@ -13,6 +13,7 @@ use serde::Deserialize;
 use crate::files;
 use crate::layout::attempt_files;
 use crate::records::{EvaluationRecord, RECORD_SCHEMA_VERSION};
+use crate::result_contract::check_named_scores;
 
 /// The exit status of an evaluator that could not join the attempt's cgroup (before it ran).
 pub const JOIN_FAILED: i32 = 96;
@@ -152,6 +153,15 @@ pub async fn read_result(path: &Path, exit_code: Option<i32>) -> EvaluationRecor
             }
             Err(e) => Err(format!("its result is unusable: {e}")),
         };
+    // The scores are held to the contract as the harness's are (`result_contract`): one
+    // that is not a number is never kept or dropped in silence.
+    let parsed = parsed.and_then(|o| match check_named_scores(o.scores.iter()) {
+        Ok(()) => Ok(o),
+        Err(why) => Err(format!(
+            "its result breaks the contract: {why} (`casebatch config schema --kind \
+             evaluator-result` prints it)"
+        )),
+    });
     match parsed {
         Ok(o) if o.verdict == "pass" => judged(Some(Verdict::Pass), o.scores, None),
         Ok(o) if o.verdict == "fail" => judged(Some(Verdict::Fail), o.scores, None),
@@ -196,6 +206,28 @@ mod tests {
             EvaluationRecord::from_wire(EvaluationRecord::not_configured().to_wire("b/0/1"))
                 .unwrap(),
             EvaluationRecord::not_configured()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_score_that_is_not_a_number_fails_the_evaluation_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("evaluation.json");
+        std::fs::write(&path, r#"{"verdict": "pass", "scores": {"acc": "high"}}"#).unwrap();
+        let r = read_result(&path, Some(0)).await;
+        let f = r.failure.unwrap();
+        assert_eq!((r.verdict, f.code), (None, FailureCode::EvaluatorFailed));
+        assert!(
+            f.message
+                .contains(r#"scores.acc must be a number, got "high""#),
+            "{}",
+            f.message
+        );
+        std::fs::write(&path, r#"{"verdict": "pass", "scores": {"acc": 1}}"#).unwrap();
+        let r = read_result(&path, Some(0)).await;
+        assert_eq!(
+            (r.verdict, r.scores["acc"].clone()),
+            (Some(Verdict::Pass), serde_json::json!(1))
         );
     }
 

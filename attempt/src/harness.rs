@@ -4,62 +4,34 @@
 
 use std::path::Path;
 
-use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureClass, FailureCode, Stage, Usage};
+use casebatch_proto::{ActorReport, ActorStatus, Failure, FailureCode, Stage};
 use serde::Deserialize;
 
 use crate::files::{self, FileError};
+use crate::result_contract::{DeclaredFailure, RawResult};
 
-/// The parts of a harness's result JSON the engine reads.
+/// The parts of a harness's result JSON the engine keeps in the case's result: read after
+/// classification, which has already held the whole file to the contract.
 #[derive(Debug, Default, Deserialize)]
 pub struct HarnessResult {
     #[serde(default)]
     pub outputs: serde_json::Value,
     #[serde(default)]
     pub scores: std::collections::BTreeMap<String, serde_json::Value>,
-    pub failure: Option<DeclaredFailure>,
     /// Where the attempt's trace can be pulled from (the collect stage).
     pub trace: Option<crate::records::TraceRef>,
-}
-
-/// A failure the harness declares about itself.
-#[derive(Debug, Deserialize)]
-pub struct DeclaredFailure {
-    pub class: String,
-    pub code: FailureCode,
-    #[serde(default)]
-    pub message: String,
-    #[serde(default)]
-    pub retryable: bool,
-    /// With `RATE_LIMITED`: how long to wait before the next attempt (the API's
-    /// `Retry-After`), in seconds.
-    #[serde(default)]
-    pub retry_after_s: Option<f64>,
 }
 
 /// The longest wait a harness may ask for before the next attempt: an hour.
 const MAX_RETRY_AFTER_MS: u64 = 3_600_000;
 
-impl DeclaredFailure {
-    /// `retry_after_s` in ms, capped at [`MAX_RETRY_AFTER_MS`]; a negative or non-finite
-    /// value asks for nothing.
-    fn retry_after_ms(&self) -> Option<u64> {
-        let s = self.retry_after_s.filter(|s| s.is_finite() && *s >= 0.0)?;
-        Some(((s * 1000.0).round() as u64).min(MAX_RETRY_AFTER_MS))
-    }
-}
-
-/// What classification needs of a result: the declared failure, with the rest of the shape
-/// checked but not kept (`outputs` is never materialized here).
-#[derive(Debug, Default, Deserialize)]
-pub struct ResultCheck {
-    #[serde(default)]
-    #[allow(dead_code)]
-    scores: std::collections::BTreeMap<String, serde::de::IgnoredAny>,
-    failure: Option<DeclaredFailure>,
-    #[allow(dead_code)]
-    trace: Option<crate::records::TraceRef>,
-    /// Checked and kept: what the attempt consumed ([`casebatch_proto::Usage`]).
-    usage: Option<serde_json::Value>,
+/// `retry_after_s` in ms, capped at [`MAX_RETRY_AFTER_MS`]; a negative or non-finite value
+/// asks for nothing.
+fn retry_after_ms(declared: &DeclaredFailure) -> Option<u64> {
+    let s = declared
+        .retry_after_s
+        .filter(|s| s.is_finite() && *s >= 0.0)?;
+    Some(((s * 1000.0).round() as u64).min(MAX_RETRY_AFTER_MS))
 }
 
 /// Only the trace reference of a result (the collect stage).
@@ -98,7 +70,7 @@ fn without_wrapper_prefix(line: &str) -> &str {
 /// Classifies a finished harness: reads its result file (and, for exit 126 or 127, the
 /// first line of its stderr log, the shell's own words) and applies [`classify_result`].
 pub async fn classify(exit_code: i32, result_path: &Path, stderr_path: &Path) -> ActorReport {
-    let result = read_result::<ResultCheck>(result_path).await;
+    let result = read_result::<RawResult>(result_path).await;
     let stderr = match exit_code {
         EXIT_NOT_EXECUTABLE | EXIT_NOT_FOUND => files::first_line(stderr_path.to_path_buf()).await,
         _ => None,
@@ -109,67 +81,79 @@ pub async fn classify(exit_code: i32, result_path: &Path, stderr_path: &Path) ->
 /// Exit 0 means the actor finished unless its result JSON declares a failure; non-zero is a
 /// harness failure unless the JSON says otherwise. A result past the size limit fails the
 /// attempt as `harness/RESULT_TOO_LARGE` whatever the exit status; any other unusable result
-/// (not JSON, not a regular file) fails an exit-0 attempt as `HARNESS_BAD_RESULT`. Exit 126
-/// and 127 (the shell could not execute or find the program) are setup, not the harness's
-/// fault: `config/HARNESS_NOT_EXECUTABLE` and `config/HARNESS_NOT_FOUND`, never retried, with
-/// `stderr`'s first line (what the shell said) in the message.
+/// (not a JSON object, not a regular file) fails an exit-0 attempt as `HARNESS_BAD_RESULT`.
+/// Exit 126 and 127 (the shell could not execute or find the program) are setup, not the
+/// harness's fault: `config/HARNESS_NOT_EXECUTABLE` and `config/HARNESS_NOT_FOUND`, never
+/// retried, with `stderr`'s first line (what the shell said) in the message.
 ///
-/// A result's `usage` is kept on the report whatever the outcome (a failed attempt spent
-/// too); one that is not an object of non-negative numbers fails an attempt that had not
-/// failed otherwise, as `harness/HARNESS_BAD_RESULT` naming the field.
+/// The result is held to its contract ([`crate::result_contract`]) field by field: a declared
+/// `failure` that breaks it decided nothing, so the attempt fails as `harness/
+/// HARNESS_BAD_RESULT` whatever its exit status; any other field that breaks it (a score
+/// that is not a number, a `usage` that is not names to non-negative numbers, a `trace`
+/// without a `url`) fails an attempt that had not failed otherwise the same way, and is named
+/// in the message of one that had. A usable `usage` is kept on the report whatever the
+/// outcome (a failed attempt spent too).
 pub fn classify_result(
     exit_code: i32,
-    result: &Result<Option<ResultCheck>, FileError>,
+    result: &Result<Option<RawResult>, FileError>,
     stderr: Option<&str>,
 ) -> ActorReport {
-    let (usage, retry_after_ms) = match result {
-        Ok(Some(r)) => (
-            r.usage.as_ref().map(Usage::parse),
-            r.failure.as_ref().and_then(DeclaredFailure::retry_after_ms),
-        ),
-        _ => (None, None),
+    let checked = match result {
+        Ok(Some(raw)) => Some(raw.check()),
+        _ => None,
     };
-    let mut report = classify_exit(exit_code, result, stderr);
+    let declared = checked
+        .as_ref()
+        .and_then(|c| c.failure.as_ref().ok().cloned().flatten());
+    let mut report = classify_exit(exit_code, result, declared.as_ref(), stderr);
     if report.failure.is_some() {
-        report.retry_after_ms = retry_after_ms;
+        report.retry_after_ms = declared.as_ref().and_then(retry_after_ms);
     }
-    match usage {
-        Some(Ok(usage)) => report.usage = Some(usage),
-        Some(Err(why)) if report.failure.is_none() => {
+    let Some(checked) = checked else {
+        return report;
+    };
+    if let Ok(Some(usage)) = &checked.usage {
+        report.usage = Some(usage.clone());
+    }
+    let broken = checked.violations();
+    if broken.is_empty() {
+        return report;
+    }
+    let what = format!(
+        "the harness's result breaks the contract: {} (`casebatch config schema --kind result` \
+         prints it)",
+        broken.join("; ")
+    );
+    match report.failure.as_mut() {
+        Some(f) if checked.failure.is_ok() => f.message.push_str(&format!("; {what}")),
+        _ => {
             report.status = ActorStatus::Failed;
+            report.retry_after_ms = None;
             report.failure = Some(Failure::harness(
                 Stage::Await,
                 FailureCode::HarnessBadResult,
-                format!(
-                    "the harness's result has an unusable usage: {why} (numbers only, e.g. \
-                     {{\"cost_usd\": 0.02, \"input_tokens\": 1200}})"
-                ),
+                what,
             ));
         }
-        _ => {}
     }
     report
 }
 
-/// [`classify_result`] without `usage`: the exit status and the declared failure.
+/// [`classify_result`] without the contract's checks: the exit status and the declared
+/// failure (one that is usable).
 fn classify_exit(
     exit_code: i32,
-    result: &Result<Option<ResultCheck>, FileError>,
+    result: &Result<Option<RawResult>, FileError>,
+    declared: Option<&DeclaredFailure>,
     stderr: Option<&str>,
 ) -> ActorReport {
-    let declared = match result {
-        Ok(Some(r)) => r.failure.as_ref().map(|d| {
-            let class = FailureClass::parse(&d.class).unwrap_or(FailureClass::Harness);
-            let message = if d.message.is_empty() {
-                format!("the harness reported {}", d.code)
-            } else {
-                d.message.clone()
-            };
-            Failure::new(Stage::Await, class, d.code.clone(), message, d.retryable)
-        }),
-        _ => None,
-    };
-    if let Some(f) = declared {
+    if let Some(d) = declared {
+        let message = if d.message.is_empty() {
+            format!("the harness reported {}", d.code)
+        } else {
+            d.message.clone()
+        };
+        let f = Failure::new(Stage::Await, d.class, d.code.clone(), message, d.retryable);
         return report(ActorStatus::Failed, exit_code, Some(f));
     }
     if let Err(e) = result
@@ -265,6 +249,7 @@ fn report(status: ActorStatus, exit_code: i32, failure: Option<Failure>) -> Acto
 #[cfg(test)]
 mod tests {
     use super::*;
+    use casebatch_proto::FailureClass;
 
     fn classify_now(exit: i32, path: &Path) -> ActorReport {
         classify_result(
@@ -348,6 +333,77 @@ mod tests {
         // The attempt's own failure stays what decides it.
         let f = classify_now(3, &path).failure.unwrap();
         assert_eq!(f.code, FailureCode::HarnessExitNonzero);
+    }
+
+    /// Issue 58: a score that is not a number and a class outside the taxonomy were dropped
+    /// or guessed at (`"cosmic"` counted as `harness`, its `retryable` ignored).
+    #[test]
+    fn a_result_that_breaks_the_contract_is_a_bad_result_naming_field_and_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("result.json");
+        std::fs::write(&path, r#"{"scores": {"acc": "high", "f1": 0.5}}"#).unwrap();
+        let r = classify_now(0, &path);
+        let f = r.failure.unwrap();
+        assert_eq!(
+            (r.status, f.class, f.code.clone(), f.retryable),
+            (
+                ActorStatus::Failed,
+                FailureClass::Harness,
+                FailureCode::HarnessBadResult,
+                false
+            )
+        );
+        assert!(
+            f.message
+                .contains(r#"scores.acc must be a number, got "high""#),
+            "{}",
+            f.message
+        );
+        // Failed otherwise: that failure stands, and the broken field is named in it.
+        let f = classify_now(3, &path).failure.unwrap();
+        assert_eq!(f.code, FailureCode::HarnessExitNonzero);
+        assert!(f.message.contains("scores.acc"), "{}", f.message);
+
+        // A declared failure outside the contract decides nothing, whatever the exit status.
+        std::fs::write(
+            &path,
+            r#"{"failure": {"class": "cosmic", "code": "RAYS", "retryable": true, "retry_after_s": 5}}"#,
+        )
+        .unwrap();
+        for exit in [0, 1] {
+            let r = classify_now(exit, &path);
+            let f = r.failure.unwrap();
+            assert_eq!(
+                (f.class, f.code.clone(), f.retryable, r.retry_after_ms),
+                (
+                    FailureClass::Harness,
+                    FailureCode::HarnessBadResult,
+                    false,
+                    None
+                )
+            );
+            assert!(
+                f.message.contains(
+                    r#"failure.class must be one of infra, config, harness, agent, got "cosmic""#
+                ),
+                "{}",
+                f.message
+            );
+        }
+
+        // A usable declared failure stands beside a broken score, which it names.
+        std::fs::write(
+            &path,
+            r#"{"failure": {"class": "agent", "code": "GAVE_UP"}, "scores": {"acc": [1]}}"#,
+        )
+        .unwrap();
+        let f = classify_now(1, &path).failure.unwrap();
+        assert_eq!((f.class, f.code.as_str()), (FailureClass::Agent, "GAVE_UP"));
+        assert!(
+            f.message.contains("scores.acc must be a number, got [1]"),
+            "{}",
+            f.message
+        );
     }
 
     /// The shell's 126 and 127 are setup problems, quoted from stderr; a declared failure

@@ -16,6 +16,7 @@ pub mod journal;
 pub mod layout;
 pub mod local;
 pub mod records;
+pub mod result_contract;
 pub mod scratch;
 
 use std::collections::BTreeMap;

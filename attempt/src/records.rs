@@ -350,6 +350,9 @@ impl Event {
     pub const RUN_STARTED: &str = "run_started";
     /// A run ended (finalize wrote the batch files).
     pub const RUN_ENDED: &str = "run_ended";
+    /// A finished case was queued again (`batch rerun`, `resume --retry-failed`): its latest
+    /// outcome is a re-run's.
+    pub const REQUEUED: &str = "requeued";
 
     /// An event of the batch as a whole (no case).
     pub fn of_batch(kind: &str, message: String) -> Self {

@@ -243,9 +243,11 @@ pub enum HarnessCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Print a JSON Schema: of the batch manifest (default), or of a command's `--json` output.
+    /// Print a JSON Schema: of the batch manifest (default), of the result file a harness or
+    /// an evaluator writes, or of a command's `--json` output.
     Schema {
-        /// The batch manifest (`batch`), or the `--json` view of a command.
+        /// The batch manifest (`batch`), a harness's result file (`result`), an evaluator's
+        /// (`evaluator-result`), or the `--json` view of a command.
         #[arg(long, value_enum, default_value = "batch")]
         kind: casebatch_views::ViewKind,
     },
@@ -282,6 +284,10 @@ pub enum BatchCommand {
         /// Root of result bundles (`<output-dir>/<batch_id>/`).
         #[arg(long, default_value = "logs/batch")]
         output_dir: PathBuf,
+        /// Print JSON: what it prints in any case (the start request), taken as every other
+        /// command takes it, so scripts may pass it to each.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -320,8 +326,8 @@ pub enum BatchCommand {
     /// ends as superseded, its finished results kept and its killed cases queued again.
     Supersede(BatchRef),
     /// Change the active case limit of a running batch, at once. Lowering it never cancels
-    /// running cases: admissions wait until fewer run. Kept across continue-as-new; a resume
-    /// runs at the plan's limit (or its own --concurrency).
+    /// running cases: admissions wait until fewer run. Kept across continue-as-new; a later
+    /// `resume` runs at the plan's limit again.
     SetConcurrency {
         #[command(flatten)]
         batch: BatchRef,
@@ -408,8 +414,10 @@ pub struct ManifestArgs {
     /// the current directory).
     #[arg(long)]
     pub evaluator: Option<String>,
-    /// YAML/JSON file with a `defaults` object (for JSONL task lists).
-    #[arg(long)]
+    /// YAML/JSON file of settings for every case (what a JSONL task list has no place for):
+    /// written as in a manifest, a `defaults:` object and optionally `summary:`, or the
+    /// defaults' fields alone at its top level. The manifest's own settings win over it.
+    #[arg(long, value_name = "FILE")]
     pub defaults: Option<PathBuf>,
     /// Warn when the batch has more cases than this.
     #[arg(long)]
@@ -475,10 +483,10 @@ impl MetricsArgs {
 #[derive(Debug, Clone, Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["address", "address_file"])))]
 pub struct HealthArgs {
-    /// The listener's address (the process's --metrics-bind), e.g. 127.0.0.1:9464.
+    /// The listener's address (the worker's or agent's `--metrics-bind`), e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]
     pub address: Option<std::net::SocketAddr>,
-    /// The file the process wrote its bound address to (its --metrics-address-file).
+    /// The file the process wrote its bound address to (its `--metrics-address-file`).
     #[arg(long, value_name = "FILE")]
     pub address_file: Option<PathBuf>,
     /// Probe `/readyz` (connected and serving) instead of `/healthz` (the process answers).
@@ -586,8 +594,9 @@ pub struct RerunArgs {
     /// Every case that did not succeed.
     #[arg(long)]
     pub failed: bool,
-    /// These cases (by task id); repeatable.
-    #[arg(long)]
+    /// These cases; repeatable. A task id selects every run of the task (with epochs,
+    /// `TASK#1`, `TASK#2`, ...); a case id (`TASK#2`) selects one run.
+    #[arg(long, value_name = "TASK_ID|CASE_ID")]
     pub case: Vec<String>,
     /// Every case.
     #[arg(long)]
@@ -601,7 +610,7 @@ pub struct RerunArgs {
 pub struct SingleRunArgs {
     #[command(flatten)]
     pub manifest: ManifestArgs,
-    /// The task id of the case to run.
+    /// The case to run: its task id, or with epochs one run of the task (`TASK#2`).
     #[arg(long = "case")]
     pub case_id: String,
     /// Root of result bundles (`<output-dir>/<batch_id>--<case_dir>/`).
@@ -855,5 +864,102 @@ mod tests {
             "without help text:\n{}",
             missing.join("\n")
         );
+    }
+
+    /// Issue 58: `batch prepare --json` was refused although every other command takes it
+    /// (and prepare prints JSON anyway).
+    #[test]
+    fn prepare_takes_json_as_every_command_does() {
+        use clap::Parser;
+        let parsed = super::Cli::try_parse_from([
+            "casebatch",
+            "batch",
+            "prepare",
+            "--manifest",
+            "m.yaml",
+            "--json",
+        ]);
+        assert!(parsed.is_ok(), "{}", parsed.unwrap_err());
+    }
+
+    /// Every flag a help text names is one. Quoted (`` `resume --budget` ``, `` `--json` ``),
+    /// a flag some command takes, that command's when the quote names it first; written
+    /// plainly in a command's help, one of that command's own. Issue 58: `set-concurrency
+    /// --help` spoke of a resume's own --concurrency, which `resume` does not take.
+    #[test]
+    fn every_flag_a_help_text_names_exists() {
+        use std::collections::{BTreeMap, BTreeSet};
+        type Flags = BTreeMap<String, BTreeSet<String>>;
+        fn gather(cmd: &clap::Command, flags: &mut Flags, texts: &mut Vec<(String, String)>) {
+            let name = cmd.get_name().to_string();
+            let own = flags.entry(name.clone()).or_default();
+            for arg in cmd.get_arguments() {
+                own.extend(arg.get_long().map(str::to_string));
+                own.extend(
+                    arg.get_all_aliases()
+                        .into_iter()
+                        .flatten()
+                        .map(str::to_string),
+                );
+            }
+            let mut add = |t: Option<&clap::builder::StyledStr>| {
+                if let Some(t) = t {
+                    texts.push((name.clone(), t.to_string()));
+                }
+            };
+            add(cmd.get_about());
+            add(cmd.get_long_about());
+            for arg in cmd.get_arguments() {
+                add(arg.get_help());
+                add(arg.get_long_help());
+            }
+            for sub in cmd.get_subcommands() {
+                gather(sub, flags, texts);
+            }
+        }
+        let (mut flags, mut texts) = (Flags::new(), Vec::new());
+        gather(&super::Cli::command(), &mut flags, &mut texts);
+        // Global flags (`--log-format`) belong to every command.
+        let global: BTreeSet<String> = super::Cli::command()
+            .get_arguments()
+            .filter(|a| a.is_global_set())
+            .filter_map(|a| a.get_long().map(str::to_string))
+            .collect();
+        let every: BTreeSet<&String> = flags.values().flatten().collect();
+        let flag_of = |word: &str| {
+            let flag = word.strip_prefix("--")?.split('=').next()?;
+            let flag = flag.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+            (!flag.is_empty()).then(|| flag.to_string())
+        };
+        let mut wrong = Vec::new();
+        for (command, text) in &texts {
+            // Odd pieces are inside backticks.
+            for (i, piece) in text.split('`').enumerate() {
+                let words: Vec<&str> = piece
+                    .split(|c: char| c.is_whitespace() || "()[],;".contains(c))
+                    .filter(|w| !w.is_empty())
+                    .collect();
+                let quoted = i % 2 == 1;
+                let quoted_command = words
+                    .iter()
+                    .take_while(|w| !w.starts_with('-'))
+                    .last()
+                    .filter(|w| quoted && flags.contains_key(**w));
+                for flag in words.iter().filter_map(|w| flag_of(w)) {
+                    if global.contains(&flag) {
+                        continue;
+                    }
+                    let takes = match (quoted, quoted_command) {
+                        (true, Some(named)) => flags[*named].contains(&flag),
+                        (true, None) => every.contains(&flag),
+                        (false, _) => flags[command].contains(&flag),
+                    };
+                    if !takes {
+                        wrong.push(format!("{command}: --{flag}: {text}"));
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 }

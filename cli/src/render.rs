@@ -663,6 +663,9 @@ fn actions_line(a: &casebatch_proto::TemporalActions, cases: usize) -> String {
     } else {
         String::new()
     };
+    if kinds.is_empty() {
+        return format!("  temporal actions {}{per_case}", a.total());
+    }
     format!(
         "  temporal actions {}{per_case}: {}",
         a.total(),
@@ -680,6 +683,9 @@ fn counters_line(k: &Counters) -> String {
 pub fn status(view: &StatusView) {
     let (plan, s) = (&view.plan, &view.status);
     let c = &s.counts;
+    if view.source != StatusSource::Workflow && view.source != StatusSource::Result {
+        return status_from_bundle(view);
+    }
     say!(
         "{}batch {}: {:?}{} · segment {} · concurrency {}",
         sim_tag(plan),
@@ -689,16 +695,6 @@ pub fn status(view: &StatusView) {
         s.segment,
         s.concurrency
     );
-    if view.source == StatusSource::Bundle {
-        say!(
-            "  from the cases' records in the bundle: {}",
-            if view.live {
-                "no worker answered the status query in time (is a runner or worker up?)"
-            } else {
-                "the workflow ended without a result"
-            }
-        );
-    }
     say!(
         "  queued {} · running {} · succeeded {} · failed {} · cancelled {}",
         c.queued,
@@ -823,6 +819,35 @@ pub fn status(view: &StatusView) {
     }
 }
 
+/// A status no workflow gave: only what the cases' records in the bundle say, and why. What
+/// only the workflow knows (its segment, what runs, its counters and Temporal actions) is
+/// left out rather than shown as zeros.
+fn status_from_bundle(view: &StatusView) {
+    let (plan, s) = (&view.plan, &view.status);
+    let c = &s.counts;
+    let why = match (view.source, view.live) {
+        (StatusSource::NoWorker, _) => {
+            "not running: no runner or worker polls its task queue (its runner was stopped or \
+             killed; jobs it started may still be running). `casebatch batch resume` continues \
+             it and adopts them"
+        }
+        (_, true) => {
+            "running, but no worker answered the status query in time (is a runner or worker \
+             up?)"
+        }
+        (_, false) => "not running: the workflow ended without a result",
+    };
+    say!("{}batch {}: {why}", sim_tag(plan), s.batch_id);
+    say!(
+        "  from the cases' records in the bundle: not finished {} · succeeded {} · failed {} · \
+         cancelled {}",
+        c.queued + c.running,
+        c.succeeded,
+        c.failed,
+        c.cancelled
+    );
+}
+
 /// A workflow time (ms since the epoch) as `HH:MM:SS UTC`.
 fn clock(at_ms: u64) -> String {
     let s = at_ms / 1000;
@@ -872,6 +897,9 @@ pub fn report(view: &ReportView) {
     say!("  cases: {}", counts.join(" · "));
     if let Some(stats) = &s.stats {
         stats_lines(stats);
+    }
+    if let Some(line) = rerun_note(view) {
+        say!("{line}");
     }
     if let Some(usage) = &s.usage {
         let cases = s.rows.iter().filter(|r| r.usage.is_some()).count();
@@ -944,6 +972,34 @@ pub fn report(view: &ReportView) {
             }
         );
     }
+}
+
+/// Runs of tasks with epochs queued again after they finished: their pass@k counts each
+/// run's latest outcome, re-runs included, which is not what k fresh runs would give.
+fn rerun_note(view: &ReportView) -> Option<String> {
+    let rerun: std::collections::BTreeSet<&str> =
+        view.rerun_cases.iter().map(String::as_str).collect();
+    let tasks: std::collections::BTreeSet<&str> = view
+        .plan
+        .cases
+        .iter()
+        .filter(|c| rerun.contains(c.case_id.as_str()))
+        .filter_map(|c| c.epoch.as_ref().map(|e| e.task_id.as_str()))
+        .collect();
+    let runs = view
+        .plan
+        .cases
+        .iter()
+        .filter(|c| c.epoch.is_some() && rerun.contains(c.case_id.as_str()))
+        .count();
+    (runs > 0).then(|| {
+        format!(
+            "  note: pass@k includes {runs} re-run run(s) of {} task(s) ({}): each run counts \
+             its latest outcome, so pass@k is not that of independent runs",
+            tasks.len(),
+            truncate(&tasks.into_iter().collect::<Vec<_>>().join(", "), 80)
+        )
+    })
 }
 
 /// What `retry-failed` is about to do, before the new batch runs.

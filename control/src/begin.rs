@@ -2,7 +2,7 @@
 //! running one, supersede it first, refuse, or start a new run from where the batch stands;
 //! the choice is one pure function, [`decide`].
 
-use casebatch_bundle::Bundle;
+use casebatch_bundle::{Bundle, Event, append_jsonl};
 use casebatch_manifest::Plan;
 
 use crate::carry::carried;
@@ -70,17 +70,41 @@ pub(crate) async fn begin(
         Begin::Start => found,
     };
     let mut carried = carried(handle, from, bundle, plan).await?;
+    let mut requeued = Vec::new();
     if let Some(c) = carried.as_mut() {
-        let n = opts.requeue.apply(plan, &mut c.slots);
-        if n > 0 {
-            observer.on(DriveEvent::Requeued(n));
+        requeued = opts.requeue.apply(plan, &mut c.slots);
+        if !requeued.is_empty() {
+            observer.on(DriveEvent::Requeued(requeued.len()));
         }
         if c.slots.iter().all(|s| s.state.is_terminal()) {
             return Ok(Begun::AlreadyComplete);
         }
     }
     start(handle, bundle, plan, carried, opts, observer).await?;
+    record_requeued(bundle, plan, &requeued);
     Ok(Begun::Following)
+}
+
+/// Says in the batch's timeline which finished cases were queued again, once the run that
+/// re-runs them has started: `report` notes the re-runs inside pass@k from it. Evidence, not
+/// state: the run goes on without it if it cannot be written (a full disk is the run's to
+/// report, at its first record), as with the run's own start line.
+fn record_requeued(bundle: &Bundle, plan: &Plan, requeued: &[u32]) {
+    for &index in requeued {
+        let Some(case) = plan.cases.get(index as usize) else {
+            continue;
+        };
+        let event = Event {
+            case_id: Some(case.case_id.clone()),
+            ..Event::of_batch(
+                Event::REQUEUED,
+                "queued again after it finished (rerun or resume --retry-failed)".into(),
+            )
+        };
+        if append_jsonl(&bundle.events(), &event).is_err() {
+            return;
+        }
+    }
 }
 
 #[cfg(test)]

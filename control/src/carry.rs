@@ -40,7 +40,7 @@ async fn from_result(handle: &Handle) -> Option<Carried> {
         timeline: prev.status.timeline,
         paused: false,
         segment: prev.status.segment,
-        // A resume runs at the plan's limit (or its own --concurrency), not a live-set one.
+        // A resume runs at the plan's limit, not a live-set one.
         concurrency: None,
         // Carried on: the runner that ends the next run records any still missing.
         unrecorded: prev.status.unrecorded,

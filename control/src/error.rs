@@ -9,6 +9,13 @@ use casebatch_worker::EngineError;
 
 pub type Result<T, E = ControlError> = std::result::Result<T, E>;
 
+/// What a command naming one case takes (`run --case`, `logs --case`).
+pub(crate) const ONE_CASE: &str =
+    "name a case by its id: its task id, or with epochs one run of it (`TASK#2`)";
+/// What `rerun --case` takes.
+pub(crate) const TASK_OR_CASE: &str =
+    "name a task id (every run of the task) or a case id (`TASK#2`, one run of a task with epochs)";
+
 /// Messages read "failed to ..." and say what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -27,8 +34,13 @@ pub enum ControlError {
         path.display()
     )]
     NoBundle { batch_id: String, path: PathBuf },
-    #[error("failed to find case {case_id:?} in {within}: use one of its task ids")]
-    UnknownCase { case_id: String, within: String },
+    /// `hint` says what the command takes: `rerun` a task id (every run) or a case id.
+    #[error("failed to find case {case_id:?} in {within}: {hint}")]
+    UnknownCase {
+        case_id: String,
+        within: String,
+        hint: &'static str,
+    },
     /// A batch id only ever runs one task list.
     #[error(
         "failed to start batch {batch_id}: {} already holds a different task list (plan fingerprint {existing} vs {planned}). A new task list belongs in a new batch: pass another --batch-id",

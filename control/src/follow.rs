@@ -4,10 +4,7 @@
 use std::time::{Duration, Instant};
 
 use casebatch_proto::{BatchOutcome, TASK_QUEUE};
-use temporalio_client::{WorkflowGetResultOptions, errors::WorkflowGetResultError, tonic};
-use temporalio_common::protos::temporal::api::enums::v1::{TaskQueueKind, TaskQueueType};
-use temporalio_common::protos::temporal::api::taskqueue::v1::TaskQueue;
-use temporalio_common::protos::temporal::api::workflowservice::v1::DescribeTaskQueueRequest;
+use temporalio_client::{WorkflowGetResultOptions, errors::WorkflowGetResultError};
 
 use crate::error::{ControlError, Result};
 use crate::events::{DriveEvent, Observer};
@@ -72,21 +69,7 @@ pub(crate) async fn follow(handle: &Handle, observer: &mut dyn Observer) -> Resu
 /// True when the engine says no worker polls the batch's workflow task queue (a run with
 /// `--no-worker` and no replicas would otherwise wait in silence). Unknown counts as false.
 async fn no_poller(handle: &Handle) -> bool {
-    let request = DescribeTaskQueueRequest {
-        namespace: handle.info().namespace.clone(),
-        task_queue: Some(TaskQueue {
-            name: TASK_QUEUE.into(),
-            kind: TaskQueueKind::Normal as i32,
-            ..Default::default()
-        }),
-        task_queue_type: TaskQueueType::Workflow as i32,
-        ..Default::default()
-    };
-    let described = handle
-        .client()
-        .connection()
-        .workflow_service()
-        .describe_task_queue(tonic::Request::new(request))
-        .await;
-    described.is_ok_and(|r| r.into_inner().pollers.is_empty())
+    crate::pollers::pollers(handle)
+        .await
+        .is_some_and(|p| p.is_empty())
 }

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use casebatch_attempt::{AttemptJournal, ScheduledState};
 use casebatch_bundle::{
-    AttemptRecord, BatchSummary, Bundle, CaseResult, summary, write_assembled, write_bytes_atomic,
+    AttemptRecord, BatchSummary, Bundle, CaseResult, Event, summary, write_assembled,
+    write_bytes_atomic,
 };
 use casebatch_manifest::{Plan, PlanHead};
 use casebatch_proto::{BatchEnd, BatchStatus, Counts, FailureCode, Phase, workflow_id};
@@ -19,6 +20,7 @@ use temporalio_client::{
 
 use crate::error::{ControlError, Result};
 use crate::location::{Attached, BatchLocation, EngineChoice};
+use crate::pollers::{Workers, workers};
 use crate::workflow::{Handle, Presence, presence as presence_of, query_status};
 
 /// How long a status query may take before the bundle's view is shown instead.
@@ -59,7 +61,10 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
     } = location.attach(engine).await?;
     let deadline = Instant::now() + QUERY_WAIT;
     let mut live = None;
-    while presence == Presence::Running && Instant::now() < deadline {
+    // A query no worker can answer is not waited for: the batch's runner is gone (stopped, or
+    // killed), and the workflow waits for one to come back.
+    let mut unworked = presence == Presence::Running && workers(&handle).await == Workers::Gone;
+    while presence == Presence::Running && !unworked && Instant::now() < deadline {
         let left = deadline.saturating_duration_since(Instant::now());
         let asked = hedged_query(&handle, &bundle, &plan);
         match tokio::time::timeout(left.min(QUERY_TRY), asked).await {
@@ -72,9 +77,11 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
             // behind the workflow task in flight (it holds one; the runner's own progress
             // queries take it), and a query held as its run continues as new can wait on a
             // run that is over. No answer at all (no worker) ends in the bundle's view.
+            // A runner that was still exiting when first looked at is gone by now.
             Ok(Err(_)) | Err(_) => {
                 tokio::time::sleep(QUERY_AGAIN_AFTER).await;
                 presence = presence_of(&handle, &bundle, &plan).await?;
+                unworked = presence == Presence::Running && workers(&handle).await == Workers::Gone;
             }
         }
     }
@@ -82,6 +89,7 @@ pub async fn status(location: &BatchLocation, engine: &EngineChoice) -> Result<S
     let bundle_view = |phase| Ok::<_, ControlError>((from_bundle(&bundle, &plan, phase)?, None));
     let ((status, end), source) = match live {
         Some(s) => ((s, None), StatusSource::Workflow),
+        None if running && unworked => (bundle_view(Phase::Running)?, StatusSource::NoWorker),
         None if running => (bundle_view(Phase::Running)?, StatusSource::Bundle),
         None => match handle.get_result(WorkflowGetResultOptions::default()).await {
             Ok(o) => ((o.status, Some(o.end)), StatusSource::Result),
@@ -187,6 +195,9 @@ pub struct ReportView {
     pub bundle_root: std::path::PathBuf,
     /// Attempts whose job was lost with nothing to adopt, so the case was run again.
     pub redispatched: usize,
+    /// Cases queued again after they had finished (`batch rerun`, `resume --retry-failed`),
+    /// in plan order: their latest outcome is a re-run's.
+    pub rerun_cases: Vec<String>,
 }
 
 /// Needs no engine: the bundle is the source of truth.
@@ -204,6 +215,13 @@ pub fn report(location: &BatchLocation) -> Result<ReportView> {
                 .is_some_and(|f| f.code == FailureCode::JobLost)
         })
         .count();
+    let requeued = requeued_cases(&bundle);
+    let rerun_cases = plan
+        .cases
+        .iter()
+        .filter(|c| requeued.contains(&c.case_id))
+        .map(|c| c.case_id.clone())
+        .collect();
     Ok(ReportView {
         plan,
         summary: assembled.summary,
@@ -211,7 +229,27 @@ pub fn report(location: &BatchLocation) -> Result<ReportView> {
         attempts: assembled.attempts,
         bundle_root: bundle.root().to_path_buf(),
         redispatched,
+        rerun_cases,
     })
+}
+
+/// The cases the batch's timeline says were queued again after they finished
+/// ([`Event::REQUEUED`], written as the run re-running them starts). The timeline is
+/// evidence, not state: an absent or unreadable one (or a damaged line) names none.
+fn requeued_cases(bundle: &Bundle) -> std::collections::BTreeSet<String> {
+    use std::io::BufRead;
+    let Ok(file) = std::fs::File::open(bundle.events()) else {
+        return Default::default();
+    };
+    std::io::BufReader::new(file)
+        .lines()
+        .map_while(|line| line.ok())
+        // Most lines are about attempts: only the few that can be one are parsed.
+        .filter(|line| line.contains(Event::REQUEUED))
+        .filter_map(|line| serde_json::from_str::<Event>(&line).ok())
+        .filter(|e| e.kind == Event::REQUEUED)
+        .filter_map(|e| e.case_id)
+        .collect()
 }
 
 /// Whose history: the batch's, or a shared workflow its plan names.

@@ -29,6 +29,7 @@ mod location;
 mod logs;
 mod operate;
 mod options;
+mod pollers;
 mod prepare;
 mod replica;
 mod requeue;

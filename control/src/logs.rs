@@ -63,6 +63,7 @@ pub fn logs(
         .ok_or_else(|| ControlError::UnknownCase {
             case_id: request.case_id.clone(),
             within: format!("batch {}", plan.batch_id),
+            hint: crate::error::ONE_CASE,
         })?;
     let attempts = bundle.case(&case.case_dir).join("attempts");
     let attempt = loop {

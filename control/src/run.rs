@@ -95,6 +95,7 @@ fn one_case(mut plan: Plan, case_id: &str, manifest: &Path) -> Result<Plan> {
         return Err(ControlError::UnknownCase {
             case_id: case_id.to_string(),
             within: manifest.display().to_string(),
+            hint: crate::error::ONE_CASE,
         });
     };
     case.index = 0;
@@ -180,6 +181,7 @@ pub async fn resume(req: ResumeRequest, observer: &mut dyn Observer) -> Result<R
         return Err(ControlError::UnknownCase {
             case_id: unknown.to_string(),
             within: format!("batch {}", plan.batch_id),
+            hint: crate::error::TASK_OR_CASE,
         });
     }
     let engine = req
@@ -208,7 +210,7 @@ mod tests {
 
         let err = one_case(whole, "c", &manifest).unwrap_err();
         assert!(
-            matches!(&err, ControlError::UnknownCase { case_id, within }
+            matches!(&err, ControlError::UnknownCase { case_id, within, .. }
                 if case_id == "c" && within == &manifest.display().to_string()),
             "{err}"
         );

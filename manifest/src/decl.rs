@@ -56,6 +56,9 @@ pub(crate) struct PlanInput<'a> {
 #[derive(Debug, Default)]
 pub(crate) struct FileDefaults {
     pub(crate) defaults: Defaults,
+    /// Its `summary:`, when written in the manifest's shape: the summary of a batch whose
+    /// manifest sets none (a JSONL task list has no place for one).
+    pub(crate) summary: Option<SummarySpec>,
     pub(crate) file: PathBuf,
     pub(crate) runtime_line: Option<usize>,
     /// Where its `harness` and `evaluator` are written (a program they name is checked once
@@ -74,8 +77,9 @@ pub struct LoadOptions {
     /// `--harness`, ...). Flags win over the manifest's defaults; a task's own fields win
     /// over flags.
     pub overrides: Defaults,
-    /// A YAML/JSON file holding one `Defaults` object: the settings of a JSONL manifest.
-    /// Lowest precedence; also honoured for the other shapes.
+    /// A YAML/JSON file of defaults (a `defaults:` object and optionally `summary:`, or the
+    /// defaults' fields at its top level): the settings of a JSONL manifest. Lowest
+    /// precedence; also honoured for the other shapes.
     pub defaults_file: Option<PathBuf>,
     /// Soft threshold: more cases only add a warning to
     /// [`Plan::warnings`](crate::Plan::warnings).

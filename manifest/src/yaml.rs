@@ -6,7 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::decl::{CaseDecl, FileDefaults, Loaded};
-use crate::model::{Defaults, ManifestFormat};
+use crate::model::{Defaults, ManifestFormat, SummarySpec};
 use crate::report::{FieldPath, Report};
 use crate::runtimes;
 use crate::source::{self, Syntax};
@@ -96,23 +96,50 @@ pub(crate) fn load(
     })
 }
 
-/// Read `--defaults-file`: a YAML/JSON document holding one `Defaults` object. Its problems
-/// are reported under `defaults.*` with the file named in the message.
+/// The keys of a defaults file written in the manifest's own shape.
+const DEFAULTS_FILE_FIELDS: &[&str] = &["defaults", "summary"];
+
+/// Read `--defaults FILE`: a YAML/JSON document holding the defaults, written either as in a
+/// manifest (a `defaults:` object, and optionally `summary:`, the way a JSONL batch sets its
+/// summary) or as the defaults' fields at its top level. Its problems are reported under
+/// their field (`defaults.*`, `summary.*`) with the file named in the message.
 pub(crate) fn load_defaults_file(file: &Path, r: &mut Report) -> Option<FileDefaults> {
     let mut sub = Report::default();
-    let defaults = read_defaults(file, &mut sub).map(|defaults| FileDefaults {
-        runtime_line: sub.line_of(&FieldPath::root().key("runtime")),
-        harness_line: sub.line_of(&FieldPath::root().key("harness")),
-        evaluator_line: sub.line_of(&FieldPath::root().key("evaluator")),
-        file: file.to_path_buf(),
-        defaults,
-    });
+    let read = read_defaults(file, &mut sub);
     let label = format!("defaults file {}", file.display());
-    r.absorb(sub, &label, &FieldPath::root().key("defaults"), None);
+    let nested = read.as_ref().is_some_and(|d| d.nested);
+    // A flat file's fields are the defaults'; a nested one names its own.
+    let prefix = if nested {
+        FieldPath::root()
+    } else {
+        FieldPath::root().key("defaults")
+    };
+    let defaults = read.map(|d| {
+        let at = |key| sub.line_of(&d.base.key(key));
+        FileDefaults {
+            runtime_line: at("runtime"),
+            harness_line: at("harness"),
+            evaluator_line: at("evaluator"),
+            file: file.to_path_buf(),
+            defaults: d.defaults,
+            summary: d.summary,
+        }
+    });
+    r.absorb(sub, &label, &prefix, None);
     defaults
 }
 
-fn read_defaults(file: &Path, r: &mut Report) -> Option<Defaults> {
+/// A defaults file as read: its defaults, its summary, and where the defaults are.
+struct ReadDefaults {
+    defaults: Defaults,
+    summary: Option<SummarySpec>,
+    /// The file is written in the manifest's shape (`defaults:` and `summary:`).
+    nested: bool,
+    /// Where the defaults' fields are: the top level, or `defaults`.
+    base: FieldPath,
+}
+
+fn read_defaults(file: &Path, r: &mut Report) -> Option<ReadDefaults> {
     let bytes = source::read_bounded(file, "the defaults file", source::Kind::Named, r)?;
     let text = source::decode(&bytes, r)?;
     let syntax = match source::syntax_of(file, text) {
@@ -122,7 +149,29 @@ fn read_defaults(file: &Path, r: &mut Report) -> Option<Defaults> {
     let (value, locator) = source::parse_document(text, syntax, r)?;
     r.set_locator(locator);
     let root = FieldPath::root();
-    let defaults = walk::defaults(&value, &root, r)?;
-    validate::defaults(&defaults, &root, r);
-    Some(defaults)
+    if value.get("defaults").is_none() {
+        let defaults = walk::defaults(&value, &root, r)?;
+        validate::defaults(&defaults, &root, r);
+        return Some(ReadDefaults {
+            defaults,
+            summary: None,
+            nested: false,
+            base: root,
+        });
+    }
+    let o = Obj::new(&value, &root, DEFAULTS_FILE_FIELDS, r)?;
+    o.deny_unknown(r);
+    let base = root.key("defaults");
+    let defaults = o.nested("defaults", r, walk::defaults).unwrap_or_default();
+    validate::defaults(&defaults, &base, r);
+    let summary = o.nested("summary", r, walk::summary);
+    if let Some(s) = &summary {
+        validate::summary(s, &root.key("summary"), r);
+    }
+    Some(ReadDefaults {
+        defaults,
+        summary,
+        nested: true,
+        base,
+    })
 }

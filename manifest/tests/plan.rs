@@ -304,6 +304,44 @@ fn jsonl_records_with_aliases_defaults_file_and_extra_keys() {
     );
 }
 
+/// Issue 58: `--defaults` said it takes "a `defaults` object", but only the fields written
+/// flat were read, and a JSONL batch had no way to set its `summary:`. The file's manifest
+/// shape carries both; the flat one still works (above).
+#[test]
+fn a_defaults_file_in_the_manifest_s_shape_sets_defaults_and_the_summary() {
+    let dir = workspace();
+    let path = write(dir.path(), "tasks.jsonl", "{\"id\": \"a\"}\n");
+    let defaults = write(
+        dir.path(),
+        "conf/defaults.yaml",
+        "defaults:\n  harness: [./run]\n  concurrency: 3\nsummary:\n  fields: [scores.accuracy]\n  write_csv: true\n",
+    );
+    let run = program(dir.path(), "conf/run");
+    let opts = LoadOptions {
+        defaults_file: Some(defaults),
+        ..LoadOptions::default()
+    };
+    let plan = load_plan(&path, &opts).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plan.settings.concurrency, 3);
+    assert_eq!(
+        plan.cases[0].harness,
+        Some(CommandSpec::Argv(vec![
+            run.canonicalize().unwrap().display().to_string()
+        ]))
+    );
+    assert_eq!(plan.summary.fields, ["scores.accuracy"]);
+    assert!(plan.summary.write_csv);
+
+    // A manifest's own summary wins over the file's.
+    let yaml = write(
+        dir.path(),
+        "m.yaml",
+        "batch_id: m\ntasks: [{task_id: a}]\nsummary: {fields: [outputs.answer]}\n",
+    );
+    let plan = load_plan(&yaml, &opts).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plan.summary.fields, ["outputs.answer"]);
+}
+
 #[test]
 fn jsonl_type_checks_known_keys_and_aliases() {
     let err = refuse(

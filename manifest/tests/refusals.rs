@@ -451,6 +451,28 @@ fn a_broken_defaults_file_names_the_file() {
     says(&err, "defaults.bogus", "unknown field");
 }
 
+/// The manifest's shape of a defaults file is checked as a manifest's: each problem under its
+/// own field, with the file and line.
+#[test]
+fn a_broken_defaults_file_in_the_manifest_s_shape_names_the_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "d.jsonl", "{\"id\": \"a\"}\n");
+    let defaults = write(
+        dir.path(),
+        "defaults.yaml",
+        "defaults:\n  concurrency: 0\nsummary:\n  fields: ['']\ntasks: []\n",
+    );
+    let opts = LoadOptions {
+        defaults_file: Some(defaults.clone()),
+        ..LoadOptions::default()
+    };
+    let err = casebatch_manifest::load_plan(&path, &opts).unwrap_err();
+    let p = says(&err, "defaults.concurrency", "outside 1..=512");
+    assert!(p.message.contains("defaults.yaml line 2"), "{err}");
+    says(&err, "summary.fields[0]", "empty");
+    says(&err, "tasks", "unknown field");
+}
+
 /// A field only a container reads is refused with provider `local` (it would be ignored), a
 /// container needs an image, and its choices are checked against the accepted values.
 #[test]

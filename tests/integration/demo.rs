@@ -233,6 +233,14 @@ fn the_tutorial_runs_step_by_step_with_one_click_per_task() {
     let o = t.run("casebatch demo", 0);
     assert!(stdout(&o).contains("3 click(s)"), "{}", stdout(&o));
     assert_eq!(t.clicks("logs/demo").len(), 3);
+    // Issue 58: the demo never said where its HTML report is. It writes one and says so.
+    assert!(
+        stdout(&o).contains("HTML report: logs/demo/report.html"),
+        "{}",
+        stdout(&o)
+    );
+    let page = std::fs::read_to_string(t.sb.path("logs/demo/report.html")).unwrap();
+    assert!(page.contains("<html"), "{}", &page[..page.len().min(200)]);
 
     let missing: Vec<_> = tutorial_commands().difference(&t.ran).cloned().collect();
     assert!(

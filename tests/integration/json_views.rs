@@ -67,7 +67,15 @@ tasks: [{task_id: good}, {task_id: bad}]
     conforms(
         &sb,
         "start-request",
-        &sb.run(&["batch", "prepare", "--manifest", m, "--output-dir", out]),
+        &sb.run(&[
+            "batch",
+            "prepare",
+            "--manifest",
+            m,
+            "--output-dir",
+            out,
+            "--json",
+        ]),
     );
     let run = sb.run(&[
         "batch",

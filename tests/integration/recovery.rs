@@ -93,12 +93,34 @@ tasks:
         sb.lines("started.log") < 12,
         "killed with epochs still queued"
     );
-    // No worker answers the running workflow's query: status says so and counts what the
-    // cases' records hold.
+    // No worker polls the running workflow's queue: status says so at once, without asking
+    // a query no worker can answer, and counts what the cases' records hold. Issue 58: it
+    // waited 5.1 s for the query, then printed `Running · segment 0`, `running 0` and an
+    // empty `temporal actions 0 (0.0 per case): `.
+    let asked = std::time::Instant::now();
+    let text = sb.op("status", "epochs-crash");
+    assert_exit(&text, 0);
+    assert!(
+        asked.elapsed() < Duration::from_secs(4),
+        "status took {:?}",
+        asked.elapsed()
+    );
+    let text = stdout(&text);
+    assert!(
+        text.contains("not running: no runner or worker polls its task queue"),
+        "{text}"
+    );
+    assert!(
+        text.contains("`casebatch batch resume` continues it"),
+        "{text}"
+    );
+    for untrue in ["segment 0", "running 0", "temporal actions"] {
+        assert!(!text.contains(untrue), "{untrue}: {text}");
+    }
     let view = sb.status("epochs-crash");
     assert_eq!(
         (&view["live"], &view["source"]),
-        (&true.into(), &"bundle".into())
+        (&true.into(), &"no_worker".into())
     );
     let recorded = std::fs::read_dir(sb.bundle("epochs-crash").join("cases"))
         .unwrap()

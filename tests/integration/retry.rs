@@ -261,6 +261,91 @@ tasks: [{task_id: steady}, {task_id: flaky}]
     assert_eq!((sb.lines("flaky.runs"), sb.lines("steady.runs")), (3, 3));
 }
 
+/// Issue 58: `rerun --case Amazon--5` of an epochs batch was refused although `Amazon--5` is
+/// the task id (only `Amazon--5#1` worked), and after `rerun --failed` a task's pass@k
+/// counted the re-run epochs without saying so.
+#[test]
+fn rerun_of_a_task_id_reruns_all_its_runs_and_the_report_says_pass_at_k_includes_them() {
+    let sb = Sandbox::engine();
+    sb.write("broken", "");
+    let manifest = sb.write(
+        "epochs.yaml",
+        r#"batch_id: reruns
+defaults:
+  pass_env: [SANDBOX]
+  runtime: local-process
+  max_retries: 0
+  epochs: 3
+  harness: 'echo x >> "$SANDBOX/$CASEBATCH_CASE_ID.runs"; [ "$CASEBATCH_TASK_ID" = Flaky--2 ] && [ "$CASEBATCH_EPOCH" = 2 ] && [ -f "$SANDBOX/broken" ] && exit 3; echo "{}" > "$CASEBATCH_RESULT"'
+tasks: [{task_id: Amazon--5}, {task_id: Flaky--2}]
+"#,
+    );
+    assert_exit(&sb.run_batch(&manifest), 4);
+    let runs = |case: &str| sb.lines(&format!("{case}.runs"));
+    let all_runs = || {
+        [
+            "Amazon--5#1",
+            "Amazon--5#2",
+            "Amazon--5#3",
+            "Flaky--2#1",
+            "Flaky--2#2",
+            "Flaky--2#3",
+        ]
+        .map(runs)
+    };
+    assert_eq!(all_runs(), [1; 6]);
+
+    // The task id: every run of the task, and nothing else.
+    assert_exit(&sb.op_with("rerun", "reruns", &["--case", "Amazon--5"]), 4);
+    assert_eq!(all_runs(), [2, 2, 2, 1, 1, 1]);
+    // A case id: that run alone.
+    assert_exit(
+        &sb.op_with("rerun", "reruns", &["--case", "Amazon--5#3"]),
+        4,
+    );
+    assert_eq!(all_runs(), [2, 2, 3, 1, 1, 1]);
+    // A name that is neither: refused, saying what it takes.
+    let o = sb.op_with("rerun", "reruns", &["--case", "Amazon--6"]);
+    assert_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("name a task id (every run of the task) or a case id"),
+        "{}",
+        stderr(&o)
+    );
+    let help = sb.run(&["batch", "rerun", "--help"]);
+    assert!(
+        stdout(&help).contains("A task id selects every run of the task"),
+        "{}",
+        stdout(&help)
+    );
+
+    // Before any failure is re-run, the report's pass@k needs no note.
+    let report = sb.op("report", "reruns");
+    assert!(
+        !stdout(&report).contains("re-run run(s)"),
+        "{}",
+        stdout(&report)
+    );
+
+    std::fs::remove_file(sb.path("broken")).unwrap();
+    assert_exit(&sb.op_with("rerun", "reruns", &["--failed"]), 0);
+    assert_eq!(all_runs(), [2, 2, 3, 1, 2, 1]);
+    let report = sb.op("report", "reruns");
+    let text = stdout(&report);
+    assert!(text.contains("pass@3: 100.0%"), "{text}");
+    // Amazon--5's runs were re-run by name too: 4 runs of 2 tasks in all.
+    assert!(
+        text.contains("note: pass@k includes 4 re-run run(s) of 2 task(s) (Amazon--5, Flaky--2)"),
+        "{text}"
+    );
+    let json = sb.op_with("report", "reruns", &["--json"]);
+    let view: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    assert_eq!(
+        view["rerun_cases"],
+        serde_json::json!(["Amazon--5#1", "Amazon--5#2", "Amazon--5#3", "Flaky--2#2"])
+    );
+}
+
 #[test]
 fn a_failed_trace_pull_keeps_the_work_and_retry_failed_recollects_without_rerunning() {
     let sb = Sandbox::engine();

@@ -1,5 +1,7 @@
 //! The failure taxonomy end to end: what is retried, what is not, and how it is reported.
 
+use serde_json::Value;
+
 use crate::support::*;
 
 #[test]
@@ -170,4 +172,98 @@ fn a_config_failure_raised_by_an_activity_is_typed_and_never_retried() {
         status["status"]["counters"]["retries"], 0,
         "a config failure is not retried, even with max_retries 1: {status:#}"
     );
+}
+
+/// Issue 58: `{"scores": {"acc": "high"}}` succeeded with the score dropped, and
+/// `failure.class: "cosmic"` was counted as `harness` with its `retryable` ignored. Each
+/// result is held to its contract, the refusal naming the field and the value, and the schema
+/// `config schema --kind result` prints says the same of each file.
+#[test]
+fn a_result_that_breaks_its_contract_is_a_bad_result_naming_field_and_value() {
+    let sb = Sandbox::engine();
+    let manifest = sb.write(
+        "contract.yaml",
+        r#"batch_id: contract
+defaults:
+  runtime: local-process
+  max_retries: 2
+  pass_env: [SANDBOX]
+  harness: 'echo x >> "$SANDBOX/$CASEBATCH_CASE_ID.runs"; cp "$SANDBOX/$CASEBATCH_CASE_ID.json" "$CASEBATCH_RESULT"'
+tasks:
+  - task_id: words
+  - task_id: cosmic
+    harness: 'echo x >> "$SANDBOX/cosmic.runs"; cp "$SANDBOX/cosmic.json" "$CASEBATCH_RESULT"; exit 1'
+  - task_id: judged
+    evaluator: 'printf "{\"verdict\": \"pass\", \"scores\": {\"judge\": \"yes\"}}" > "$CASEBATCH_RESULT"'
+  - task_id: good
+"#,
+    );
+    let results = [
+        ("words", r#"{"scores": {"acc": "high"}}"#),
+        (
+            "cosmic",
+            r#"{"failure": {"class": "cosmic", "code": "RAYS", "retryable": true}}"#,
+        ),
+        ("judged", r#"{"scores": {"acc": 1}}"#),
+        ("good", r#"{"scores": {"acc": 0.5}, "outputs": {"a": [1]}}"#),
+    ];
+    for (case, result) in results {
+        sb.write(&format!("{case}.json"), result);
+    }
+    assert_exit(&sb.run_batch(&manifest), 4);
+
+    let failure = |case: &str| sb.case_result("contract", case)["failure"].clone();
+    let words = failure("words");
+    assert_eq!(
+        (&words["class"], &words["code"]),
+        (&"harness".into(), &"HARNESS_BAD_RESULT".into()),
+        "{words:#}"
+    );
+    let message = words["message"].as_str().unwrap();
+    assert!(
+        message.contains(r#"scores.acc must be a number, got "high""#),
+        "{message}"
+    );
+
+    let cosmic = failure("cosmic");
+    assert_eq!(
+        (&cosmic["code"], &cosmic["retryable"]),
+        (&"HARNESS_BAD_RESULT".into(), &false.into()),
+        "{cosmic:#}"
+    );
+    let message = cosmic["message"].as_str().unwrap();
+    assert!(
+        message.contains(
+            r#"failure.class must be one of infra, config, harness, agent, got "cosmic""#
+        ),
+        "{message}"
+    );
+    // Its `retryable: true` was not honoured: a bad result is not retried.
+    assert_eq!(sb.lines("cosmic.runs"), 1);
+
+    let judged = failure("judged");
+    assert_eq!(
+        (&judged["stage"], &judged["code"]),
+        (&"evaluate".into(), &"EVALUATOR_FAILED".into()),
+        "{judged:#}"
+    );
+    assert!(
+        judged["message"]
+            .as_str()
+            .unwrap()
+            .contains(r#"scores.judge must be a number, got "yes""#),
+        "{judged:#}"
+    );
+    assert_eq!(sb.case_result("contract", "good")["state"], "succeeded");
+
+    // What a harness author checks against says the same of each file.
+    let o = sb.run(&["config", "schema", "--kind", "result"]);
+    assert_exit(&o, 0);
+    let schema: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let validator = jsonschema::validator_for(&schema).expect("the schema itself is valid");
+    for (case, result) in results {
+        let doc: Value = serde_json::from_str(result).unwrap();
+        let refused = matches!(case, "words" | "cosmic");
+        assert_eq!(validator.is_valid(&doc), !refused, "{case}: {result}");
+    }
 }

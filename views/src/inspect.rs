@@ -51,6 +51,10 @@ pub enum StatusSource {
     /// The cases' result records alone (counts only): the workflow runs but no worker
     /// answered within 5 s, or it ended without a result (terminated, failed).
     Bundle,
+    /// The cases' result records alone (counts only): the workflow is open but no worker polls
+    /// its task queue (its runner was stopped or killed), so none was asked; `batch resume`
+    /// continues it.
+    NoWorker,
 }
 
 /// The answer of `batch report --json` (read from the bundle alone).
@@ -60,6 +64,10 @@ pub struct ReportView {
     pub summary: BatchSummary,
     /// Attempts whose job was lost with nothing to adopt, so the case was run again.
     pub redispatched: usize,
+    /// Cases queued again after they had finished (`batch rerun`, `resume --retry-failed`):
+    /// their latest outcome, which the pass rates and pass@k count, is a re-run's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rerun_cases: Vec<String>,
 }
 
 /// The answer of `batch history --json`: where a run's workflow history was exported.

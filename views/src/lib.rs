@@ -29,14 +29,18 @@ pub use start::StartRequest;
 
 const SCHEMA_BASE: &str = "https://casebatch.dev/schemas";
 
-/// What `casebatch config schema --kind` describes: the batch manifest (the input), or the
-/// `--json` output of a command.
+/// What `casebatch config schema --kind` describes: the batch manifest (the input), the
+/// result files a harness and an evaluator write, or the `--json` output of a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum ViewKind {
     /// The YAML/JSON batch manifest (input, not a view).
     #[default]
     Batch,
+    /// The result file a harness writes to `$CASEBATCH_RESULT` (input, not a view).
+    Result,
+    /// The result file an evaluator writes to its `$CASEBATCH_RESULT` (input, not a view).
+    EvaluatorResult,
     /// `batch validate --json`.
     Validate,
     /// `batch plan --json` and `batch run --dry-run --json`.
@@ -67,8 +71,10 @@ pub enum ViewKind {
 
 impl ViewKind {
     /// Every kind, in the order of `--kind`'s help.
-    pub const ALL: [ViewKind; 14] = [
+    pub const ALL: [ViewKind; 16] = [
         ViewKind::Batch,
+        ViewKind::Result,
+        ViewKind::EvaluatorResult,
         ViewKind::Validate,
         ViewKind::Plan,
         ViewKind::Run,
@@ -88,6 +94,8 @@ impl ViewKind {
     pub fn name(self) -> &'static str {
         match self {
             ViewKind::Batch => "batch",
+            ViewKind::Result => "result",
+            ViewKind::EvaluatorResult => "evaluator-result",
             ViewKind::Validate => "validate",
             ViewKind::Plan => "plan",
             ViewKind::Run => "run",
@@ -108,6 +116,10 @@ impl ViewKind {
     pub fn schema(self) -> Value {
         match self {
             ViewKind::Batch => casebatch_manifest::batch_schema(),
+            ViewKind::Result => casebatch_attempt::result_contract::result_schema(),
+            ViewKind::EvaluatorResult => {
+                casebatch_attempt::result_contract::evaluator_result_schema()
+            }
             ViewKind::Validate => schema_of::<ValidateView>(self),
             ViewKind::Plan => schema_of::<PlanView>(self),
             ViewKind::Run => schema_of::<RunView>(self),

@@ -4,12 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use casebatch_control::{BatchLocation, DriveOptions, EngineChoice, ManifestInput, RunRequest};
+use casebatch_control::{DriveOptions, EngineChoice, ManifestInput, RunRequest};
 use casebatch_demo::fixture::read_receipts;
 use casebatch_demo::{Fixture, FixtureOptions, MANIFEST_BATCH_ID};
 use casebatch_manifest::{Defaults, LoadOptions};
 
-use crate::cli::{ActorChoice, DemoArgs, DemoCommand, HarnessCommand};
+use crate::cli::{ActorChoice, BatchRef, DemoArgs, DemoCommand, EngineArgs, HarnessCommand};
 use crate::exit::{CliError, CliResult, Exit};
 use crate::render::{self, Progress};
 
@@ -101,8 +101,19 @@ pub async fn run(args: DemoArgs) -> CliResult {
     let report = casebatch_control::run(request, &mut progress).await;
     progress.finish();
     let exit = render::run_report(&report?);
-    let location = BatchLocation::new(&output_dir, MANIFEST_BATCH_ID)?;
-    render::report(&casebatch_control::report(&location)?);
+    // The report as `batch report --html` makes it: the text here, the page beside the bundle.
+    let html = args.directory.join("report.html");
+    let batch = BatchRef {
+        batch_id: MANIFEST_BATCH_ID.into(),
+        output_dir: output_dir.clone(),
+        json: false,
+        engine: EngineArgs {
+            address: None,
+            namespace: None,
+            profile: None,
+        },
+    };
+    super::status::report(&batch, Some(&html))?;
     let clicks = fixture
         .receipts()
         .iter()
@@ -111,6 +122,13 @@ pub async fn run(args: DemoArgs) -> CliResult {
     say!(
         "page-action receipts: {clicks} click(s) in {}",
         fixture.events.display()
+    );
+    say!(
+        "HTML report: {} (open it in a browser; `casebatch batch report --batch-id {} \
+         --output-dir {} --html FILE` writes it again)",
+        html.display(),
+        MANIFEST_BATCH_ID,
+        output_dir.display()
     );
     Ok(exit)
 }

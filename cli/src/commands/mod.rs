@@ -27,10 +27,12 @@ pub async fn dispatch(command: Command) -> CliResult {
                 output_dir,
                 json,
             } => manifest::plan(&manifest, &output_dir, json),
+            // The start request is JSON with or without `--json`.
             BatchCommand::Prepare {
                 manifest,
                 output_dir,
                 engine,
+                json: _,
             } => run::prepare(&manifest, output_dir, &engine).await,
             BatchCommand::Run(args) => run::run(args).await,
             BatchCommand::Resume(args) => run::resume(args).await,

@@ -45,6 +45,7 @@ pub fn report(r: &BatchRef, html: Option<&Path>) -> CliResult {
         render::json(&casebatch_views::ReportView {
             summary: view.summary,
             redispatched: view.redispatched,
+            rerun_cases: view.rerun_cases,
         });
     } else {
         render::report(&view);

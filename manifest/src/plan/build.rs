@@ -9,7 +9,7 @@ use crate::decl::{CaseDecl, Loaded, PlanInput};
 use crate::limits::EPOCHS_RANGE;
 use crate::model::{
     BatchSettings, DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, Defaults, Epoch, ManifestFormat,
-    PLAN_SCHEMA_VERSION, Plan, Provenance,
+    PLAN_SCHEMA_VERSION, Plan, Provenance, SummarySpec,
 };
 use crate::report::{FieldPath, Report};
 use crate::runtimes;
@@ -99,6 +99,11 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
         .or_else(|_| std::path::absolute(input.manifest))
         .unwrap_or_else(|_| input.manifest.to_path_buf());
     let fingerprint = fingerprint.finish();
+    // The manifest's own summary; else the defaults file's (a JSONL task list's only place).
+    let summary = match input.file_defaults.summary.clone() {
+        Some(file) if loaded.summary == SummarySpec::default() => file,
+        _ => loaded.summary,
+    };
     Some(Plan {
         schema_version: PLAN_SCHEMA_VERSION.to_string(),
         batch_id,
@@ -121,7 +126,7 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
         },
         fingerprint,
         spread: None,
-        summary: loaded.summary,
+        summary,
         runtimes: runtimes.specs(),
         cases,
         warnings,
