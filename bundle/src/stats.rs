@@ -65,8 +65,20 @@ pub struct BatchStats {
     pub pass_rate: Rate,
     /// The same with infra failures left out: what the agent scored, not the platform.
     pub pass_rate_excluding_infra: Rate,
-    /// By score name, over the latest result of every case that has it as a number.
+    /// By score name, the headline mean and standard error (what `scores_over` says they are
+    /// over): over the latest result of every case that has it as a number, or, when some
+    /// task runs several times (`epochs`), over tasks (`tasks.scores`: each task's mean over
+    /// its runs, the standard error clustered by task).
     pub scores: BTreeMap<String, ScoreStat>,
+    /// What each value behind `scores` is: a case, or a task's mean over its runs.
+    #[serde(default)]
+    pub scores_over: ScoresOver,
+    /// With epochs only: the mean over every run, its standard error computed as if the runs
+    /// were independent samples. They are not (a task's runs share the task), so this standard
+    /// error is too small; it is kept for comparison, named so that it is not read as the
+    /// batch's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scores_unclustered: BTreeMap<String, ScoreStat>,
     /// Attempts (dispatch to end) with both ends recorded, speculative losers excluded;
     /// `None` without any.
     pub durations: Option<Durations>,
@@ -77,6 +89,19 @@ pub struct BatchStats {
     /// By task, when some task runs several times (`epochs`): pass@k and score means.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks: Option<Box<crate::epochs::TaskStats>>,
+}
+
+/// What the values behind a batch's headline score means are.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoresOver {
+    /// One value per case: no task runs more than once.
+    #[default]
+    Cases,
+    /// One value per task, its mean over its runs: the standard error is clustered by task.
+    Tasks,
 }
 
 /// What the batch files need from its attempt records, counted one record at a time: the
@@ -170,6 +195,8 @@ impl BatchStats {
                 .into_iter()
                 .map(|(name, xs)| (name, mean_and_stderr(&xs)))
                 .collect(),
+            scores_over: ScoresOver::Cases,
+            scores_unclustered: BTreeMap::new(),
             durations: Durations::of(attempts.durations_ms),
             stage_durations: attempts
                 .stage_ms
@@ -177,6 +204,22 @@ impl BatchStats {
                 .filter_map(|(stage, ms)| Some((stage, Durations::of(ms)?)))
                 .collect(),
             tasks: None,
+        }
+    }
+
+    /// The same with the batch's tasks, when some task runs several times: the headline score
+    /// means become the tasks' (clustered by task), and the means over runs are kept as
+    /// `scores_unclustered`.
+    pub fn with_tasks(self, tasks: Option<crate::epochs::TaskStats>) -> Self {
+        let Some(tasks) = tasks else {
+            return self;
+        };
+        Self {
+            scores: tasks.scores.clone(),
+            scores_over: ScoresOver::Tasks,
+            scores_unclustered: self.scores,
+            tasks: Some(Box::new(tasks)),
+            ..self
         }
     }
 }

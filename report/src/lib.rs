@@ -154,6 +154,7 @@ mod tests {
             temporal_actions: None,
             simulated: false,
             usage: None,
+            lineage: None,
             stats: None,
             rows: vec![SummaryRow {
                 case_id: case_id.into(),
