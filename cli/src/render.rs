@@ -902,7 +902,18 @@ pub fn report(view: &ReportView) {
     }
     if let Some(usage) = &s.usage {
         let cases = s.rows.iter().filter(|r| r.usage.is_some()).count();
-        say!("  usage: {} (over {cases} case(s))", usage_text(usage));
+        let carried = match &s.lineage {
+            Some(l) if l.carried > 0 => format!(
+                "; what this batch ran only: its {} carried-over results were paid for by batch {}",
+                l.carried,
+                l.retry_of.as_deref().unwrap_or("?")
+            ),
+            _ => String::new(),
+        };
+        say!(
+            "  usage: {} (over {cases} case(s){carried})",
+            usage_text(usage)
+        );
     }
     say!(
         "  recovery: {} attempt(s) adopted after a crash, {} re-dispatched",

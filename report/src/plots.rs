@@ -189,12 +189,18 @@ pub fn duration_histogram(ms: &[u64]) -> Option<Histogram> {
             height: bottom - y_of(n),
         })
         .collect();
-    // A tick at every other bin edge, in seconds.
+    // A tick at every other bin edge: in milliseconds when the whole span is under 2 s (tenths
+    // of a second would read 0.0, 0.0, 0.1), else in seconds.
+    let in_ms = BINS * bin_ms < 2000;
     let x_ticks = (0..=BINS)
         .step_by(2)
         .map(|i| Tick {
             at: left + i as u32 * slot,
-            label: seconds(i * bin_ms),
+            label: if in_ms {
+                (i * bin_ms).to_string()
+            } else {
+                seconds(i * bin_ms)
+            },
         })
         .collect();
     let y_ticks = (0..=end)
@@ -215,7 +221,10 @@ pub fn duration_histogram(ms: &[u64]) -> Option<Histogram> {
             bottom,
             x_ticks,
             y_ticks,
-            x_title: "attempt duration, dispatch to end (s)".into(),
+            x_title: format!(
+                "attempt duration, dispatch to end ({})",
+                if in_ms { "ms" } else { "s" }
+            ),
             y_title: "attempts".into(),
         },
         n: ms.len(),
@@ -350,9 +359,19 @@ mod tests {
         assert_eq!(x, ["0", "2", "4", "6", "8", "10", "12"]);
         assert_eq!(a.x_ticks.first().unwrap().at, a.left);
         assert_eq!(a.x_ticks.last().unwrap().at, a.right);
+        assert!(a.x_title.ends_with("(s)"), "{}", a.x_title);
         // A bar of 2 stands on the axis and reaches the top tick.
         let full = h.bars.iter().find(|b| b.value == 2).unwrap();
         assert_eq!((full.y, full.y + full.height), (a.top, a.bottom));
+    }
+
+    #[test]
+    fn sub_second_durations_are_ticked_in_milliseconds() {
+        // Bins of 10 ms (119 ms / 12, + 1 ms).
+        let a = duration_histogram(&[5, 40, 119]).unwrap().axes;
+        let x: Vec<&str> = a.x_ticks.iter().map(|t| t.label.as_str()).collect();
+        assert_eq!(x, ["0", "20", "40", "60", "80", "100", "120"]);
+        assert!(a.x_title.ends_with("(ms)"), "{}", a.x_title);
     }
 
     #[test]
