@@ -681,4 +681,17 @@ tasks:
         "{}",
         stdout(&o)
     );
+
+    // Re-run in place, the two failed cases are counted as re-runs, and the report says so.
+    assert_exit(&sb.op_with("rerun", "scored", &["--failed"]), 4);
+    let o = sb.op_with("report", "scored", &["--json"]);
+    assert_exit(&o, 0);
+    let lineage = json_of(&o)["summary"]["lineage"].clone();
+    assert_eq!(lineage["rerun_in_place"], 2, "{lineage:#}");
+    assert_eq!(lineage.get("retry_of"), None, "{lineage:#}");
+    let text = stdout(&sb.op("report", "scored"));
+    assert!(
+        text.contains("re-run in this batch: 2 case(s) got a new attempt after they had finished"),
+        "{text}"
+    );
 }
