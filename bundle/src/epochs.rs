@@ -240,7 +240,7 @@ fn task_row(task: &str, epochs: u32, results: &[Option<&CaseResult>]) -> TaskRow
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// C(n, k) by multiplication, for checking the product form against the definition.
@@ -270,7 +270,7 @@ mod tests {
     }
 
     /// Runs of tasks, in plan order: `(task, score of each run)`; a run with score 1 passed.
-    fn batch(
+    pub(crate) fn batch(
         tasks: &[(&str, &[f64])],
     ) -> (Vec<casebatch_manifest::CaseHead>, Vec<Option<CaseResult>>) {
         let mut cases = Vec::new();
@@ -306,7 +306,7 @@ mod tests {
         (cases, results)
     }
 
-    fn close(a: f64, b: f64) -> bool {
+    pub(crate) fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-12
     }
 
@@ -315,67 +315,11 @@ mod tests {
     /// variance is 21/144 and the standard error √(21/144 / 3) = √7/12 ≈ 0.2205. Over the 12
     /// runs as if independent: 4 ones, sample variance (4·(2/3)² + 8·(1/3)²)/11 = 24/99, so
     /// √(24/99 / 12) = √(2/99) ≈ 0.1421, a third too small.
-    const BY_HAND: [(&str, &[f64]); 3] = [
+    pub(crate) const BY_HAND: [(&str, &[f64]); 3] = [
         ("A", &[1.0, 1.0, 0.0, 1.0]),
         ("B", &[0.0, 0.0, 0.0, 0.0]),
         ("C", &[1.0, 0.0, 0.0, 0.0]),
     ];
-
-    #[test]
-    fn the_headline_standard_error_of_an_epochs_batch_is_clustered_by_task() {
-        let (cases, results) = batch(&BY_HAND);
-        let stats =
-            crate::stats::BatchStats::of(&results, &[]).with_tasks(TaskStats::of(&cases, &results));
-        assert_eq!(stats.scores_over, crate::stats::ScoresOver::Tasks);
-        let headline = &stats.scores["acc"];
-        assert_eq!(headline.n, 3, "one value per task");
-        assert!(close(headline.mean, 1.0 / 3.0));
-        assert!(
-            close(headline.stderr.unwrap(), 7f64.sqrt() / 12.0),
-            "{headline:?}"
-        );
-        let tasks = stats.tasks.as_ref().unwrap();
-        assert_eq!(
-            &tasks.scores["acc"], headline,
-            "the per-task figure is the headline"
-        );
-        let unclustered = &stats.scores_unclustered["acc"];
-        assert_eq!(unclustered.n, 12);
-        assert!(close(unclustered.stderr.unwrap(), (2.0f64 / 99.0).sqrt()));
-
-        // Cross-check against the cluster-robust (CR1) standard error of the mean over runs,
-        // √(C/(C−1) · Σ_c (Σ_i (x_ci − x̄))²) / N: with equal runs per task it is the standard
-        // error of the tasks' means.
-        let runs: Vec<f64> = BY_HAND
-            .iter()
-            .flat_map(|(_, xs)| xs.iter().copied())
-            .collect();
-        let mean = runs.iter().sum::<f64>() / runs.len() as f64;
-        let c = BY_HAND.len() as f64;
-        let sum_sq: f64 = BY_HAND
-            .iter()
-            .map(|(_, xs)| xs.iter().map(|x| x - mean).sum::<f64>().powi(2))
-            .sum();
-        let cr1 = (c / (c - 1.0) * sum_sq).sqrt() / runs.len() as f64;
-        assert!(close(cr1, headline.stderr.unwrap()), "{cr1}");
-    }
-
-    #[test]
-    fn without_epochs_the_headline_is_over_cases() {
-        let (cases, results) = batch(&[("A", &[1.0]), ("B", &[0.0])]);
-        // Every task runs once: no task table, and the cases are the samples.
-        let cases: Vec<_> = cases
-            .into_iter()
-            .map(|c| casebatch_manifest::CaseHead { epoch: None, ..c })
-            .collect();
-        let tasks = TaskStats::of(&cases, &results);
-        assert!(tasks.is_none());
-        let stats = crate::stats::BatchStats::of(&results, &[]).with_tasks(tasks);
-        assert_eq!(stats.scores_over, crate::stats::ScoresOver::Cases);
-        assert!(stats.scores_unclustered.is_empty());
-        // Sample deviation of {1, 0} is √0.5; over √2 that is 0.5.
-        assert!(close(stats.scores["acc"].stderr.unwrap(), 0.5));
-    }
 
     #[test]
     fn pass_at_k_carries_its_standard_error_across_tasks() {

@@ -233,6 +233,8 @@ fn percentile(sorted: &[u64], p: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::epochs::TaskStats;
+    use crate::epochs::tests::{BY_HAND, batch, close};
 
     #[test]
     fn the_standard_error_is_the_sample_deviation_over_root_n() {
@@ -252,5 +254,60 @@ mod tests {
         );
         assert_eq!(percentile(&[7], 99), 7);
         assert_eq!(percentile(&[1, 2, 3], 50), 2);
+    }
+
+    #[test]
+    fn the_headline_standard_error_of_an_epochs_batch_is_clustered_by_task() {
+        let (cases, results) = batch(&BY_HAND);
+        let stats = BatchStats::of(&results, &[]).with_tasks(TaskStats::of(&cases, &results));
+        assert_eq!(stats.scores_over, ScoresOver::Tasks);
+        let headline = &stats.scores["acc"];
+        assert_eq!(headline.n, 3, "one value per task");
+        assert!(close(headline.mean, 1.0 / 3.0));
+        assert!(
+            close(headline.stderr.unwrap(), 7f64.sqrt() / 12.0),
+            "{headline:?}"
+        );
+        let tasks = stats.tasks.as_ref().unwrap();
+        assert_eq!(
+            &tasks.scores["acc"], headline,
+            "the per-task figure is the headline"
+        );
+        let unclustered = &stats.scores_unclustered["acc"];
+        assert_eq!(unclustered.n, 12);
+        assert!(close(unclustered.stderr.unwrap(), (2.0f64 / 99.0).sqrt()));
+
+        // Cross-check against the cluster-robust (CR1) standard error of the mean over runs,
+        // √(C/(C−1) · Σ_c (Σ_i (x_ci − x̄))²) / N: with equal runs per task it is the standard
+        // error of the tasks' means.
+        let runs: Vec<f64> = BY_HAND
+            .iter()
+            .flat_map(|(_, xs)| xs.iter().copied())
+            .collect();
+        let mean = runs.iter().sum::<f64>() / runs.len() as f64;
+        let c = BY_HAND.len() as f64;
+        let sum_sq: f64 = BY_HAND
+            .iter()
+            .map(|(_, xs)| xs.iter().map(|x| x - mean).sum::<f64>().powi(2))
+            .sum();
+        let cr1 = (c / (c - 1.0) * sum_sq).sqrt() / runs.len() as f64;
+        assert!(close(cr1, headline.stderr.unwrap()), "{cr1}");
+    }
+
+    #[test]
+    fn without_epochs_the_headline_is_over_cases() {
+        let (cases, results) = batch(&[("A", &[1.0]), ("B", &[0.0])]);
+        // Every task runs once: no task table, and the cases are the samples.
+        let cases: Vec<_> = cases
+            .into_iter()
+            .map(|c| casebatch_manifest::CaseHead { epoch: None, ..c })
+            .collect();
+        let tasks = TaskStats::of(&cases, &results);
+        assert!(tasks.is_none());
+        let stats = BatchStats::of(&results, &[]).with_tasks(tasks);
+        assert_eq!(stats.scores_over, ScoresOver::Cases);
+        assert!(stats.scores_unclustered.is_empty());
+        // Sample deviation of {1, 0} is √0.5; over √2 that is 0.5.
+        assert!(close(stats.scores["acc"].stderr.unwrap(), 0.5));
     }
 }
