@@ -39,6 +39,51 @@ impl EvaluationRecord {
             scores: BTreeMap::new(),
             failure: None,
             exit_code: None,
+            pass_when: None,
+        }
+    }
+
+    /// The verdict of a case's `pass_when`, where no evaluator runs: pass when the harness's
+    /// `scores` hold `score` as a number at least `at_least`, fail (an agent outcome, as an
+    /// evaluator's fail verdict) when below. Without the score as a number there is no
+    /// verdict: the harness did not report what the manifest says decides the case, which is
+    /// its failure (`HARNESS_BAD_RESULT`, naming the score), not the agent's.
+    pub fn by_score(
+        score: &str,
+        at_least: f64,
+        scores: &BTreeMap<String, serde_json::Value>,
+    ) -> Self {
+        let judged = |verdict, failure, rule: String| Self {
+            configured: true,
+            verdict,
+            failure,
+            pass_when: Some(rule),
+            ..Self::not_configured()
+        };
+        let Some(x) = scores.get(score).and_then(serde_json::Value::as_f64) else {
+            let (found, why) = match scores.get(score) {
+                None => ("none".to_string(), "no such score".to_string()),
+                Some(v) => (v.to_string(), format!("it as {v}, not a number")),
+            };
+            let failure = Failure::harness(
+                Stage::Evaluate,
+                FailureCode::HarnessBadResult,
+                format!(
+                    "pass_when decides by score `{score}`, but the harness's result has {why} \
+                     (scores.{score})"
+                ),
+            );
+            let rule = format!("score {score} = {found}, pass_when at_least {at_least}");
+            return judged(None, Some(failure), rule);
+        };
+        let rule = format!("score {score} = {x}, pass_when at_least {at_least}");
+        if x >= at_least {
+            judged(Some(Verdict::Pass), None, rule)
+        } else {
+            let failure = Failure::agent(format!(
+                "score {score} is {x}, below pass_when's at_least {at_least}"
+            ));
+            judged(Some(Verdict::Fail), Some(failure), rule)
         }
     }
 
@@ -112,6 +157,8 @@ impl EvaluationRecord {
             scores,
             failure: e.failure.map(TryInto::try_into).transpose()?,
             exit_code: e.exit_code,
+            // An agent runs evaluators only; a `pass_when` verdict is made on the worker.
+            pass_when: None,
         })
     }
 }
@@ -127,6 +174,7 @@ pub async fn read_result(path: &Path, exit_code: Option<i32>) -> EvaluationRecor
         scores,
         failure,
         exit_code,
+        pass_when: None,
     };
     let no_verdict = |failure| judged(None, BTreeMap::new(), Some(failure));
     let parsed =
@@ -178,12 +226,59 @@ pub async fn read_result(path: &Path, exit_code: Option<i32>) -> EvaluationRecor
 #[cfg(test)]
 mod tests {
     use super::*;
+    use casebatch_proto::FailureClass;
 
     fn pass() -> EvaluationRecord {
         EvaluationRecord {
             configured: true,
             verdict: Some(Verdict::Pass),
             ..EvaluationRecord::not_configured()
+        }
+    }
+
+    #[test]
+    fn pass_when_gives_a_verdict_from_a_score() {
+        let scores = |v: serde_json::Value| BTreeMap::from([("match".to_string(), v)]);
+        let pass = EvaluationRecord::by_score("match", 1.0, &scores(serde_json::json!(1)));
+        assert_eq!(
+            (pass.configured, pass.verdict, &pass.failure),
+            (true, Some(Verdict::Pass), &None)
+        );
+        assert_eq!(pass.to_evaluation().failure, None);
+        assert_eq!(
+            pass.pass_when.as_deref(),
+            Some("score match = 1, pass_when at_least 1")
+        );
+        // Below: a fail verdict, the agent's, saying by how much.
+        let fail =
+            EvaluationRecord::by_score("match", 1.0, &scores(serde_json::json!(0))).to_evaluation();
+        assert_eq!(fail.verdict, Some(Verdict::Fail));
+        let f = fail.failure.unwrap();
+        assert_eq!(
+            (f.class, f.code.clone()),
+            (FailureClass::Agent, FailureCode::VerdictFail)
+        );
+        assert!(
+            f.message
+                .contains("score match is 0, below pass_when's at_least 1"),
+            "{f}"
+        );
+        // Missing or not a number: no verdict, the harness's failure, naming the score.
+        for (scores, says) in [
+            (BTreeMap::new(), "no such score"),
+            (scores(serde_json::json!("high")), "\"high\""),
+        ] {
+            let e = EvaluationRecord::by_score("match", 1.0, &scores).to_evaluation();
+            assert_eq!(e.verdict, None);
+            let f = e.failure.unwrap();
+            assert_eq!(
+                (f.class, f.code.clone()),
+                (FailureClass::Harness, FailureCode::HarnessBadResult)
+            );
+            assert!(
+                f.message.contains("`match`") && f.message.contains(says),
+                "{f}"
+            );
         }
     }
 

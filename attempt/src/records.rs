@@ -133,6 +133,10 @@ pub struct EvaluationRecord {
     pub scores: BTreeMap<String, serde_json::Value>,
     pub failure: Option<Failure>,
     pub exit_code: Option<i32>,
+    /// Set when no evaluator ran and the case's `pass_when` gave the verdict from a score: the
+    /// rule as applied (`score match = 0, pass_when at_least 1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_when: Option<String>,
 }
 
 /// Where a job record stands.

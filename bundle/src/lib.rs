@@ -36,8 +36,8 @@ pub use layout::Bundle;
 pub use plan_file::PlanIndex;
 pub use records::*;
 pub use summary::{
-    BatchSummary, SummaryRow, assemble, case_usage, write_assembled, write_batch_files,
-    write_final_batch_files,
+    BatchLineage, BatchSummary, SummaryRow, assemble, case_usage, write_assembled,
+    write_batch_files, write_final_batch_files,
 };
 pub use write::{read_json, read_json_if_present, write_bytes_atomic, write_json_atomic};
 

@@ -65,8 +65,20 @@ pub struct BatchStats {
     pub pass_rate: Rate,
     /// The same with infra failures left out: what the agent scored, not the platform.
     pub pass_rate_excluding_infra: Rate,
-    /// By score name, over the latest result of every case that has it as a number.
+    /// By score name, the headline mean and standard error (what `scores_over` says they are
+    /// over): over the latest result of every case that has it as a number, or, when some
+    /// task runs several times (`epochs`), over tasks (`tasks.scores`: each task's mean over
+    /// its runs, the standard error clustered by task).
     pub scores: BTreeMap<String, ScoreStat>,
+    /// What each value behind `scores` is: a case, or a task's mean over its runs.
+    #[serde(default)]
+    pub scores_over: ScoresOver,
+    /// With epochs only: the mean over every run, its standard error computed as if the runs
+    /// were independent samples. They are not (a task's runs share the task), so this standard
+    /// error is too small; it is kept for comparison, named so that it is not read as the
+    /// batch's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scores_unclustered: BTreeMap<String, ScoreStat>,
     /// Attempts (dispatch to end) with both ends recorded, speculative losers excluded;
     /// `None` without any.
     pub durations: Option<Durations>,
@@ -77,6 +89,19 @@ pub struct BatchStats {
     /// By task, when some task runs several times (`epochs`): pass@k and score means.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks: Option<Box<crate::epochs::TaskStats>>,
+}
+
+/// What the values behind a batch's headline score means are.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoresOver {
+    /// One value per case: no task runs more than once.
+    #[default]
+    Cases,
+    /// One value per task, its mean over its runs: the standard error is clustered by task.
+    Tasks,
 }
 
 /// What the batch files need from its attempt records, counted one record at a time: the
@@ -173,6 +198,8 @@ impl BatchStats {
                 .into_iter()
                 .map(|(name, xs)| (name, mean_and_stderr(&xs)))
                 .collect(),
+            scores_over: ScoresOver::Cases,
+            scores_unclustered: BTreeMap::new(),
             durations: Durations::of(attempts.durations_ms),
             stage_durations: attempts
                 .stage_ms
@@ -180,6 +207,22 @@ impl BatchStats {
                 .filter_map(|(stage, ms)| Some((stage, Durations::of(ms)?)))
                 .collect(),
             tasks: None,
+        }
+    }
+
+    /// The same with the batch's tasks, when some task runs several times: the headline score
+    /// means become the tasks' (clustered by task), and the means over runs are kept as
+    /// `scores_unclustered`.
+    pub fn with_tasks(self, tasks: Option<crate::epochs::TaskStats>) -> Self {
+        let Some(tasks) = tasks else {
+            return self;
+        };
+        Self {
+            scores: tasks.scores.clone(),
+            scores_over: ScoresOver::Tasks,
+            scores_unclustered: self.scores,
+            tasks: Some(Box::new(tasks)),
+            ..self
         }
     }
 }
@@ -193,6 +236,8 @@ fn percentile(sorted: &[u64], p: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::epochs::TaskStats;
+    use crate::epochs::tests::{BY_HAND, batch, close};
 
     #[test]
     fn the_standard_error_is_the_sample_deviation_over_root_n() {
@@ -212,5 +257,60 @@ mod tests {
         );
         assert_eq!(percentile(&[7], 99), 7);
         assert_eq!(percentile(&[1, 2, 3], 50), 2);
+    }
+
+    #[test]
+    fn the_headline_standard_error_of_an_epochs_batch_is_clustered_by_task() {
+        let (cases, results) = batch(&BY_HAND);
+        let stats = BatchStats::of(&results, &[]).with_tasks(TaskStats::of(&cases, &results));
+        assert_eq!(stats.scores_over, ScoresOver::Tasks);
+        let headline = &stats.scores["acc"];
+        assert_eq!(headline.n, 3, "one value per task");
+        assert!(close(headline.mean, 1.0 / 3.0));
+        assert!(
+            close(headline.stderr.unwrap(), 7f64.sqrt() / 12.0),
+            "{headline:?}"
+        );
+        let tasks = stats.tasks.as_ref().unwrap();
+        assert_eq!(
+            &tasks.scores["acc"], headline,
+            "the per-task figure is the headline"
+        );
+        let unclustered = &stats.scores_unclustered["acc"];
+        assert_eq!(unclustered.n, 12);
+        assert!(close(unclustered.stderr.unwrap(), (2.0f64 / 99.0).sqrt()));
+
+        // Cross-check against the cluster-robust (CR1) standard error of the mean over runs,
+        // √(C/(C−1) · Σ_c (Σ_i (x_ci − x̄))²) / N: with equal runs per task it is the standard
+        // error of the tasks' means.
+        let runs: Vec<f64> = BY_HAND
+            .iter()
+            .flat_map(|(_, xs)| xs.iter().copied())
+            .collect();
+        let mean = runs.iter().sum::<f64>() / runs.len() as f64;
+        let c = BY_HAND.len() as f64;
+        let sum_sq: f64 = BY_HAND
+            .iter()
+            .map(|(_, xs)| xs.iter().map(|x| x - mean).sum::<f64>().powi(2))
+            .sum();
+        let cr1 = (c / (c - 1.0) * sum_sq).sqrt() / runs.len() as f64;
+        assert!(close(cr1, headline.stderr.unwrap()), "{cr1}");
+    }
+
+    #[test]
+    fn without_epochs_the_headline_is_over_cases() {
+        let (cases, results) = batch(&[("A", &[1.0]), ("B", &[0.0])]);
+        // Every task runs once: no task table, and the cases are the samples.
+        let cases: Vec<_> = cases
+            .into_iter()
+            .map(|c| casebatch_manifest::CaseHead { epoch: None, ..c })
+            .collect();
+        let tasks = TaskStats::of(&cases, &results);
+        assert!(tasks.is_none());
+        let stats = BatchStats::of(&results, &[]).with_tasks(tasks);
+        assert_eq!(stats.scores_over, ScoresOver::Cases);
+        assert!(stats.scores_unclustered.is_empty());
+        // Sample deviation of {1, 0} is √0.5; over √2 that is 0.5.
+        assert!(close(stats.scores["acc"].stderr.unwrap(), 0.5));
     }
 }

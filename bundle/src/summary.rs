@@ -57,6 +57,11 @@ pub struct BatchSummary {
     /// absent when none reported any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Where the batch's results come from when some are not first runs of its cases:
+    /// carried over from the batch it retries, or re-run after they had finished (absent when
+    /// every result is a first run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<BatchLineage>,
     /// Pass rates, score means with standard errors, duration percentiles (absent in
     /// summaries written before they existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -73,6 +78,66 @@ impl BatchSummary {
     pub fn succeeded(&self) -> usize {
         self.count("succeeded")
     }
+}
+
+/// Where a batch's results come from, when not all are first runs of its cases: what a
+/// report of a retried or re-run batch says before its numbers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct BatchLineage {
+    /// The batch this one retries (`batch retry-failed`), as its `lineage.json` names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_of: Option<String>,
+    /// Cases whose result was carried over from `retry_of` as it was, not run here.
+    #[serde(default)]
+    pub carried: usize,
+    /// Cases `retry-failed` chose to run again (failed, or never finished, in `retry_of`).
+    #[serde(default)]
+    pub rerun: usize,
+    /// Of the carried cases, those whose trace was pulled again without running them.
+    #[serde(default)]
+    pub recollected: usize,
+    /// Cases given a new attempt inside this batch after an earlier one had finished them
+    /// (`batch rerun`, `resume --retry-failed`): their latest result replaced a finished one.
+    #[serde(default)]
+    pub rerun_in_place: usize,
+}
+
+impl BatchLineage {
+    /// `None` when every result is a first run of its case.
+    fn of(retry: Option<crate::Lineage>, rerun_in_place: usize) -> Option<Self> {
+        if retry.is_none() && rerun_in_place == 0 {
+            return None;
+        }
+        let retry = retry.as_ref();
+        Some(Self {
+            retry_of: retry.map(|l| l.retry_of.clone()),
+            carried: retry.map_or(0, |l| l.carried.len()),
+            rerun: retry.map_or(0, |l| l.rerun.len()),
+            recollected: retry.map_or(0, |l| l.recollected.len()),
+            rerun_in_place,
+        })
+    }
+}
+
+/// Whether a case's latest attempt ran after an earlier one had finished the case (closed it
+/// with an outcome, no retry to follow, not cancelled): `batch rerun` or `resume
+/// --retry-failed` gave it a new attempt. Attempts kept as evidence only never count.
+pub fn reran_in_place<'a>(attempts: impl IntoIterator<Item = &'a AttemptRecord>) -> bool {
+    let counted: Vec<&AttemptRecord> = attempts
+        .into_iter()
+        .filter(|a| !a.summary.is_evidence_only())
+        .collect();
+    let finished = |a: &&AttemptRecord| {
+        let s = &a.summary;
+        !a.will_retry
+            && s.actor != Some(casebatch_proto::ActorStatus::Cancelled)
+            && s.failure
+                .as_ref()
+                .is_none_or(|f| f.code != casebatch_proto::FailureCode::Cancelled)
+    };
+    counted
+        .split_last()
+        .is_some_and(|(_, earlier)| earlier.iter().any(finished))
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -140,6 +205,11 @@ struct Scan<'p, C> {
     collect_failed: usize,
     simulated: bool,
     attempts: AttemptTally,
+    /// By case, in plan order: whether its latest result is a re-run (see [`reran_in_place`],
+    /// or run again by `retry-failed`).
+    reran: Vec<bool>,
+    /// Cases re-run inside this batch.
+    rerun_in_place: usize,
 }
 
 impl<'p, C: CaseIdentity> Scan<'p, C> {
@@ -156,6 +226,8 @@ impl<'p, C: CaseIdentity> Scan<'p, C> {
             collect_failed: 0,
             simulated: false,
             attempts: AttemptTally::default(),
+            reran: Vec::with_capacity(plan.cases.len()),
+            rerun_in_place: 0,
         }
     }
 
@@ -167,6 +239,13 @@ impl<'p, C: CaseIdentity> Scan<'p, C> {
         let case_attempts = read_attempts(bundle, case.case_dir())?;
         case_attempts.iter().for_each(|a| self.attempts.add(a));
         let usage = usage_of(&case_attempts);
+        let in_place = reran_in_place(&case_attempts);
+        self.rerun_in_place += usize::from(in_place);
+        let retried = result
+            .as_ref()
+            .and_then(|r| r.origin.as_ref())
+            .is_some_and(|o| !o.carried);
+        self.reran.push(in_place || retried);
 
         let state = result.as_ref().map_or(CaseState::Queued, |r| r.state);
         *self.counts.entry(state.as_str().to_string()).or_default() += 1;
@@ -238,7 +317,13 @@ impl<'p, C: CaseIdentity> Scan<'p, C> {
         let mut tasks = crate::epochs::TaskStats::of(&plan.cases, &self.results);
         if let Some(tasks) = tasks.as_mut() {
             tasks.add_usage(&plan.cases, &self.rows);
+            tasks.add_reruns(&plan.cases, &self.results, &self.reran);
         }
+        // Unreadable, it is left out like an absent one: the per-case records are the truth,
+        // and the report still says what they do.
+        let retry = read_json_if_present::<crate::Lineage>(&bundle.lineage())
+            .ok()
+            .flatten();
         let total_usage = sum_usage(self.rows.iter().filter_map(|r| r.usage.as_ref()));
         let a = &self.attempts;
         let summary = BatchSummary {
@@ -259,10 +344,8 @@ impl<'p, C: CaseIdentity> Scan<'p, C> {
             temporal_actions: previous_actions(bundle),
             simulated: self.simulated,
             usage: total_usage,
-            stats: Some(BatchStats {
-                tasks: tasks.map(Box::new),
-                ..BatchStats::of_tally(&self.results, self.attempts)
-            }),
+            lineage: BatchLineage::of(retry, self.rerun_in_place),
+            stats: Some(BatchStats::of_tally(&self.results, self.attempts).with_tasks(tasks)),
             rows: self.rows,
         };
         (self.results, summary)
@@ -716,6 +799,89 @@ mod tests {
             .filter(|name| name.ends_with(".tmp"))
             .collect();
         assert!(temp.is_empty(), "{temp:?}");
+    }
+
+    /// Attempts of one case: (will_retry, actor, failure code, speculative loser).
+    fn attempts_of(spec: &[(bool, &str, Option<&str>, bool)]) -> Vec<AttemptRecord> {
+        spec.iter()
+            .enumerate()
+            .map(|(i, (will_retry, actor, code, loser))| {
+                let failure = code.map(|c| {
+                    serde_json::json!({"stage": "await", "class": "infra", "code": c,
+                                       "message": "", "retryable": false})
+                });
+                serde_json::from_value(serde_json::json!({
+                    "schema_version": "casebatch_v1", "case_id": "c",
+                    "summary": {"attempt": i + 1, "actor": actor, "exit_code": 0,
+                                "evaluation_configured": false, "verdict": null,
+                                "failure": failure, "cleanup_confirmed": true,
+                                "speculative_loser": loser},
+                    "cleanup_confirmed": true, "will_retry": will_retry, "runtime": "fake",
+                }))
+                .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_case_reran_in_place_once_an_earlier_attempt_had_finished_it() {
+        // Finished (failed), then `rerun --failed` gave it another attempt.
+        let rerun = attempts_of(&[
+            (false, "failed", None, false),
+            (false, "finished", None, false),
+        ]);
+        assert!(reran_in_place(&rerun));
+        // A retry inside the batch's own policy is one run, not a re-run.
+        let retried = attempts_of(&[
+            (true, "failed", Some("TIMEOUT"), false),
+            (false, "finished", None, false),
+        ]);
+        assert!(!reran_in_place(&retried));
+        // Killed by a supersede or a cancel, then run again: it had not finished.
+        let killed = attempts_of(&[
+            (false, "cancelled", None, false),
+            (false, "finished", None, false),
+        ]);
+        assert!(!reran_in_place(&killed));
+        let never_started = attempts_of(&[
+            (false, "failed", Some("CANCELLED"), false),
+            (false, "finished", None, false),
+        ]);
+        assert!(!reran_in_place(&never_started));
+        // A speculation's loser is evidence, not an outcome.
+        let raced = attempts_of(&[
+            (false, "cancelled", None, true),
+            (false, "finished", None, false),
+        ]);
+        assert!(!reran_in_place(&raced));
+        assert!(!reran_in_place(&attempts_of(&[(
+            false, "finished", None, false
+        )])));
+        assert!(!reran_in_place(&[] as &[AttemptRecord]));
+    }
+
+    #[test]
+    fn a_retry_batch_s_summary_names_its_source_and_what_it_carried() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = Bundle::new(dir.path(), "b");
+        let plan = crate::plan_file::tests::plan_of(3);
+        (0..3).for_each(|i| finished_case(&bundle, i, 1));
+        assert_eq!(assemble(&bundle, &plan).unwrap().summary.lineage, None);
+        let lineage = serde_json::json!({
+            "schema_version": "casebatch_v1", "retry_of": "a", "class_filter": [],
+            "rerun": ["case-1", "case-2"], "carried": ["case-0"], "memory_boost_mb": {},
+            "recollected": [],
+        });
+        write_json_atomic(&bundle.lineage(), &lineage).unwrap();
+        let summary = assemble(&bundle, &plan).unwrap().summary;
+        let expected = BatchLineage {
+            retry_of: Some("a".into()),
+            carried: 1,
+            rerun: 2,
+            recollected: 0,
+            rerun_in_place: 0,
+        };
+        assert_eq!(summary.lineage, Some(expected));
     }
 
     #[test]

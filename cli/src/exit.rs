@@ -62,13 +62,50 @@ impl Exit {
 }
 
 /// The `Exit codes:` section of `casebatch --help`, one entry per code of [`Exit::ALL`].
-/// Wrapped here with a hanging indent, since clap wraps this text flush left.
 pub fn help() -> String {
+    help_of("casebatch")
+}
+
+/// What `batch report`'s codes mean. A report reads a batch and judges nothing: it is run on
+/// a batch known to have failed (to read why), on one still running, and in pipelines that
+/// publish the page whatever the outcome, so failed cases are data in it, not an error of
+/// it. The batch's outcome is the exit code of the commands that run it, and the report's
+/// counts (`--json`) for a script that reads it later.
+const REPORT_CODES: [(Exit, &str); 3] = [
+    (
+        Exit::Success,
+        "the report was made (and the --html page written), whatever the batch's outcome: \
+         failed, cancelled and unfinished cases are counted in the report, not in the exit code \
+         (`batch run`, `resume`, `rerun` and `retry-failed` exit with the batch's outcome)",
+    ),
+    (
+        Exit::Usage,
+        "usage error, no such batch, or a bundle file that is there but cannot be read (the \
+         message names the file and why)",
+    ),
+    (
+        Exit::Output,
+        "the rebuilt batch files or the --html page could not be written",
+    ),
+];
+
+/// The exit codes `command` (its full name: `casebatch batch report`) can give, with what
+/// each means for it: every code of the table, but for a command that only reads a batch.
+pub fn codes_of(command: &str) -> Vec<(Exit, &'static str)> {
+    match command {
+        "casebatch batch report" => REPORT_CODES.to_vec(),
+        _ => Exit::ALL.iter().map(|e| (*e, e.meaning())).collect(),
+    }
+}
+
+/// The `Exit codes:` section of `command`'s `--help` ([`codes_of`]). Wrapped here with a
+/// hanging indent, since clap wraps this text flush left.
+pub fn help_of(command: &str) -> String {
     const WIDTH: usize = 80;
     let mut out = String::from("Exit codes:");
-    for e in Exit::ALL {
+    for (e, meaning) in codes_of(command) {
         let mut line = format!("  {}  ", e.code());
-        let mut words = e.meaning().split(' ');
+        let mut words = meaning.split(' ');
         line.push_str(words.next().unwrap_or_default());
         for word in words {
             if line.len() + 1 + word.len() > WIDTH {

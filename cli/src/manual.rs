@@ -10,16 +10,27 @@ use clap_mangen::Man;
 use clap_mangen::roff::{Roff, roman};
 
 use crate::cli::Cli;
-use crate::exit::{self, Exit};
+use crate::exit;
 
 /// The command line as parsed: [`Cli`] with the exit codes after the help of every command,
-/// not only the top one (a script calls `casebatch batch run`, and reads its `--help`).
+/// not only the top one (a script calls `casebatch batch run`, and reads its `--help`), each
+/// listing the codes that command can give ([`exit::codes_of`]).
 pub fn command() -> Command {
-    fn with_exit_codes(cmd: Command) -> Command {
-        cmd.after_help(exit::help())
-            .mut_subcommands(with_exit_codes)
+    fn with_exit_codes(cmd: Command, parent: &str) -> Command {
+        let name = full_name(parent, &cmd);
+        cmd.after_help(exit::help_of(&name))
+            .mut_subcommands(|sub| with_exit_codes(sub, &name))
     }
-    with_exit_codes(Cli::command())
+    with_exit_codes(Cli::command(), "")
+}
+
+/// `casebatch batch report`: a command's name after its parent's.
+fn full_name(parent: &str, cmd: &Command) -> String {
+    if parent.is_empty() {
+        cmd.get_name().to_string()
+    } else {
+        format!("{parent} {}", cmd.get_name())
+    }
 }
 
 /// The command line as completions see it: without hidden commands and flags (internal ones,
@@ -68,21 +79,28 @@ pub fn completions(shell: clap_complete::Shell, out: &mut dyn Write) {
 pub fn man_page(out: &mut dyn Write) -> io::Result<()> {
     let mut cmd = command().disable_help_subcommand(true);
     cmd.build();
-    page(cmd, out)
+    let name = full_name("", &cmd);
+    page(cmd, &name, out)
 }
 
 /// Every command's man page into `dir` (`casebatch.1`, `casebatch-batch.1`,
 /// `casebatch-batch-run.1`, ...), so that each SUBCOMMANDS section names pages that exist.
 /// Returns the files written, the top page first.
 pub fn man_pages(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    fn write_all(cmd: &Command, dir: &Path, written: &mut Vec<PathBuf>) -> io::Result<()> {
+    fn write_all(
+        cmd: &Command,
+        parent: &str,
+        dir: &Path,
+        written: &mut Vec<PathBuf>,
+    ) -> io::Result<()> {
+        let name = full_name(parent, cmd);
         let path = dir.join(Man::new(cmd.clone()).get_filename());
         let mut file = io::BufWriter::new(std::fs::File::create(&path)?);
-        page(cmd.clone(), &mut file)?;
+        page(cmd.clone(), &name, &mut file)?;
         file.flush()?;
         written.push(path);
         for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-            write_all(sub, dir, written)?;
+            write_all(sub, &name, dir, written)?;
         }
         Ok(())
     }
@@ -90,13 +108,14 @@ pub fn man_pages(dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut cmd = command().disable_help_subcommand(true);
     cmd.build();
     let mut written = Vec::new();
-    write_all(&cmd, dir, &mut written)?;
+    write_all(&cmd, "", dir, &mut written)?;
     Ok(written)
 }
 
-/// One page: clap_mangen's sections in its order, with EXIT STATUS (from the exit table, in
-/// man-pages(7)'s place: after OPTIONS and SUBCOMMANDS) instead of the help's exit-code text.
-fn page(cmd: Command, out: &mut dyn Write) -> io::Result<()> {
+/// One page: clap_mangen's sections in its order, with EXIT STATUS (the codes the command
+/// `name` can give, in man-pages(7)'s place: after OPTIONS and SUBCOMMANDS) instead of the
+/// help's exit-code text.
+fn page(cmd: Command, name: &str, out: &mut dyn Write) -> io::Result<()> {
     let has_args = cmd.get_arguments().any(|a| !a.is_hide_set());
     let has_subcommands = cmd.get_subcommands().any(|s| !s.is_hide_set());
     let has_version = cmd.get_version().is_some();
@@ -119,7 +138,7 @@ fn page(cmd: Command, out: &mut dyn Write) -> io::Result<()> {
     if has_subcommands {
         section(&|w| man.render_subcommands_section(w))?;
     }
-    section(&|w| exit_status().to_writer(w))?;
+    section(&|w| exit_status(name).to_writer(w))?;
     if has_version {
         section(&|w| man.render_version_section(w))?;
     }
@@ -135,14 +154,14 @@ fn page(cmd: Command, out: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
-/// The EXIT STATUS section: every code of [`Exit::ALL`] with its meaning.
-fn exit_status() -> Roff {
+/// The EXIT STATUS section: every code the command `name` can give, with its meaning.
+fn exit_status(name: &str) -> Roff {
     let mut roff = Roff::new();
     roff.control("SH", ["EXIT STATUS"]);
-    for e in Exit::ALL {
+    for (e, meaning) in exit::codes_of(name) {
         roff.control("TP", []);
         roff.text([roman(e.code().to_string())]);
-        roff.text([roman(e.meaning())]);
+        roff.text([roman(meaning)]);
     }
     roff
 }
@@ -150,6 +169,7 @@ fn exit_status() -> Roff {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exit::Exit;
 
     /// Every command, the top one included, by its full name.
     fn all(cmd: &Command, prefix: &str, out: &mut Vec<(String, Command)>) {
@@ -161,19 +181,51 @@ mod tests {
     }
 
     #[test]
-    fn every_commands_help_lists_every_exit_code() {
+    fn every_commands_help_lists_the_exit_codes_it_can_give() {
         let mut commands = Vec::new();
         all(&command(), "", &mut commands);
         assert!(commands.len() > 30, "{}", commands.len());
         for (name, mut cmd) in commands {
             let help = cmd.render_long_help().to_string();
             let listed = exit::tests_support::help_entries(&help);
-            assert_eq!(
-                listed.iter().map(|(code, _)| *code).collect::<Vec<_>>(),
-                Exit::ALL.map(Exit::code),
-                "{name} --help:\n{help}"
-            );
+            let expected: Vec<(u8, String)> = exit::codes_of(&name)
+                .into_iter()
+                .map(|(e, meaning)| (e.code(), meaning.to_string()))
+                .collect();
+            assert_eq!(listed, expected, "{name} --help:\n{help}");
+            if name != "casebatch batch report" {
+                assert_eq!(
+                    listed.iter().map(|(code, _)| *code).collect::<Vec<_>>(),
+                    Exit::ALL.map(Exit::code),
+                    "{name} --help:\n{help}"
+                );
+            }
         }
+    }
+
+    /// `batch report` exits 0 on a batch with failed cases (it reads a batch, it does not
+    /// judge it): its help says so, and lists no batch-outcome code.
+    #[test]
+    fn the_report_s_help_lists_a_reader_s_codes() {
+        let mut cmd = command();
+        let report = cmd
+            .find_subcommand_mut("batch")
+            .and_then(|b| b.find_subcommand_mut("report"))
+            .expect("batch report")
+            .clone();
+        let help = report.clone().render_long_help().to_string();
+        let listed = exit::tests_support::help_entries(&help);
+        let codes: Vec<u8> = listed.iter().map(|(code, _)| *code).collect();
+        assert_eq!(codes, [0, 2, 5], "{help}");
+        assert!(
+            listed[0].1.contains("whatever the batch's outcome"),
+            "{help}"
+        );
+        let mut page = Vec::new();
+        super::page(report, "casebatch batch report", &mut page).unwrap();
+        let page = String::from_utf8(page).unwrap();
+        assert!(!page.contains(".TP\n4\n"), "{page}");
+        assert!(page.contains(".TP\n5\n"), "{page}");
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::time::Instant;
 
+use casebatch_bundle::stats::ScoresOver;
 use casebatch_bundle::{Bundle, Lineage};
 use casebatch_control::{
     DriveEvent, Ending, HistoryView, Observer, ReportView, RunReport, StatusView,
@@ -449,26 +450,22 @@ fn mean_and_error(sc: &casebatch_bundle::mean::ScoreStat) -> String {
     format!("mean {:.3} ± {stderr}", sc.mean)
 }
 
-/// pass@k of the batch, then each task's runs.
+/// pass@k of the batch with its standard error, then each task's runs.
 fn task_lines(t: &casebatch_bundle::epochs::TaskStats) {
     for p in &t.pass_at_k {
         match p.mean {
             Some(m) => say!(
-                "  pass@{}: {:.1}% (mean of {} {})",
+                "  pass@{}: {} (mean of {} {}; standard error over tasks)",
                 p.k,
-                100.0 * m,
+                percent_and_error(m, p.stderr),
                 p.of,
                 p.denominator
             ),
             None => say!("  pass@{}: - (no {})", p.k, p.denominator),
         }
     }
-    for (name, sc) in &t.scores {
-        say!(
-            "  score {name} by task: {} (standard error over {} tasks)",
-            mean_and_error(sc),
-            sc.n
-        );
+    if let Some(note) = t.reruns_note() {
+        say!("  note: {note}");
     }
     // A long task list belongs in the JSON, not on a terminal.
     const MOST_ROWS: usize = 50;
@@ -487,15 +484,26 @@ fn task_lines(t: &casebatch_bundle::epochs::TaskStats) {
             .map(|(i, x)| format!("pass@{} {:.2}", i + 1, x))
             .collect();
         say!(
-            "  task {}: {} of {} finished run(s) passed ({} planned){}{}",
+            "  task {}: {} of {} finished run(s) passed ({} planned{}){}{}",
             row.task_id,
             row.passed,
             row.finished,
             row.epochs,
+            if row.reruns > 0 {
+                format!(", {} re-run", row.reruns)
+            } else {
+                String::new()
+            },
             if at.is_empty() { "" } else { " · " },
             at.join(" · ")
         );
     }
+}
+
+/// `50.0% ± 28.9%`, a share in percent with its standard error (`± -` below two tasks).
+fn percent_and_error(mean: f64, stderr: Option<f64>) -> String {
+    let stderr = stderr.map_or("-".to_string(), |e| format!("{:.1}%", 100.0 * e));
+    format!("{:.1}% ± {stderr}", 100.0 * mean)
 }
 
 fn stats_lines(st: &casebatch_bundle::stats::BatchStats) {
@@ -505,8 +513,24 @@ fn stats_lines(st: &casebatch_bundle::stats::BatchStats) {
         rate(&st.pass_rate_excluding_infra)
     );
     for (name, sc) in &st.scores {
+        match st.scores_over {
+            ScoresOver::Cases => say!(
+                "  score {name}: {} (standard error, n={})",
+                mean_and_error(sc),
+                sc.n
+            ),
+            ScoresOver::Tasks => say!(
+                "  score {name}: {} (mean of each task's mean over its runs; standard error \
+                 clustered by task, n={} tasks)",
+                mean_and_error(sc),
+                sc.n
+            ),
+        }
+    }
+    for (name, sc) in &st.scores_unclustered {
         say!(
-            "  score {name}: {} (standard error, n={})",
+            "  score {name} over runs, unclustered: {} (n={} runs taken as independent, which \
+             a task's runs are not: this standard error is too small)",
             mean_and_error(sc),
             sc.n
         );
@@ -895,15 +919,26 @@ pub fn report(view: &ReportView) {
     );
     let counts: Vec<String> = s.counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
     say!("  cases: {}", counts.join(" · "));
+    if let Some(lineage) = &s.lineage {
+        lineage_lines(lineage);
+    }
     if let Some(stats) = &s.stats {
         stats_lines(stats);
     }
-    if let Some(line) = rerun_note(view) {
-        say!("{line}");
-    }
     if let Some(usage) = &s.usage {
         let cases = s.rows.iter().filter(|r| r.usage.is_some()).count();
-        say!("  usage: {} (over {cases} case(s))", usage_text(usage));
+        let carried = match &s.lineage {
+            Some(l) if l.carried > 0 => format!(
+                "; what this batch ran only: its {} carried-over results were paid for by batch {}",
+                l.carried,
+                l.retry_of.as_deref().unwrap_or("?")
+            ),
+            _ => String::new(),
+        };
+        say!(
+            "  usage: {} (over {cases} case(s){carried})",
+            usage_text(usage)
+        );
     }
     say!(
         "  recovery: {} attempt(s) adopted after a crash, {} re-dispatched",
@@ -974,32 +1009,31 @@ pub fn report(view: &ReportView) {
     }
 }
 
-/// Runs of tasks with epochs queued again after they finished: their pass@k counts each
-/// run's latest outcome, re-runs included, which is not what k fresh runs would give.
-fn rerun_note(view: &ReportView) -> Option<String> {
-    let rerun: std::collections::BTreeSet<&str> =
-        view.rerun_cases.iter().map(String::as_str).collect();
-    let tasks: std::collections::BTreeSet<&str> = view
-        .plan
-        .cases
-        .iter()
-        .filter(|c| rerun.contains(c.case_id.as_str()))
-        .filter_map(|c| c.epoch.as_ref().map(|e| e.task_id.as_str()))
-        .collect();
-    let runs = view
-        .plan
-        .cases
-        .iter()
-        .filter(|c| c.epoch.is_some() && rerun.contains(c.case_id.as_str()))
-        .count();
-    (runs > 0).then(|| {
-        format!(
-            "  note: pass@k includes {runs} re-run run(s) of {} task(s) ({}): each run counts \
-             its latest outcome, so pass@k is not that of independent runs",
-            tasks.len(),
-            truncate(&tasks.into_iter().collect::<Vec<_>>().join(", "), 80)
-        )
-    })
+/// Where a retried or re-run batch's results come from, before its numbers.
+fn lineage_lines(l: &casebatch_bundle::BatchLineage) {
+    if let Some(source) = &l.retry_of {
+        let recollected = if l.recollected > 0 {
+            format!(
+                " ({} of them with their trace collected again)",
+                l.recollected
+            )
+        } else {
+            String::new()
+        };
+        say!(
+            "  retry of batch {source}: {} case(s) re-run here, {} carried over as they \
+             were{recollected}",
+            l.rerun,
+            l.carried
+        );
+    }
+    if l.rerun_in_place > 0 {
+        say!(
+            "  re-run in this batch: {} case(s) got a new attempt after they had finished \
+             (batch rerun); their latest result counts",
+            l.rerun_in_place
+        );
+    }
 }
 
 /// What `retry-failed` is about to do, before the new batch runs.

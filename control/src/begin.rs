@@ -86,7 +86,7 @@ pub(crate) async fn begin(
 }
 
 /// Says in the batch's timeline which finished cases were queued again, once the run that
-/// re-runs them has started: `report` notes the re-runs inside pass@k from it. Evidence, not
+/// re-runs them has started, for an operator reading what happened when. Evidence, not
 /// state: the run goes on without it if it cannot be written (a full disk is the run's to
 /// report, at its first record), as with the run's own start line.
 fn record_requeued(bundle: &Bundle, plan: &Plan, requeued: &[u32]) {

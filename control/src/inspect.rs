@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 
 use casebatch_attempt::{AttemptJournal, ScheduledState};
 use casebatch_bundle::{
-    AttemptRecord, BatchSummary, Bundle, CaseResult, Event, summary, write_assembled,
-    write_bytes_atomic,
+    AttemptRecord, BatchSummary, Bundle, CaseResult, summary, write_assembled, write_bytes_atomic,
 };
 use casebatch_manifest::{Plan, PlanHead};
 use casebatch_proto::{BatchEnd, BatchStatus, Counts, FailureCode, Phase, workflow_id};
@@ -195,9 +194,6 @@ pub struct ReportView {
     pub bundle_root: std::path::PathBuf,
     /// Attempts whose job was lost with nothing to adopt, so the case was run again.
     pub redispatched: usize,
-    /// Cases queued again after they had finished (`batch rerun`, `resume --retry-failed`),
-    /// in plan order: their latest outcome is a re-run's.
-    pub rerun_cases: Vec<String>,
 }
 
 /// Needs no engine: the bundle is the source of truth.
@@ -215,13 +211,6 @@ pub fn report(location: &BatchLocation) -> Result<ReportView> {
                 .is_some_and(|f| f.code == FailureCode::JobLost)
         })
         .count();
-    let requeued = requeued_cases(&bundle);
-    let rerun_cases = plan
-        .cases
-        .iter()
-        .filter(|c| requeued.contains(&c.case_id))
-        .map(|c| c.case_id.clone())
-        .collect();
     Ok(ReportView {
         plan,
         summary: assembled.summary,
@@ -229,27 +218,7 @@ pub fn report(location: &BatchLocation) -> Result<ReportView> {
         attempts: assembled.attempts,
         bundle_root: bundle.root().to_path_buf(),
         redispatched,
-        rerun_cases,
     })
-}
-
-/// The cases the batch's timeline says were queued again after they finished
-/// ([`Event::REQUEUED`], written as the run re-running them starts). The timeline is
-/// evidence, not state: an absent or unreadable one (or a damaged line) names none.
-fn requeued_cases(bundle: &Bundle) -> std::collections::BTreeSet<String> {
-    use std::io::BufRead;
-    let Ok(file) = std::fs::File::open(bundle.events()) else {
-        return Default::default();
-    };
-    std::io::BufReader::new(file)
-        .lines()
-        .map_while(|line| line.ok())
-        // Most lines are about attempts: only the few that can be one are parsed.
-        .filter(|line| line.contains(Event::REQUEUED))
-        .filter_map(|line| serde_json::from_str::<Event>(&line).ok())
-        .filter(|e| e.kind == Event::REQUEUED)
-        .filter_map(|e| e.case_id)
-        .collect()
 }
 
 /// Whose history: the batch's, or a shared workflow its plan names.

@@ -32,6 +32,7 @@ const RECORD_FIELDS: &[&str] = &[
     "epochs",
     "harness",
     "evaluator",
+    "pass_when",
     "runtime",
     "inputs",
     "env",

@@ -67,6 +67,11 @@ pub struct Defaults {
     pub harness: Option<CommandSpec>,
     /// Optional evaluator command; writes `{"verdict": "pass"|"fail"}`.
     pub evaluator: Option<CommandSpec>,
+    /// A verdict from a score, without an evaluator process: a case whose harness finished
+    /// passes when its result's score reaches the threshold, and fails otherwise. A case has
+    /// an `evaluator` or a `pass_when`, not both. A task's `pass_when` replaces this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_when: Option<PassWhen>,
     /// Where cases run: `local-process` (the default when a harness is set), `fake` (a
     /// simulation), the name of an entry of `runtimes:`, or a list of those names to spread
     /// the cases over.
@@ -116,6 +121,19 @@ pub struct Defaults {
     /// Merged with the defaults' list; for one name, the more specific layer's `env` or
     /// `pass_env` wins.
     pub pass_env: Option<Vec<String>>,
+}
+
+/// `pass_when`: the case passes when its harness's result reports `score` as a number at least
+/// `at_least`, and fails (an `agent` failure, `VERDICT_FAIL`) when it is below. A result
+/// without the score as a number is the harness's failure (`HARNESS_BAD_RESULT`), not a verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PassWhen {
+    /// The name of a score in the harness's result (`scores`).
+    #[schemars(length(min = 1))]
+    pub score: String,
+    /// The least value that passes.
+    pub at_least: f64,
 }
 
 /// Where and how an attempt's environment is provisioned. A task's `sandbox` replaces the
@@ -424,6 +442,9 @@ pub struct Task {
     pub harness: Option<CommandSpec>,
     /// This task's own evaluator command (replaces `defaults.evaluator`).
     pub evaluator: Option<CommandSpec>,
+    /// This task's verdict from a score (replaces `defaults.pass_when`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_when: Option<PassWhen>,
     /// This task's runtime (replaces `defaults.runtime`): `local-process`, `fake`, the name
     /// of an entry of `runtimes:`, or a list of those names.
     pub runtime: Option<RuntimeChoice>,
@@ -521,6 +542,9 @@ pub struct RunSpec {
     pub inputs: BTreeMap<String, serde_json::Value>,
     pub harness: Option<CommandSpec>,
     pub evaluator: Option<CommandSpec>,
+    /// This case's verdict from a score (replaces `defaults.pass_when`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_when: Option<PassWhen>,
     /// This case's runtime: `local-process`, `fake`, the name of an entry of the runtimes
     /// table (`runtimes:` in the batch manifest, or `--runtimes FILE`), or a list of those.
     pub runtime: Option<RuntimeChoice>,
@@ -819,6 +843,10 @@ pub struct PlannedCase {
     pub runtime_spread: Vec<String>,
     pub harness: Option<CommandSpec>,
     pub evaluator: Option<CommandSpec>,
+    /// The verdict from a score, where no evaluator runs (`None`: the actor's outcome, or
+    /// the evaluator's verdict, decides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_when: Option<PassWhen>,
     pub sandbox: Option<Sandbox>,
     pub resources: Resources,
     pub timeout_seconds: u64,

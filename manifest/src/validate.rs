@@ -10,7 +10,7 @@ use crate::limits::{
     TIMEOUT_SECONDS_RANGE,
 };
 use crate::model::{
-    BudgetSpec, CommandSpec, Defaults, FakeScript, RateSpec, Resources, RunSpec, Sandbox,
+    BudgetSpec, CommandSpec, Defaults, FakeScript, PassWhen, RateSpec, Resources, RunSpec, Sandbox,
     SummarySpec,
 };
 use crate::report::{FieldPath, Report};
@@ -105,6 +105,9 @@ pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
     }
     command(d.harness.as_ref(), &path.key("harness"), r);
     command(d.evaluator.as_ref(), &path.key("evaluator"), r);
+    if let Some(p) = &d.pass_when {
+        pass_when(p, &path.key("pass_when"), r);
+    }
     if let Some(f) = &d.fake {
         fake(f, &path.key("fake"), r);
     }
@@ -123,10 +126,34 @@ pub(crate) fn spec(s: &RunSpec, path: &FieldPath, r: &mut Report) {
     }
     command(s.harness.as_ref(), &path.key("harness"), r);
     command(s.evaluator.as_ref(), &path.key("evaluator"), r);
+    if let Some(p) = &s.pass_when {
+        pass_when(p, &path.key("pass_when"), r);
+    }
     if let Some(f) = &s.fake {
         fake(f, &path.key("fake"), r);
     }
     environment(s.env.as_ref(), s.pass_env.as_deref(), path, r);
+}
+
+/// A score named, and a threshold a score can be compared with.
+fn pass_when(p: &PassWhen, path: &FieldPath, r: &mut Report) {
+    if p.score.trim().is_empty() {
+        r.at(
+            &path.key("score"),
+            "the score's name is empty",
+            format!(
+                "name a score the harness reports in its result's `scores`, e.g. {path}: \
+                 {{score: match, at_least: 1}}"
+            ),
+        );
+    }
+    if !p.at_least.is_finite() {
+        r.at(
+            &path.key("at_least"),
+            format!("at_least {} is not a finite number", p.at_least),
+            format!("set {} to the least passing value", path.key("at_least")),
+        );
+    }
 }
 
 /// A pace within its range; a shared key a workflow id can carry.

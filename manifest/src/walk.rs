@@ -12,8 +12,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::model::{
-    BudgetSpec, CommandSpec, Defaults, FakeOutcome, FakeScript, RateSpec, Resources, RunSpec,
-    RuntimeChoice, RuntimeKind, Sandbox, SummarySpec, Task,
+    BudgetSpec, CommandSpec, Defaults, FakeOutcome, FakeScript, PassWhen, RateSpec, Resources,
+    RunSpec, RuntimeChoice, RuntimeKind, Sandbox, SummarySpec, Task,
 };
 use crate::report::{FieldPath, Report};
 
@@ -26,6 +26,7 @@ pub(crate) const DEFAULTS_FIELDS: &[&str] = &[
     "resources",
     "harness",
     "evaluator",
+    "pass_when",
     "runtime",
     "controller_url",
     "device_controller_url",
@@ -40,6 +41,7 @@ pub(crate) const DEFAULTS_FIELDS: &[&str] = &[
     "pass_env",
 ];
 pub(crate) const BUDGET_FIELDS: &[&str] = &["cost_usd", "tokens"];
+pub(crate) const PASS_WHEN_FIELDS: &[&str] = &["score", "at_least"];
 pub(crate) const RATE_FIELDS: &[&str] = &["starts_per_minute", "rate_key"];
 pub(crate) const SANDBOX_FIELDS: &[&str] = &[
     "provider", "template", "platform", "lifetime", "network", "pull", "user",
@@ -65,6 +67,7 @@ pub(crate) const TASK_FIELDS: &[&str] = &[
     "epochs",
     "harness",
     "evaluator",
+    "pass_when",
     "runtime",
     "inputs",
     "env",
@@ -83,6 +86,7 @@ pub(crate) const RUNSPEC_FIELDS: &[&str] = &[
     "inputs",
     "harness",
     "evaluator",
+    "pass_when",
     "runtime",
     "env",
     "pass_env",
@@ -284,6 +288,7 @@ pub(crate) fn defaults(value: &Value, path: &FieldPath, r: &mut Report) -> Optio
         resources: o.nested("resources", r, resources),
         harness: o.opt("harness", r),
         evaluator: o.opt("evaluator", r),
+        pass_when: o.nested("pass_when", r, pass_when),
         runtime: o.opt("runtime", r),
         controller_url: o.opt("controller_url", r),
         device_controller_url: o.opt("device_controller_url", r),
@@ -305,6 +310,25 @@ pub(crate) fn budget(value: &Value, path: &FieldPath, r: &mut Report) -> Option<
     Some(BudgetSpec {
         cost_usd: o.opt("cost_usd", r),
         tokens: o.opt("tokens", r),
+    })
+}
+
+pub(crate) fn pass_when(value: &Value, path: &FieldPath, r: &mut Report) -> Option<PassWhen> {
+    let o = Obj::new(value, path, PASS_WHEN_FIELDS, r)?;
+    o.deny_unknown(r);
+    let score = o.req(
+        "score",
+        &format!("name the score that decides, e.g. {path}: {{score: match, at_least: 1}}"),
+        r,
+    );
+    let at_least = o.req(
+        "at_least",
+        &format!("set the least passing value, e.g. {path}: {{score: match, at_least: 1}}"),
+        r,
+    );
+    Some(PassWhen {
+        score: score?,
+        at_least: at_least?,
     })
 }
 
@@ -419,6 +443,7 @@ pub(crate) fn task_body(o: &Obj<'_>, r: &mut Report) -> RunSpec {
         inputs: o.opt("inputs", r).unwrap_or_default(),
         harness: None,
         evaluator: None,
+        pass_when: o.nested("pass_when", r, pass_when),
         runtime: None,
         env: o.nested("env", r, env),
         pass_env: o.opt("pass_env", r),
@@ -450,6 +475,7 @@ pub(crate) fn task(value: &Value, path: &FieldPath, r: &mut Report) -> Option<Ta
         epochs: body.epochs,
         harness: body.harness,
         evaluator: body.evaluator,
+        pass_when: body.pass_when,
         runtime: body.runtime,
         inputs: body.inputs,
         env: body.env,
@@ -473,6 +499,7 @@ pub(crate) fn split_task(task: Task) -> (String, RunSpec) {
         epochs,
         harness,
         evaluator,
+        pass_when,
         runtime,
         inputs,
         env,
@@ -491,6 +518,7 @@ pub(crate) fn split_task(task: Task) -> (String, RunSpec) {
         inputs,
         harness,
         evaluator,
+        pass_when,
         runtime,
         env,
         pass_env,

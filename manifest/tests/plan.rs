@@ -455,3 +455,76 @@ fn a_change_of_epochs_is_another_plan() {
     let three = accept("m.yaml", &manifest(3));
     assert_ne!(two.fingerprint, three.fingerprint);
 }
+
+/// `pass_when` is recorded in the plan case by case (a task's replaces the default's), is part
+/// of the fingerprint where it is used, and leaves the fingerprint of a manifest without it as
+/// it was.
+#[test]
+fn pass_when_is_planned_per_case_and_fingerprinted_only_where_used() {
+    let base = with_tasks("  - task_id: a\n  - task_id: b\n");
+    let judged = "batch_id: t\ndefaults:\n  harness: ./run.sh\n  pass_when: {score: match, \
+                  at_least: 1}\ntasks:\n  - task_id: a\n  - task_id: b\n    pass_when: \
+                  {score: f1, at_least: 0.5}\n";
+    let plan = accept("m.yaml", judged);
+    let rule = |i: usize| {
+        let p = plan.cases[i].pass_when.as_ref().unwrap();
+        (p.score.as_str(), p.at_least)
+    };
+    assert_eq!((rule(0), rule(1)), (("match", 1.0), ("f1", 0.5)));
+    let without = accept("m.yaml", &base);
+    assert_eq!(without.cases[0].pass_when, None);
+    assert_ne!(
+        plan.fingerprint, without.fingerprint,
+        "a verdict rule is what a case is"
+    );
+    // The batch_plan.json of a plan without it does not name it.
+    let written = serde_json::to_string(&without.cases[0]).unwrap();
+    assert!(!written.contains("pass_when"), "{written}");
+    // JSONL records and batch_v1 run specs take it too.
+    let jsonl = accept(
+        "m.jsonl",
+        r#"{"task_id": "a", "harness": "./run.sh", "pass_when": {"score": "m", "at_least": 2}}"#,
+    );
+    assert_eq!(jsonl.cases[0].pass_when.as_ref().unwrap().at_least, 2.0);
+}
+
+#[test]
+fn a_case_has_an_evaluator_or_a_pass_when_and_a_rule_is_whole() {
+    let both = "batch_id: t\ndefaults:\n  harness: ./run.sh\n  evaluator: ./own.sh\ntasks:\n  \
+                - task_id: a\n    pass_when: {score: match, at_least: 1}\n";
+    let err = refuse("m.yaml", both);
+    says(
+        &err,
+        "tasks[0].pass_when",
+        "both an evaluator and a pass_when",
+    );
+    let both_defaults = "batch_id: t\ndefaults:\n  harness: ./run.sh\n  evaluator: ./own.sh\n  \
+                         pass_when: {score: m, at_least: 1}\ntasks:\n  - task_id: a\n  - \
+                         task_id: b\n";
+    let err = refuse("m.yaml", both_defaults);
+    says(
+        &err,
+        "defaults.pass_when",
+        "both an evaluator and a pass_when",
+    );
+    let half = with_tasks("  - task_id: a\n    pass_when: {score: match, at_lest: 1}\n");
+    let err = refuse("m.yaml", &half);
+    says(
+        &err,
+        "tasks[0].pass_when",
+        "missing required field `at_least`",
+    );
+    says(&err, "tasks[0].pass_when.at_lest", "unknown field");
+    let unnamed = with_tasks("  - task_id: a\n    pass_when: {score: '', at_least: 1}\n");
+    says(
+        &refuse("m.yaml", &unnamed),
+        "tasks[0].pass_when.score",
+        "empty",
+    );
+    let words = with_tasks("  - task_id: a\n    pass_when: {score: m, at_least: high}\n");
+    says(
+        &refuse("m.yaml", &words),
+        "tasks[0].pass_when.at_least",
+        "expected",
+    );
+}

@@ -7,7 +7,7 @@ use casebatch_proto::CaseState;
 use std::path::{Component, Path, PathBuf};
 
 use casebatch_bundle::attempt_files;
-use casebatch_bundle::summary::sum_usage;
+use casebatch_bundle::summary::{reran_in_place, sum_usage};
 use casebatch_bundle::{AttemptRecord, CaseResult};
 use casebatch_manifest::PlannedCase;
 use serde::Serialize;
@@ -33,6 +33,8 @@ pub struct CaseSection {
     pub outputs: Option<String>,
     pub scores: Vec<(String, String)>,
     pub usage: Option<String>,
+    /// Where the result comes from when it is not the case's first run.
+    pub origin: Option<String>,
     pub attempts: Vec<AttemptRow>,
 }
 
@@ -114,6 +116,7 @@ fn section(e: &CaseEvidence<'_>, bundle_dir: &Path, bundle_href: &str) -> CaseSe
             })
             .unwrap_or_default(),
         usage: usage(&e.attempts),
+        origin: origin(r, &e.attempts),
         attempts: e
             .attempts
             .iter()
@@ -125,8 +128,29 @@ fn section(e: &CaseEvidence<'_>, bundle_dir: &Path, bundle_href: &str) -> CaseSe
 /// What every attempt of the case reported, summed (`None`: nothing was reported).
 fn usage(attempts: &[&AttemptRecord]) -> Option<String> {
     let sum = sum_usage(attempts.iter().filter_map(|a| a.summary.usage.as_ref()))?;
-    let parts: Vec<String> = sum.0.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let parts: Vec<String> = sum
+        .0
+        .iter()
+        .map(|(k, v)| format!("{k} {}", crate::headline::number(*v)))
+        .collect();
     Some(parts.join(" · "))
+}
+
+/// Where a case's result comes from when it is not a first run: carried over or re-run by
+/// `retry-failed`, or re-run inside this batch after it had finished.
+fn origin(r: Option<&CaseResult>, attempts: &[&AttemptRecord]) -> Option<String> {
+    if let Some(o) = r.and_then(|r| r.origin.as_ref()) {
+        let source = &o.retry_of;
+        return Some(match (o.carried, o.recollected) {
+            (true, false) => format!("carried over from batch {source} as it was"),
+            (true, true) => {
+                format!("carried over from batch {source}, its trace collected again")
+            }
+            (false, _) => format!("re-run by retry-failed of batch {source}"),
+        });
+    }
+    reran_in_place(attempts.iter().copied())
+        .then(|| "re-run in this batch after an earlier attempt had finished it".to_string())
 }
 
 fn attempt_row(a: &AttemptRecord, case_dir: &str, bundle_dir: &Path, href: &str) -> AttemptRow {

@@ -1,9 +1,14 @@
 //! `batch report --html`: the batch report as one self-contained HTML file (no scripts, no
-//! fetched assets) that a person opens in a browser. Plots are inline SVG whose geometry is
-//! computed here; the template (`templates/report.html`) only places it, and escapes every
-//! value it prints (case ids and failure messages come from users).
+//! fetched assets) that a person opens in a browser and shares, carrying every number the text
+//! report has: pass rates, score means and pass@k with standard errors, usage and cost, the
+//! tasks of an epochs batch, where a retried batch's results come from. Plots are inline SVG
+//! with axes, whose geometry is computed here; the template (`templates/report.html`) only
+//! places it, and escapes every value it prints (case ids and failure messages come from
+//! users).
 
+mod axes;
 mod cases;
+mod headline;
 mod plots;
 
 use std::path::Path;
@@ -14,7 +19,7 @@ use casebatch_manifest::Plan;
 use minijinja::{Environment, context};
 
 pub use cases::{MAX_SECTIONS, relative_href};
-pub use plots::{Bar, BarChart, Histogram, colors};
+pub use plots::{Bar, BarChart, Histogram, PassAtKPlot, colors};
 
 /// What a report is made of, as read from one bundle.
 pub struct ReportInput<'a> {
@@ -46,11 +51,22 @@ pub fn render_html(input: &ReportInput<'_>) -> String {
         .filter_map(|a| a.summary.duration_ms())
         .collect();
     let case_sections = cases::sections(&evidence(input), input.bundle_dir, &input.bundle_href);
+    let stats = summary.stats.as_ref();
+    let tasks = stats.and_then(|s| s.tasks.as_deref());
+    let usage = headline::usage_table(summary);
+    let usage_names = usage.as_ref().map_or(&[][..], |u| &u.names[..]);
     env.get_template("report.html")
         .expect("added above")
         .render(context! {
             summary => summary,
-            stats => summary.stats,
+            stats => stats,
+            lineage => summary.lineage,
+            scores => stats.map(headline::score_rows).unwrap_or_default(),
+            pass_at_k => tasks.map(headline::pass_at_k_rows).unwrap_or_default(),
+            pass_at_k_plot => tasks.and_then(|t| plots::pass_at_k_plot(&t.pass_at_k)),
+            reruns_note => tasks.and_then(|t| t.reruns_note()),
+            task_table => tasks.map(|t| headline::task_table(t, usage_names)),
+            usage => usage,
             outcomes => plots::outcome_bars(summary),
             classes => plots::class_bars(summary),
             histogram => plots::duration_histogram(&durations),
@@ -154,6 +170,7 @@ mod tests {
             temporal_actions: None,
             simulated: false,
             usage: None,
+            lineage: None,
             stats: None,
             rows: vec![SummaryRow {
                 case_id: case_id.into(),
@@ -229,6 +246,113 @@ mod tests {
             html.contains("&quot;query&quot;"),
             "the input is shown: {html}"
         );
+    }
+
+    /// Two tasks of two runs: `a` passes both (score 1, cost 0.5 each), `b` one of two.
+    fn epochs_page() -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = dir.path().join("m.yaml");
+        std::fs::write(
+            &manifest,
+            "batch_id: b\ndefaults: {runtime: fake, epochs: 2}\ntasks: [{task_id: a}, {task_id: b}]\n",
+        )
+        .unwrap();
+        let plan = casebatch_manifest::load_plan(&manifest, &Default::default()).unwrap();
+        let outcome = |case_id: &str, passed: bool| -> Option<CaseResult> {
+            Some(
+                serde_json::from_value(serde_json::json!({
+                    "schema_version": "1", "case_id": case_id, "case_dir": "c",
+                    "state": if passed { "succeeded" } else { "failed" }, "attempts": 1,
+                    "actor_status": "finished", "exit_code": 0, "evaluation_configured": false,
+                    "verdict": null, "cleanup_confirmed": true, "failure": null,
+                    "collect_failure": null, "adopted": false,
+                    "scores": {"acc": if passed { 1 } else { 0 }},
+                }))
+                .unwrap(),
+            )
+        };
+        let results = [
+            outcome("a#1", true),
+            outcome("a#2", true),
+            outcome("b#1", true),
+            outcome("b#2", false),
+        ];
+        let stats = casebatch_bundle::stats::BatchStats::of(&results, &[]).with_tasks(
+            casebatch_bundle::epochs::TaskStats::of(&plan.cases, &results),
+        );
+        let cost = |usd: f64| Some(casebatch_proto::Usage([("cost_usd".into(), usd)].into()));
+        let mut summary = summary("a#1");
+        summary.rows = plan
+            .cases
+            .iter()
+            .map(|c| SummaryRow {
+                case_id: c.case_id.clone(),
+                usage: cost(0.5),
+                ..summary.rows[0].clone()
+            })
+            .collect();
+        summary.usage = cost(2.0);
+        summary.lineage = Some(casebatch_bundle::BatchLineage {
+            retry_of: Some("first-try".into()),
+            carried: 3,
+            rerun: 1,
+            ..Default::default()
+        });
+        let mut stats = stats;
+        if let Some(t) = stats.tasks.as_mut() {
+            t.add_usage(&plan.cases, &summary.rows);
+        }
+        summary.stats = Some(stats);
+        render_html(&ReportInput {
+            plan: &plan,
+            summary: &summary,
+            results: &results,
+            attempts: &[],
+            bundle_dir: dir.path(),
+            bundle_href: ".".into(),
+        })
+    }
+
+    #[test]
+    fn an_epochs_report_carries_pass_at_k_scores_usage_tasks_and_lineage() {
+        let html = epochs_page();
+        // pass@1: a 1, b 1/2: mean 75 %, standard error √(1/8 / 2) = 25 %. pass@2: 1 and 1.
+        assert!(
+            html.contains(
+                "<td class=\"n\">pass@1</td><td class=\"n\">75.0%</td><td class=\"n\">± 25.0%</td>"
+            ),
+            "{html}"
+        );
+        assert!(
+            html.contains(
+                "<td class=\"n\">pass@2</td><td class=\"n\">100.0%</td><td class=\"n\">± 0.0%</td>"
+            ),
+            "{html}"
+        );
+        assert!(html.contains("<svg id=\"pass-at-k-plot\""));
+        assert!(html.contains(&format!("fill=\"{}\"", colors::PASS_AT_K)));
+        // The headline score is over tasks, clustered; the one over runs is named.
+        assert!(
+            html.contains("mean 0.750 ± 0.250 (standard error), n=2 tasks"),
+            "{html}"
+        );
+        assert!(html.contains("over runs, unclustered"), "{html}");
+        // Cost: the total, by task (1 each), by case.
+        assert!(html.contains("<h2 id=\"usage\">Usage and cost</h2>"));
+        assert!(html.contains("<th>cost_usd</th>"));
+        assert!(
+            html.contains("<th>Total</th><td class=\"n\">2</td>"),
+            "{html}"
+        );
+        let tasks = &html[html.find("id=\"task-table\"").unwrap()..];
+        assert!(tasks.contains("<code>b</code></td><td class=\"n\">2</td><td class=\"n\">2</td><td class=\"n\">1</td>"), "{tasks}");
+        assert!(
+            tasks.contains("<td class=\"n\">1</td></tr>"),
+            "a task's cost: {tasks}"
+        );
+        // Where the results come from.
+        assert!(html.contains("<code>first-try</code>"), "{html}");
+        assert!(html.contains("<th>Cases carried over as they were</th><td class=\"n\">3</td>"));
     }
 
     #[test]

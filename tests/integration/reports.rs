@@ -1,6 +1,8 @@
 //! Reports that compare: pass rates with their denominators, score means with standard
-//! errors, duration percentiles, per-stage timings; the HTML report rendered in headless
-//! Chromium; `batch diff` of a batch and its retry-failed child; `batch list`.
+//! errors (clustered by task with epochs), pass@k with its standard error, duration
+//! percentiles, per-stage timings; the HTML report rendered in headless Chromium, with pass@k,
+//! usage and cost, and a retried batch's lineage; a verdict from a score (`pass_when`);
+//! `batch diff` of a batch and its retry-failed child; `batch list`.
 
 use serde_json::Value;
 
@@ -350,7 +352,7 @@ tasks:
     ]);
     assert_exit(&text, 0);
     assert!(
-        stdout(&text).contains("pass@2: 50.0% (mean of 3 tasks"),
+        stdout(&text).contains("pass@2: 50.0% ± 28.9% (mean of 3 tasks"),
         "{}",
         stdout(&text)
     );
@@ -367,5 +369,329 @@ tasks:
     assert!(
         csv.contains("\nfirst,4,4,1,0.250000,0.500000,0.750000,1.000000\n"),
         "{csv}"
+    );
+}
+
+/// Three tasks, four runs each, judged by `pass_when` from the `match` score each run reports
+/// (with its cost): `always` matches every run, `never` none, `first` only its first. By hand,
+/// over tasks: task means 1, 0, 1/4, mean 5/12, standard error √(Σ(mᵢ − 5/12)² / 2 / 3) =
+/// √(13/144) ≈ 0.300; over the 12 runs taken as independent it would be √(35/132 / 12) ≈
+/// 0.149. pass@2 by task: 1, 0, 1/2: mean 1/2 ± √(1/12) ≈ 0.289.
+const JUDGED_EPOCHS: &str = r#"batch_id: judged
+defaults:
+  pass_env: [SANDBOX]
+  runtime: local-process
+  max_retries: 0
+  concurrency: 4
+  epochs: 4
+  pass_when: {score: match, at_least: 1}
+  harness: 'case " $MATCHES " in *" $CASEBATCH_EPOCH "*) m=1 ;; *) m=0 ;; esac; if [ -f "$SANDBOX/fixed" ]; then m=1; fi; printf "{\"scores\": {\"match\": %s}, \"usage\": {\"cost_usd\": 0.25, \"input_tokens\": 100}}" "$m" > "$CASEBATCH_RESULT"'
+tasks:
+  - {task_id: always, env: {MATCHES: "1 2 3 4"}}
+  - {task_id: never, env: {MATCHES: ""}}
+  - {task_id: first, env: {MATCHES: "1"}}
+"#;
+
+#[test]
+fn an_epochs_batch_leads_with_the_clustered_error_and_gives_pass_at_k_its_error() {
+    let sb = Sandbox::engine();
+    let manifest = sb.write("judged.yaml", JUDGED_EPOCHS);
+    assert_exit(&sb.run_batch(&manifest), 4);
+    let out = sb.out();
+    let out = out.to_str().unwrap();
+    let o = sb.run(&[
+        "batch",
+        "report",
+        "--batch-id",
+        "judged",
+        "--output-dir",
+        out,
+        "--json",
+    ]);
+    assert_exit(&o, 0);
+    let stats = json_of(&o)["summary"]["stats"].clone();
+    let close = |v: &Value, x: f64| (v.as_f64().unwrap() - x).abs() < 1e-9;
+
+    // The headline is the per-task figure, clustered by task.
+    assert_eq!(stats["scores_over"], "tasks", "{stats:#}");
+    let headline = &stats["scores"]["match"];
+    assert_eq!(headline, &stats["tasks"]["scores"]["match"], "{stats:#}");
+    assert_eq!(headline["n"], 3, "{stats:#}");
+    assert!(close(&headline["mean"], 5.0 / 12.0), "{stats:#}");
+    assert!(
+        close(&headline["stderr"], (13.0f64 / 144.0).sqrt()),
+        "{stats:#}"
+    );
+    // The per-run figure is kept, named, and smaller.
+    let unclustered = &stats["scores_unclustered"]["match"];
+    assert_eq!(unclustered["n"], 12, "{stats:#}");
+    assert!(
+        close(&unclustered["stderr"], (35.0f64 / 132.0 / 12.0).sqrt()),
+        "{stats:#}"
+    );
+
+    // pass@k with its standard error over tasks.
+    let at = &stats["tasks"]["pass_at_k"];
+    assert!(
+        close(&at[0]["mean"], 5.0 / 12.0) && close(&at[0]["stderr"], (13.0f64 / 144.0).sqrt()),
+        "{at:#}"
+    );
+    assert!(
+        close(&at[1]["mean"], 0.5) && close(&at[1]["stderr"], (1.0f64 / 12.0).sqrt()),
+        "{at:#}"
+    );
+
+    let text = stdout(&sb.run(&[
+        "batch",
+        "report",
+        "--batch-id",
+        "judged",
+        "--output-dir",
+        out,
+    ]));
+    let first_score = text
+        .lines()
+        .find(|l| l.contains("score match"))
+        .unwrap_or_default();
+    assert!(
+        first_score.contains("mean 0.417 ± 0.300")
+            && first_score.contains("clustered by task, n=3 tasks"),
+        "the first score line is the clustered one:\n{text}"
+    );
+    assert!(
+        text.contains("score match over runs, unclustered: mean 0.417 ± 0.149"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pass@2: 50.0% ± 28.9% (mean of 3 tasks"),
+        "{text}"
+    );
+    assert!(
+        text.contains("usage: cost_usd 3 · input_tokens 1200"),
+        "{text}"
+    );
+
+    // The HTML page carries the same, in a real browser: pass@k with its error, and the cost.
+    let html = sb.path("judged.html");
+    let o = sb.run(&[
+        "batch",
+        "report",
+        "--batch-id",
+        "judged",
+        "--output-dir",
+        out,
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 0);
+    if let Some(browser) = browser_or_skip("the HTML report of an epochs batch in a browser") {
+        let dom = dom_of(
+            &browser,
+            &format!("file://{}", html.display()),
+            sb.dir.path(),
+        )
+        .expect("chromium renders the report");
+        for needed in [
+            "<h2 id=\"pass-at-k\">pass@k</h2>",
+            "<td class=\"n\">pass@2</td><td class=\"n\">50.0%</td><td class=\"n\">± 28.9%</td>",
+            "mean 0.417 ± 0.300 (standard error), n=3 tasks",
+            "over runs, unclustered",
+            "<th>cost_usd</th>",
+            "<th>Total</th><td class=\"n\">3</td><td class=\"n\">1200</td>",
+            "id=\"task-table\"",
+            "attempts</text>",
+        ] {
+            assert!(dom.contains(needed), "no {needed} on the page: {dom}");
+        }
+        std::fs::create_dir_all(sb.path("shot")).unwrap();
+        let shot = Screenshot::of(&browser, &html, &sb.path("shot"), (1000, 2400));
+        let n = shot.pixels_of(casebatch_report::colors::PASS_AT_K);
+        assert!(n >= 500, "the pass@k plot is not drawn: {n} pixels");
+    }
+
+    // Fixed, the failed runs pass when retried: the retry's report says what it is a retry of,
+    // what it carried, and that its pass@k counts the re-runs.
+    sb.write("fixed", "");
+    let o = sb.run(&[
+        "batch",
+        "retry-failed",
+        "--batch-id",
+        "judged",
+        "--output-dir",
+        out,
+    ]);
+    assert_exit(&o, 0);
+    let o = sb.run(&[
+        "batch",
+        "report",
+        "--batch-id",
+        "judged-retry1",
+        "--output-dir",
+        out,
+        "--json",
+    ]);
+    assert_exit(&o, 0);
+    let summary = json_of(&o)["summary"].clone();
+    assert_eq!(
+        summary["lineage"],
+        serde_json::json!({"retry_of": "judged", "carried": 5, "rerun": 7, "recollected": 0,
+                           "rerun_in_place": 0}),
+        "{summary:#}"
+    );
+    assert_eq!(summary["stats"]["tasks"]["reruns"], 7, "{summary:#}");
+    let text = stdout(&sb.run(&[
+        "batch",
+        "report",
+        "--batch-id",
+        "judged-retry1",
+        "--output-dir",
+        out,
+    ]));
+    assert!(
+        text.contains("retry of batch judged: 7 case(s) re-run here, 5 carried over"),
+        "{text}"
+    );
+    assert!(
+        text.contains("note: pass@k counts 7 re-run run(s) of 2 task(s)"),
+        "{text}"
+    );
+    // Its usage is what it ran: the carried results were paid for by the batch it retries.
+    assert!(
+        text.contains(
+            "usage: cost_usd 1.75 · input_tokens 700 (over 7 case(s); what this batch ran only: \
+             its 5 carried-over results were paid for by batch judged)"
+        ),
+        "{text}"
+    );
+    let html = sb.path("retry.html");
+    let o = sb.run(&[
+        "batch",
+        "report",
+        "--batch-id",
+        "judged-retry1",
+        "--output-dir",
+        out,
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 0);
+    let page = sb.read("retry.html");
+    assert!(
+        page.contains("<th>Retry of batch</th><td><code>judged</code>"),
+        "{page}"
+    );
+    assert!(
+        page.contains("<th>Cases carried over as they were</th><td class=\"n\">5</td>"),
+        "{page}"
+    );
+    assert!(
+        page.contains("pass@k counts 7 re-run run(s) of 2 task(s)"),
+        "{page}"
+    );
+}
+
+/// `pass_when` turns a score into a verdict with no evaluator process: a run at the threshold
+/// passes, one below fails as the agent's (`VERDICT_FAIL`), and one that reports no such score
+/// is the harness's failure (`HARNESS_BAD_RESULT`); `batch report` exits 0 whatever the
+/// outcome, as its help says.
+#[test]
+fn pass_when_decides_pass_or_fail_from_a_score_without_an_evaluator() {
+    let sb = Sandbox::engine();
+    let manifest = sb.write(
+        "scored.yaml",
+        r#"batch_id: scored
+defaults:
+  runtime: local-process
+  max_retries: 0
+  pass_when: {score: match, at_least: 1}
+  harness: 'printf "{\"scores\": $SCORES}" > "$CASEBATCH_RESULT"'
+tasks:
+  - {task_id: matched, env: {SCORES: '{"match": 1}'}}
+  - {task_id: missed, env: {SCORES: '{"match": 0}'}}
+  - {task_id: unscored, env: {SCORES: '{"f1": 0.9}'}}
+"#,
+    );
+    assert_exit(&sb.run_batch(&manifest), 4);
+    let state = |case: &str| sb.case_result("scored", case);
+    let matched = state("matched");
+    assert_eq!(
+        (matched["state"].clone(), matched["verdict"].clone()),
+        ("succeeded".into(), "pass".into()),
+        "{matched:#}"
+    );
+    assert_eq!(matched["evaluation_configured"], true, "{matched:#}");
+    let missed = state("missed");
+    assert_eq!(
+        (missed["state"].clone(), missed["verdict"].clone()),
+        ("failed".into(), "fail".into()),
+        "{missed:#}"
+    );
+    assert_eq!(
+        (
+            missed["failure"]["class"].clone(),
+            missed["failure"]["code"].clone()
+        ),
+        ("agent".into(), "VERDICT_FAIL".into()),
+        "{missed:#}"
+    );
+    assert!(
+        missed["failure"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("below pass_when's at_least 1"),
+        "{missed:#}"
+    );
+    let unscored = state("unscored");
+    assert_eq!(
+        (
+            unscored["failure"]["class"].clone(),
+            unscored["failure"]["code"].clone()
+        ),
+        ("harness".into(), "HARNESS_BAD_RESULT".into()),
+        "{unscored:#}"
+    );
+    assert!(
+        unscored["failure"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`match`"),
+        "{unscored:#}"
+    );
+    // The attempt's evaluation says the rule decided, and no evaluator ran.
+    let evaluation = sb.recorded("scored", "missed", 1, "evaluation");
+    assert_eq!(
+        evaluation["pass_when"], "score match = 0, pass_when at_least 1",
+        "{evaluation:#}"
+    );
+    assert!(
+        !sb.attempt_file("scored", "missed", 1, "evaluator_result.json")
+            .exists()
+    );
+    // The plan records the rule on each case.
+    let plan = sb.json(&sb.bundle("scored").join("batch_plan.json"));
+    assert_eq!(
+        plan["cases"][0]["pass_when"],
+        serde_json::json!({"score": "match", "at_least": 1.0})
+    );
+
+    let o = sb.op("report", "scored");
+    assert_exit(&o, 0);
+    assert!(
+        stdout(&o).contains("failed 2 · succeeded 1"),
+        "{}",
+        stdout(&o)
+    );
+
+    // Re-run in place, the two failed cases are counted as re-runs, and the report says so.
+    assert_exit(&sb.op_with("rerun", "scored", &["--failed"]), 4);
+    let o = sb.op_with("report", "scored", &["--json"]);
+    assert_exit(&o, 0);
+    let lineage = json_of(&o)["summary"]["lineage"].clone();
+    assert_eq!(lineage["rerun_in_place"], 2, "{lineage:#}");
+    assert_eq!(lineage.get("retry_of"), None, "{lineage:#}");
+    let text = stdout(&sb.op("report", "scored"));
+    assert!(
+        text.contains("re-run in this batch: 2 case(s) got a new attempt after they had finished"),
+        "{text}"
     );
 }

@@ -64,10 +64,6 @@ pub struct ReportView {
     pub summary: BatchSummary,
     /// Attempts whose job was lost with nothing to adopt, so the case was run again.
     pub redispatched: usize,
-    /// Cases queued again after they had finished (`batch rerun`, `resume --retry-failed`):
-    /// their latest outcome, which the pass rates and pass@k count, is a re-run's.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rerun_cases: Vec<String>,
 }
 
 /// The answer of `batch history --json`: where a run's workflow history was exported.

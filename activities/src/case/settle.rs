@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use casebatch_bundle::{BundleError, Entry, attempt_files};
+use casebatch_bundle::{BundleError, Entry, EvaluationRecord, attempt_files};
 use casebatch_proto::{
     ActorReport, ActorStatus, AttemptSummary, Evaluation, Failure, FailureCode, JobRef,
     SettleInput, Settled, Stage,
@@ -119,9 +119,19 @@ impl CaseActivities {
             return Ok(done.to_evaluation());
         }
         // Without an evaluator, every executor records it as not configured (a simulation
-        // gives its scripted verdict).
+        // gives its scripted verdict); then the case's `pass_when`, if any, gives the verdict
+        // from the harness's score.
         let live = ActivityLiveness { ctx };
-        let record = self.runtimes.executor(env).evaluate(env, job, &live).await;
+        let record = match self.runtimes.executor(env).evaluate(env, job, &live).await {
+            r if r.configured => r,
+            r => match &env.case.pass_when {
+                Some(rule) => {
+                    let scores = env.harness_result().await.scores;
+                    EvaluationRecord::by_score(&rule.score, rule.at_least, &scores)
+                }
+                None => r,
+            },
+        };
         let evaluation = record.to_evaluation();
         let entry = [Entry::Evaluation(record)];
         bundle_write(ctx, Stage::Evaluate, || {

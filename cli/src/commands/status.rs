@@ -45,7 +45,6 @@ pub fn report(r: &BatchRef, html: Option<&Path>) -> CliResult {
         render::json(&casebatch_views::ReportView {
             summary: view.summary,
             redispatched: view.redispatched,
-            rerun_cases: view.rerun_cases,
         });
     } else {
         render::report(&view);

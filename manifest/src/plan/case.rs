@@ -33,6 +33,8 @@ pub(super) struct Earlier {
     default_sandbox_reported: bool,
     /// And a default harness or evaluator whose program cannot run.
     default_program_reported: HashSet<Role>,
+    /// And an evaluator and a `pass_when` both inherited from the defaults.
+    default_verdict_reported: bool,
 }
 
 /// A planned case (its commands as written), and its harness and evaluator with their
@@ -124,6 +126,19 @@ pub(super) fn resolve_case(
         .or_else(|| defaults.resources.clone())
         .unwrap_or_default();
     check_fits_budget(&decl, runtime_name.as_deref(), &resources, runtimes, r);
+    let evaluator = decl
+        .spec
+        .evaluator
+        .clone()
+        .or_else(|| defaults.evaluator.clone());
+    let pass_when = decl
+        .spec
+        .pass_when
+        .clone()
+        .or_else(|| defaults.pass_when.clone());
+    if evaluator.is_some() && pass_when.is_some() {
+        check_one_verdict(&decl, earlier, r);
+    }
     let mut spec = decl.spec;
     let (env, pass_env) = merge_environment(
         (defaults.env.clone(), defaults.pass_env.clone()),
@@ -138,7 +153,8 @@ pub(super) fn resolve_case(
         runtime_name,
         runtime_spread,
         harness,
-        evaluator: spec.evaluator.or_else(|| defaults.evaluator.clone()),
+        evaluator,
+        pass_when,
         sandbox: spec.sandbox.or_else(|| defaults.sandbox.clone()),
         resources,
         timeout_seconds: spec
@@ -155,6 +171,33 @@ pub(super) fn resolve_case(
         },
     };
     Some((case, commands))
+}
+
+/// A case's verdict comes from its evaluator or from its `pass_when`, never both: which one
+/// decided would otherwise be a guess. Reported at the case when it set either, else once at
+/// the defaults.
+fn check_one_verdict(decl: &CaseDecl, earlier: &mut Earlier, r: &mut Report) {
+    let message = "this case has both an evaluator and a pass_when: its verdict would come \
+                   from two places";
+    let fix = "keep one: the evaluator, or pass_when to decide from the harness's score \
+               without an evaluator process";
+    let spec = &decl.spec;
+    if spec.pass_when.is_some() || spec.evaluator.is_some() {
+        let field = if spec.pass_when.is_some() {
+            "pass_when"
+        } else {
+            "evaluator"
+        };
+        let p = decl.spec_path.key(field);
+        let line = r.line_of(&p).or(decl.line);
+        r.at_line(line, p.to_string(), message, fix);
+    } else if !std::mem::replace(&mut earlier.default_verdict_reported, true) {
+        r.at(
+            &FieldPath::root().key("defaults").key("pass_when"),
+            message,
+            fix,
+        );
+    }
 }
 
 /// Containers run on a worker's own host: a case whose runtime (or any runtime of its list)

@@ -8,7 +8,9 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::model::{CommandSpec, FakeScript, Inputs, PlannedCase, Resources, RuntimeKind, Sandbox};
+use crate::model::{
+    CommandSpec, FakeScript, Inputs, PassWhen, PlannedCase, Resources, RuntimeKind, Sandbox,
+};
 
 /// What the fingerprint covers for one case: its identity and everything that decides how it
 /// runs, but not where it was written (lines, absolute paths) or batch-wide knobs
@@ -22,6 +24,10 @@ struct FingerprintCase<'a> {
     runtime: RuntimeKind,
     harness: &'a Option<CommandSpec>,
     evaluator: &'a Option<CommandSpec>,
+    /// It decides the verdict as an evaluator does. Skipped when absent, so plans that do not
+    /// use it keep the fingerprint they had before it existed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pass_when: &'a Option<PassWhen>,
     sandbox: &'a Option<Sandbox>,
     resources: &'a Resources,
     timeout_seconds: u64,
@@ -69,6 +75,7 @@ impl Fingerprint {
             },
             harness: &c.harness,
             evaluator: &c.evaluator,
+            pass_when: &c.pass_when,
             sandbox: &c.sandbox,
             resources: &c.resources,
             timeout_seconds: c.timeout_seconds,

@@ -28,6 +28,7 @@ pub(super) fn overlay(lower: Defaults, upper: &Defaults) -> Defaults {
         resources: u.resources.or(lower.resources),
         harness: u.harness.or(lower.harness),
         evaluator: u.evaluator.or(lower.evaluator),
+        pass_when: u.pass_when.or(lower.pass_when),
         runtime: u.runtime.or(lower.runtime),
         controller_url: u.controller_url.or(lower.controller_url),
         device_controller_url: u.device_controller_url.or(lower.device_controller_url),
