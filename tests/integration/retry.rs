@@ -319,10 +319,10 @@ tasks: [{task_id: Amazon--5}, {task_id: Flaky--2}]
         stdout(&help)
     );
 
-    // Before any failure is re-run, the report's pass@k needs no note.
+    // The runs re-run by name are inside pass@k, and the report says so.
     let report = sb.op("report", "reruns");
     assert!(
-        !stdout(&report).contains("re-run run(s)"),
+        stdout(&report).contains("note: pass@k counts 3 re-run run(s) of 1 task(s)"),
         "{}",
         stdout(&report)
     );
