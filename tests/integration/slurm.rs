@@ -322,8 +322,9 @@ fn a_node_lost_under_its_jobs_fails_them_as_node_failed_and_the_list_runs_them_l
     let Some(slurm) = Slurm::start(&sb, "slurm::a_node_lost") else {
         return;
     };
-    // Long on Slurm (its node is lost under it), short where the case moves next.
-    let harness = r#"echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/runs"; if [ -n "$SLURM_JOB_ID" ]; then sleep 600; fi; echo "{}" > "$CASEBATCH_RESULT""#;
+    // Long on Slurm (its node is lost under it), short where the case moves next. A sleep
+    // of its own length: other tests running beside this one sleep 600.
+    let harness = r#"echo "$CASEBATCH_CASE_ID" >> "$SANDBOX/runs"; if [ -n "$SLURM_JOB_ID" ]; then sleep 613; fi; echo "{}" > "$CASEBATCH_RESULT""#;
     let m = sb.write(
         "node.yaml",
         &manifest("node", 4, 4, harness, "")
@@ -383,7 +384,7 @@ fn a_node_lost_under_its_jobs_fails_them_as_node_failed_and_the_list_runs_them_l
         );
     }
     assert!(
-        processes_matching("sleep 600").is_empty(),
+        processes_matching("sleep 613").is_empty(),
         "no process of a lost node's job is left"
     );
 }
