@@ -119,6 +119,7 @@ fn planned(
             memory_mb,
             cpu: None,
             gpus: None,
+            log_mb: None,
         }),
         sandbox: None,
     }

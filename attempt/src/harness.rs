@@ -243,6 +243,7 @@ fn report(status: ActorStatus, exit_code: i32, failure: Option<Failure>) -> Acto
         memory_limit_mb: None,
         usage: None,
         retry_after_ms: None,
+        logs_capped: None,
     }
 }
 

@@ -15,6 +15,7 @@ pub mod harness;
 pub mod journal;
 pub mod layout;
 pub mod local;
+pub mod logs;
 pub mod records;
 pub mod result_contract;
 pub mod scratch;

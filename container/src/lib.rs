@@ -329,7 +329,8 @@ impl Executor for ContainerRuntime {
         let deadline =
             Instant::now() + Duration::from_millis(timeout_ms.saturating_sub(elapsed_ms));
         let waited = wait::wait(docker, &name, deadline, job, live).await;
-        if matches!(waited, Waited::Exited { .. } | Waited::TimedOut) {
+        let ended = matches!(waited, Waited::Exited { .. } | Waited::TimedOut);
+        if ended {
             let logs = (a.file(attempt_files::STDOUT), a.file(attempt_files::STDERR));
             if let Err(e) = wait::harvest_logs(docker, &name, &logs.0, &logs.1).await {
                 tracing::warn!(container = %name, "the container's logs could not be harvested: {e}");
@@ -376,6 +377,9 @@ impl Executor for ContainerRuntime {
         };
         report.adopted = adopted;
         report.memory_limit_mb = a.memory_mb();
+        if ended {
+            report.logs_capped = casebatch_attempt::logs::cap_attempt(a).map(Box::new);
+        }
         report
     }
 

@@ -169,6 +169,7 @@ mod tests {
                 memory_mb: Some(256),
                 cpu: Some(1.5),
                 gpus: None,
+                log_mb: None,
             }),
             ..JobSpec::default()
         };

@@ -58,6 +58,8 @@ pub const MAX_MEMORY_MB: u64 = 1024 * 1024;
 pub const MAX_CPU: f64 = 1024.0;
 /// The most GPUs a case may ask for (`resources.gpus`).
 pub const MAX_GPUS: u32 = 64;
+/// `resources.log_mb`: what each of an attempt's logs may keep, 1 MiB to 64 GiB.
+pub const LOG_MB_RANGE: RangeInclusive<u64> = 1..=64 * 1024;
 
 /// Longest accepted batch id; it becomes a directory name.
 pub const MAX_BATCH_ID_LEN: usize = 128;
@@ -104,6 +106,7 @@ pub(crate) fn expected_of_field(field: &str) -> Option<String> {
         "memory_mb" | "memory_budget_mb" => whole(&(1..=MAX_MEMORY_MB), " of MiB"),
         "cpu" => format!("a number more than 0, up to {MAX_CPU}"),
         "gpus" => whole(&(1..=MAX_GPUS), ""),
+        "log_mb" => whole(&LOG_MB_RANGE, " of MiB"),
         "duration_ms" | "provision_ms" => whole(&(0..=MAX_FAKE_DURATION_MS), " of milliseconds"),
         "infra_failures_first" => whole(&(0..=MAX_FAKE_INFRA_FAILURES), ""),
         "breaker_failures" => whole(&BREAKER_FAILURES_RANGE, ""),

@@ -248,6 +248,12 @@ pub struct Resources {
     #[schemars(range(min = 1, max = crate::limits::MAX_GPUS))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<u32>,
+    /// The most each of an attempt's `stdout.log` and `stderr.log` keeps, in MiB: 1 to 65536,
+    /// default 64. Past it the middle of the log is dropped, its first and last halves kept
+    /// around a line saying how much went, and the attempt record says so.
+    #[schemars(range(min = 1, max = 65536))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_mb: Option<u64>,
 }
 
 /// A command: a string run by `sh -c`, or an argv list run as is. A program written as a path

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::limits::{
-    CONCURRENCY_RANGE, EPOCHS_RANGE, MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS,
+    CONCURRENCY_RANGE, EPOCHS_RANGE, LOG_MB_RANGE, MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS,
     MAX_FAKE_INFRA_FAILURES, MAX_GPUS, MAX_HEARTBEAT_EVERY_SECONDS, MAX_MEMORY_MB,
     MAX_PREPARE_AHEAD, MAX_RATE_LIMIT_RETRIES, MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS,
     MAX_STARTS_PER_MINUTE, RESERVED_ENV_PREFIX, SANDBOX_NETWORKS, SANDBOX_PROVIDERS, SANDBOX_PULLS,
@@ -425,6 +425,20 @@ fn resources(res: &Resources, path: &FieldPath, r: &mut Report) {
             &p,
             "memory_mb is 0",
             format!("set {p} to a positive number of MiB or remove it"),
+        );
+    }
+    if let Some(mb) = res.log_mb
+        && !LOG_MB_RANGE.contains(&mb)
+    {
+        let p = path.key("log_mb");
+        r.at(
+            &p,
+            format!(
+                "log_mb {mb} is outside {}..={}",
+                LOG_MB_RANGE.start(),
+                LOG_MB_RANGE.end()
+            ),
+            format!("set {p} to the MiB each of an attempt's logs may keep, or remove it for 64"),
         );
     }
     if let Some(gpus) = res.gpus

@@ -46,7 +46,7 @@ pub(crate) const RATE_FIELDS: &[&str] = &["starts_per_minute", "rate_key"];
 pub(crate) const SANDBOX_FIELDS: &[&str] = &[
     "provider", "template", "platform", "lifetime", "network", "pull", "user",
 ];
-pub(crate) const RESOURCES_FIELDS: &[&str] = &["cpu", "memory_mb", "gpus"];
+pub(crate) const RESOURCES_FIELDS: &[&str] = &["cpu", "memory_mb", "gpus", "log_mb"];
 pub(crate) const FAKE_FIELDS: &[&str] = &[
     "duration_ms",
     "outcome",
@@ -405,6 +405,7 @@ pub(crate) fn resources(value: &Value, path: &FieldPath, r: &mut Report) -> Opti
         cpu: o.opt("cpu", r),
         memory_mb: o.opt("memory_mb", r),
         gpus: o.opt("gpus", r),
+        log_mb: o.opt("log_mb", r),
     })
 }
 

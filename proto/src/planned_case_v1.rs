@@ -71,6 +71,7 @@ pub fn job_spec(planned_case_json: &[u8]) -> Result<JobSpec, String> {
             memory_mb: case.resources.memory_mb,
             cpu: case.resources.cpu,
             gpus: None,
+            log_mb: None,
         }),
         // v1 knew only `sandbox.provider: local`: the host's processes, as v2 without one.
         sandbox: None,

@@ -40,6 +40,14 @@ impl JobSpec {
         }
     }
 
+    /// The most each of the attempt's logs keeps, in bytes (`resources.log_mb`, 64 MiB
+    /// unset).
+    pub fn log_cap_bytes(&self) -> u64 {
+        const DEFAULT_LOG_MB: u64 = 64;
+        let mb = self.resources.as_ref().and_then(|r| r.log_mb);
+        mb.unwrap_or(DEFAULT_LOG_MB).saturating_mul(1024 * 1024)
+    }
+
     /// The declared memory limit (`resources.memory_mb`).
     pub fn memory_mb(&self) -> Option<u64> {
         self.resources.as_ref().and_then(|r| r.memory_mb)
@@ -120,6 +128,11 @@ impl From<&crate::ActorReport> for ActorReport {
                 .unwrap_or_default(),
             has_usage: r.usage.is_some(),
             retry_after_ms: r.retry_after_ms,
+            logs_capped: r.logs_capped.as_deref().map(|c| LogsCapped {
+                cap_bytes: c.cap_bytes,
+                stdout_dropped: c.stdout_dropped,
+                stderr_dropped: c.stderr_dropped,
+            }),
         }
     }
 }
@@ -144,6 +157,13 @@ impl TryFrom<ActorReport> for crate::ActorReport {
                 .has_usage
                 .then(|| crate::Usage(r.usage.into_iter().collect())),
             retry_after_ms: r.retry_after_ms,
+            logs_capped: r.logs_capped.map(|c| {
+                Box::new(crate::LogsCapped {
+                    cap_bytes: c.cap_bytes,
+                    stdout_dropped: c.stdout_dropped,
+                    stderr_dropped: c.stderr_dropped,
+                })
+            }),
         })
     }
 }
@@ -168,6 +188,11 @@ mod tests {
                 .into(),
             )),
             retry_after_ms: Some(2500),
+            logs_capped: Some(Box::new(crate::LogsCapped {
+                cap_bytes: 1 << 20,
+                stdout_dropped: 7,
+                stderr_dropped: 0,
+            })),
         };
         let back: crate::ActorReport = ActorReport::from(&report).try_into().unwrap();
         assert_eq!(back, report);

@@ -95,6 +95,20 @@ pub struct ActorReport {
     /// `RATE_LIMITED` failure (`retry_after_s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// What the log cap dropped of the job's `stdout.log` and `stderr.log` (`None`: both
+    /// were within it). Boxed: rare, and every report in a workflow's memory carries it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs_capped: Option<Box<LogsCapped>>,
+}
+
+/// Bytes the log cap dropped from the middle of an attempt's logs, and the cap (per file).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub struct LogsCapped {
+    pub cap_bytes: u64,
+    pub stdout_dropped: u64,
+    pub stderr_dropped: u64,
 }
 
 impl ActorReport {
@@ -108,6 +122,7 @@ impl ActorReport {
             memory_limit_mb: None,
             usage: None,
             retry_after_ms: None,
+            logs_capped: None,
         }
     }
 
@@ -121,6 +136,7 @@ impl ActorReport {
             memory_limit_mb: None,
             usage: None,
             retry_after_ms: None,
+            logs_capped: None,
         }
     }
 }
@@ -189,6 +205,9 @@ pub struct AttemptSummary {
     /// The wait a rate-limited attempt's harness asked for before the next one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// What the log cap dropped of the job's logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs_capped: Option<Box<LogsCapped>>,
 }
 
 impl AttemptSummary {
@@ -202,6 +221,7 @@ impl AttemptSummary {
         self.memory_limit_mb = actor.memory_limit_mb;
         self.usage = actor.usage.clone();
         self.retry_after_ms = actor.retry_after_ms;
+        self.logs_capped = actor.logs_capped.clone();
         if let Some(eval) = &settled.evaluation {
             self.evaluation_configured = eval.configured;
             self.verdict = eval.verdict;
@@ -233,6 +253,7 @@ impl AttemptSummary {
             stranded: false,
             usage: None,
             retry_after_ms: None,
+            logs_capped: None,
         }
     }
 

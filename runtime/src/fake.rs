@@ -50,6 +50,7 @@ pub fn simulated_report(script: &FakeScript, attempt: u32) -> ActorReport {
             memory_limit_mb: None,
             usage: None,
             retry_after_ms: None,
+            logs_capped: None,
         },
         FakeOutcome::HarnessError => failed(Failure::harness(
             Stage::Await,
@@ -134,6 +135,7 @@ impl Executor for Scripted {
                     memory_limit_mb: None,
                     usage: None,
                     retry_after_ms: None,
+                    logs_capped: None,
                 };
             }
             live.heartbeat(job).await;

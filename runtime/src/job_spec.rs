@@ -36,6 +36,7 @@ pub fn from_planned(case: &PlannedCase) -> JobSpec {
             memory_mb: case.resources.memory_mb,
             cpu: case.resources.cpu,
             gpus: case.resources.gpus,
+            log_mb: case.resources.log_mb,
         }),
         sandbox: case
             .sandbox

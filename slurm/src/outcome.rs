@@ -63,12 +63,15 @@ pub(crate) async fn ended(a: &Attempt, job: &Job) -> ActorReport {
         ),
     };
     report.memory_limit_mb = a.memory_mb();
+    report.logs_capped = casebatch_attempt::logs::cap_attempt(a).map(Box::new);
     report
 }
 
 /// The report of a job Slurm has forgotten whose harness ended with `exit` (its journal).
 pub(crate) async fn harvested(a: &Attempt, exit: i32) -> ActorReport {
-    classify(a, exit).await
+    let mut r = classify(a, exit).await;
+    r.logs_capped = casebatch_attempt::logs::cap_attempt(a).map(Box::new);
+    r
 }
 
 async fn classify(a: &Attempt, exit: i32) -> ActorReport {

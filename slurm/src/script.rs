@@ -164,6 +164,7 @@ mod tests {
                 memory_mb: Some(64),
                 cpu: Some(1.5),
                 gpus: Some(2),
+                log_mb: None,
             }),
             ..JobSpec::default()
         };

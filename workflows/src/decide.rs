@@ -225,6 +225,7 @@ mod tests {
             usage: None,
             retry_after_ms: None,
             stranded: false,
+            logs_capped: None,
         }
     }
 

@@ -288,6 +288,7 @@ fn oom_report(job: &JobRecord, exit: i32) -> ActorReport {
         memory_limit_mb: job.memory.limit_mb(),
         usage: None,
         retry_after_ms: None,
+        logs_capped: None,
     }
 }
 
@@ -376,7 +377,9 @@ impl Executor for LocalProcess {
         };
 
         let waited = wait(env, &record, child, live, deadline, rss_limit).await;
-        match waited {
+        let job_ended =
+            !matches!(waited, Waited::Cancelled(_)) || live.on_cancel() == OnCancel::Kill;
+        let mut report = match waited {
             Waited::Exited(code) => self.finish(env, &record, code, adopted).await,
             Waited::TimedOut => {
                 self.kill_all(env, Some(&record));
@@ -418,10 +421,15 @@ impl Executor for LocalProcess {
                     memory_limit_mb: record.memory.limit_mb(),
                     usage: None,
                     retry_after_ms: None,
+                    logs_capped: None,
                 }
             }
             Waited::Lost => lost(env, "its process is gone and left no exit status"),
+        };
+        if job_ended {
+            report.logs_capped = crate::logs::cap_attempt(env).map(Box::new);
         }
+        report
     }
 
     async fn evaluate(&self, env: &Attempt, job: &JobRef, live: &dyn Liveness) -> EvaluationRecord {
@@ -753,6 +761,7 @@ async fn wait(
     let mut last_beat: Option<Instant> = None;
     loop {
         if last_beat.is_none_or(|t| t.elapsed() >= HEARTBEAT_EVERY) {
+            crate::logs::bound_running_attempt(env);
             live.heartbeat(&job).await;
             last_beat = Some(Instant::now());
         }
@@ -956,6 +965,7 @@ fn lost(env: &Attempt, why: &str) -> ActorReport {
         memory_limit_mb: None,
         usage: None,
         retry_after_ms: None,
+        logs_capped: None,
     }
 }
 

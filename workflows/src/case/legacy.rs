@@ -125,6 +125,7 @@ async fn await_job<H: Host>(
             memory_limit_mb,
             usage,
             retry_after_ms: _,
+            logs_capped,
         }) => {
             s.actor = Some(status);
             s.exit_code = exit_code;
@@ -132,6 +133,7 @@ async fn await_job<H: Host>(
             s.adopted = adopted;
             s.memory_limit_mb = memory_limit_mb;
             s.usage = usage;
+            s.logs_capped = logs_capped;
         }
         Err(e) if !cancel.is_cancelled() && is_timeout(&e) => mark_job_lost(s, &e),
         Err(e) => mark_error(s, cancel, Stage::Await, &e),

@@ -276,7 +276,8 @@ enum Ended {
     Copy(Option<String>, CopyEnd),
 }
 
-/// How a duplicate ended.
+/// How a duplicate ended. One lives per race, for a moment: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum CopyEnd {
     Settled(Result<Settled, ActivityExecutionError>),
     /// `start` reported a failure (or the runtime's circuit refused it).
