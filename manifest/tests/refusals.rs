@@ -432,20 +432,20 @@ fn a_missing_file_is_one_problem() {
     says(&err, "(file)", "cannot read the manifest");
 }
 
-#[test]
-fn a_broken_defaults_file_names_the_file() {
+/// The refusal of a one-record JSONL batch loaded with `--defaults` holding `text`.
+fn with_defaults_file(text: &str) -> casebatch_manifest::ManifestError {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "d.jsonl", "{\"id\": \"a\"}\n");
-    let defaults = write(
-        dir.path(),
-        "defaults.yaml",
-        "harness: ./x\nconcurrency: 0\nbogus: 1\n",
-    );
     let opts = LoadOptions {
-        defaults_file: Some(defaults.clone()),
+        defaults_file: Some(write(dir.path(), "defaults.yaml", text)),
         ..LoadOptions::default()
     };
-    let err = casebatch_manifest::load_plan(&path, &opts).unwrap_err();
+    casebatch_manifest::load_plan(&path, &opts).unwrap_err()
+}
+
+#[test]
+fn a_broken_defaults_file_names_the_file() {
+    let err = with_defaults_file("harness: ./x\nconcurrency: 0\nbogus: 1\n");
     let p = says(&err, "defaults.concurrency", "outside 1..=512");
     assert!(p.message.contains("defaults.yaml line 2"), "{err}");
     says(&err, "defaults.bogus", "unknown field");
@@ -455,18 +455,8 @@ fn a_broken_defaults_file_names_the_file() {
 /// own field, with the file and line.
 #[test]
 fn a_broken_defaults_file_in_the_manifest_s_shape_names_the_file_and_field() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "d.jsonl", "{\"id\": \"a\"}\n");
-    let defaults = write(
-        dir.path(),
-        "defaults.yaml",
-        "defaults:\n  concurrency: 0\nsummary:\n  fields: ['']\ntasks: []\n",
-    );
-    let opts = LoadOptions {
-        defaults_file: Some(defaults.clone()),
-        ..LoadOptions::default()
-    };
-    let err = casebatch_manifest::load_plan(&path, &opts).unwrap_err();
+    let err =
+        with_defaults_file("defaults:\n  concurrency: 0\nsummary:\n  fields: ['']\ntasks: []\n");
     let p = says(&err, "defaults.concurrency", "outside 1..=512");
     assert!(p.message.contains("defaults.yaml line 2"), "{err}");
     says(&err, "summary.fields[0]", "empty");

@@ -137,18 +137,7 @@ tasks:
     );
 
     // The HTML report: one file, nothing fetched, its plots drawn by a real browser.
-    let html = sb.path("report.html");
-    let o = sb.run(&[
-        "batch",
-        "report",
-        "--batch-id",
-        "eval",
-        "--output-dir",
-        out,
-        "--html",
-        html.to_str().unwrap(),
-    ]);
-    assert_exit(&o, 0);
+    let html = html_report(&sb, "eval", out, "report.html");
     let page = sb.read("report.html");
     for plot in [
         "<svg id=\"outcomes\"",
@@ -472,18 +461,7 @@ fn an_epochs_batch_leads_with_the_clustered_error_and_gives_pass_at_k_its_error(
     );
 
     // The HTML page carries the same, in a real browser: pass@k with its error, and the cost.
-    let html = sb.path("judged.html");
-    let o = sb.run(&[
-        "batch",
-        "report",
-        "--batch-id",
-        "judged",
-        "--output-dir",
-        out,
-        "--html",
-        html.to_str().unwrap(),
-    ]);
-    assert_exit(&o, 0);
+    let html = html_report(&sb, "judged", out, "judged.html");
     if let Some(browser) = browser_or_skip("the HTML report of an epochs batch in a browser") {
         let dom = dom_of(
             &browser,
@@ -563,18 +541,7 @@ fn an_epochs_batch_leads_with_the_clustered_error_and_gives_pass_at_k_its_error(
         ),
         "{text}"
     );
-    let html = sb.path("retry.html");
-    let o = sb.run(&[
-        "batch",
-        "report",
-        "--batch-id",
-        "judged-retry1",
-        "--output-dir",
-        out,
-        "--html",
-        html.to_str().unwrap(),
-    ]);
-    assert_exit(&o, 0);
+    html_report(&sb, "judged-retry1", out, "retry.html");
     let page = sb.read("retry.html");
     assert!(
         page.contains("<th>Retry of batch</th><td><code>judged</code>"),
@@ -694,4 +661,21 @@ tasks:
         text.contains("re-run in this batch: 2 case(s) got a new attempt after they had finished"),
         "{text}"
     );
+}
+
+/// Writes `batch`'s HTML report to `file` in the sandbox, and returns its path.
+fn html_report(sb: &Sandbox, batch: &str, out: &str, file: &str) -> std::path::PathBuf {
+    let html = sb.path(file);
+    let o = sb.run(&[
+        "batch",
+        "report",
+        "--batch-id",
+        batch,
+        "--output-dir",
+        out,
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 0);
+    html
 }
