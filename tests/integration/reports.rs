@@ -33,15 +33,7 @@ tasks:
     let out = sb.out();
     let out = out.to_str().unwrap();
 
-    let o = sb.run(&[
-        "batch",
-        "report",
-        "--batch-id",
-        "eval",
-        "--output-dir",
-        out,
-        "--json",
-    ]);
+    let o = sb.op_with("report", "eval", &["--json"]);
     assert_exit(&o, 0);
     let stats = json_of(&o)["summary"]["stats"].clone();
     // 2 of 4 finished; leaving out the infra casualty, 2 of 3.
@@ -137,7 +129,7 @@ tasks:
     );
 
     // The HTML report: one file, nothing fetched, its plots drawn by a real browser.
-    let html = html_report(&sb, "eval", out, "report.html");
+    let html = html_report(&sb, "eval", "report.html");
     let page = sb.read("report.html");
     for plot in [
         "<svg id=\"outcomes\"",
@@ -195,7 +187,7 @@ tasks:
         }
     }
 
-    let text = stdout(&sb.run(&["batch", "report", "--batch-id", "eval", "--output-dir", out]));
+    let text = stdout(&sb.op("report", "eval"));
     assert!(
         text.contains("pass rate: 50.0% (2 of 4 finished cases"),
         "{text}"
@@ -207,14 +199,7 @@ tasks:
 
     // The crash is fixed; the network is still down: retry-failed flips one case.
     sb.write("fixed", "");
-    let o = sb.run(&[
-        "batch",
-        "retry-failed",
-        "--batch-id",
-        "eval",
-        "--output-dir",
-        out,
-    ]);
+    let o = sb.op("retry-failed", "eval");
     assert_exit(&o, 4);
     let o = sb.run(&[
         "batch",
@@ -386,17 +371,7 @@ fn an_epochs_batch_leads_with_the_clustered_error_and_gives_pass_at_k_its_error(
     let sb = Sandbox::engine();
     let manifest = sb.write("judged.yaml", JUDGED_EPOCHS);
     assert_exit(&sb.run_batch(&manifest), 4);
-    let out = sb.out();
-    let out = out.to_str().unwrap();
-    let o = sb.run(&[
-        "batch",
-        "report",
-        "--batch-id",
-        "judged",
-        "--output-dir",
-        out,
-        "--json",
-    ]);
+    let o = sb.op_with("report", "judged", &["--json"]);
     assert_exit(&o, 0);
     let stats = json_of(&o)["summary"]["stats"].clone();
     let close = |v: &Value, x: f64| (v.as_f64().unwrap() - x).abs() < 1e-9;
@@ -430,14 +405,7 @@ fn an_epochs_batch_leads_with_the_clustered_error_and_gives_pass_at_k_its_error(
         "{at:#}"
     );
 
-    let text = stdout(&sb.run(&[
-        "batch",
-        "report",
-        "--batch-id",
-        "judged",
-        "--output-dir",
-        out,
-    ]));
+    let text = stdout(&sb.op("report", "judged"));
     let first_score = text
         .lines()
         .find(|l| l.contains("score match"))
@@ -461,7 +429,7 @@ fn an_epochs_batch_leads_with_the_clustered_error_and_gives_pass_at_k_its_error(
     );
 
     // The HTML page carries the same, in a real browser: pass@k with its error, and the cost.
-    let html = html_report(&sb, "judged", out, "judged.html");
+    let html = html_report(&sb, "judged", "judged.html");
     if let Some(browser) = browser_or_skip("the HTML report of an epochs batch in a browser") {
         let dom = dom_of(
             &browser,
@@ -490,24 +458,9 @@ fn an_epochs_batch_leads_with_the_clustered_error_and_gives_pass_at_k_its_error(
     // Fixed, the failed runs pass when retried: the retry's report says what it is a retry of,
     // what it carried, and that its pass@k counts the re-runs.
     sb.write("fixed", "");
-    let o = sb.run(&[
-        "batch",
-        "retry-failed",
-        "--batch-id",
-        "judged",
-        "--output-dir",
-        out,
-    ]);
+    let o = sb.op("retry-failed", "judged");
     assert_exit(&o, 0);
-    let o = sb.run(&[
-        "batch",
-        "report",
-        "--batch-id",
-        "judged-retry1",
-        "--output-dir",
-        out,
-        "--json",
-    ]);
+    let o = sb.op_with("report", "judged-retry1", &["--json"]);
     assert_exit(&o, 0);
     let summary = json_of(&o)["summary"].clone();
     assert_eq!(
@@ -517,14 +470,7 @@ fn an_epochs_batch_leads_with_the_clustered_error_and_gives_pass_at_k_its_error(
         "{summary:#}"
     );
     assert_eq!(summary["stats"]["tasks"]["reruns"], 7, "{summary:#}");
-    let text = stdout(&sb.run(&[
-        "batch",
-        "report",
-        "--batch-id",
-        "judged-retry1",
-        "--output-dir",
-        out,
-    ]));
+    let text = stdout(&sb.op("report", "judged-retry1"));
     assert!(
         text.contains("retry of batch judged: 7 case(s) re-run here, 5 carried over"),
         "{text}"
@@ -541,7 +487,7 @@ fn an_epochs_batch_leads_with_the_clustered_error_and_gives_pass_at_k_its_error(
         ),
         "{text}"
     );
-    html_report(&sb, "judged-retry1", out, "retry.html");
+    html_report(&sb, "judged-retry1", "retry.html");
     let page = sb.read("retry.html");
     assert!(
         page.contains("<th>Retry of batch</th><td><code>judged</code>"),
@@ -664,18 +610,11 @@ tasks:
 }
 
 /// Writes `batch`'s HTML report to `file` in the sandbox, and returns its path.
-fn html_report(sb: &Sandbox, batch: &str, out: &str, file: &str) -> std::path::PathBuf {
+fn html_report(sb: &Sandbox, batch: &str, file: &str) -> std::path::PathBuf {
     let html = sb.path(file);
-    let o = sb.run(&[
-        "batch",
-        "report",
-        "--batch-id",
-        batch,
-        "--output-dir",
-        out,
-        "--html",
-        html.to_str().unwrap(),
-    ]);
-    assert_exit(&o, 0);
+    assert_exit(
+        &sb.op_with("report", batch, &["--html", html.to_str().unwrap()]),
+        0,
+    );
     html
 }
