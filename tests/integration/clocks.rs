@@ -40,18 +40,6 @@ fn faketime(test: &str, offset_file: &Path) -> Option<Vec<(&'static str, String)
     ])
 }
 
-/// Sends SIGCONT to a process stopped with SIGSTOP when it goes, a failing test included.
-struct Thaw(i32);
-
-impl Drop for Thaw {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0),
-            nix::sys::signal::Signal::SIGCONT,
-        );
-    }
-}
-
 fn manifest(batch: &str, harness: &str, timeout_s: u64) -> String {
     cases(batch, 8, harness, timeout_s)
 }
@@ -169,13 +157,9 @@ fn jobs_that_end_while_the_engine_is_frozen_past_their_timeout_are_not_timeouts(
     let mut runner = sb.spawn_batch(&m, "runner.log");
     wait_until(Duration::from_secs(60), "8 jobs running", || runs(&sb) == 8);
     let engine = engine_record(&sb.out()).expect("engine.json");
-    let pid = engine["pid"].as_u64().unwrap() as i32;
-    let stop = |signal| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
-    stop(nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let thawed = Thaw(pid);
+    let pid = engine["pid"].as_u64().unwrap() as u32;
     // The point is the time passing frozen: past every job's end and every deadline.
-    std::thread::sleep(Duration::from_secs(60));
-    drop(thawed);
+    freeze(pid, 60, || {});
     assert_eq!(
         wait_child(&mut runner, Duration::from_secs(180)),
         0,
