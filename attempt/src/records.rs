@@ -106,6 +106,28 @@ pub struct CleanupReceipt {
     pub scheduler_job: Option<SchedulerFacts>,
 }
 
+impl CleanupReceipt {
+    /// `method`'s receipt for the attempt `marker` before it has found anything: not
+    /// confirmed, nothing killed or checked. Each runtime fills in what its cleanup finds.
+    pub fn begun(marker: String, method: &str) -> Self {
+        Self {
+            schema_version: RECORD_SCHEMA_VERSION.into(),
+            marker,
+            cleanup_confirmed: false,
+            killed: Vec::new(),
+            remaining: Vec::new(),
+            scans: 0,
+            message: String::new(),
+            method: Some(method.into()),
+            checks: Vec::new(),
+            escaped: Vec::new(),
+            held_job: None,
+            containers: Vec::new(),
+            scheduler_job: None,
+        }
+    }
+}
+
 /// One container of an attempt, as its cleanup found it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerFacts {

@@ -42,8 +42,7 @@ use casebatch_attempt::local::procfs::ProcessId;
 use casebatch_attempt::local::{boot_clock, fault_point, lock_attempt};
 use casebatch_attempt::{
     Attempt, CleanupReceipt, ContainerFacts, ContainerRecord, Entry, EvaluationRecord, Executor,
-    Liveness, NotStarted, OnCancel, RECORD_SCHEMA_VERSION, attempt_files, harness, hostname,
-    now_ms,
+    Liveness, NotStarted, OnCancel, attempt_files, harness, hostname, now_ms,
 };
 use casebatch_proto::runtime_v1::{Command, Sandbox};
 use casebatch_proto::{ActorReport, Failure, FailureCode, JobRef, Stage};
@@ -470,19 +469,9 @@ impl Executor for ContainerRuntime {
     async fn cleanup(&self, a: &Attempt) -> CleanupReceipt {
         let held_job = Some(self.start_attempted(a));
         let mut receipt = CleanupReceipt {
-            schema_version: RECORD_SCHEMA_VERSION.into(),
-            marker: a.marker(),
-            cleanup_confirmed: false,
-            killed: Vec::new(),
-            remaining: Vec::new(),
             scans: 1,
-            message: String::new(),
-            method: Some("container".into()),
-            checks: Vec::new(),
-            escaped: Vec::new(),
             held_job,
-            containers: Vec::new(),
-            scheduler_job: None,
+            ..CleanupReceipt::begun(a.marker(), "container")
         };
         let docker = match self.engine.get(Stage::Cleanup).await {
             Ok(d) => d,

@@ -173,19 +173,10 @@ impl Executor for Scripted {
 
     async fn cleanup(&self, env: &Attempt) -> CleanupReceipt {
         CleanupReceipt {
-            schema_version: RECORD_SCHEMA_VERSION.into(),
-            marker: env.marker(),
             cleanup_confirmed: true,
-            killed: vec![],
-            remaining: vec![],
-            scans: 0,
             message: "simulated runtime: nothing ran, nothing to clean".into(),
-            method: Some("simulation".into()),
-            checks: Vec::new(),
-            escaped: Vec::new(),
             held_job: Some(true),
-            containers: Vec::new(),
-            scheduler_job: None,
+            ..CleanupReceipt::begun(env.marker(), "simulation")
         }
     }
 

@@ -43,8 +43,7 @@ use async_trait::async_trait;
 use casebatch_attempt::local::procfs;
 use casebatch_attempt::{
     Attempt, CleanupReceipt, Entry, EvaluationRecord, Executor, JobEntry, Liveness, NotStarted,
-    OnCancel, RECORD_SCHEMA_VERSION, ScheduledJob, ScheduledState, SchedulerFacts, attempt_files,
-    hostname,
+    OnCancel, ScheduledJob, ScheduledState, SchedulerFacts, attempt_files, hostname,
 };
 use casebatch_proto::{ActorReport, Failure, FailureCode, JobRef, Stage};
 
@@ -308,19 +307,8 @@ const UNANSWERED_GRACE: Duration = Duration::from_secs(120);
 /// processes of the attempt when this host is its node.
 async fn cleanup(on: &OnSlurm<'_>, a: &Attempt) -> CleanupReceipt {
     let mut receipt = CleanupReceipt {
-        schema_version: RECORD_SCHEMA_VERSION.into(),
-        marker: a.marker(),
-        cleanup_confirmed: false,
-        killed: Vec::new(),
-        remaining: Vec::new(),
-        scans: 0,
-        message: String::new(),
-        method: Some("slurm".into()),
-        checks: Vec::new(),
-        escaped: Vec::new(),
         held_job: Some(false),
-        containers: Vec::new(),
-        scheduler_job: None,
+        ..CleanupReceipt::begun(a.marker(), "slurm")
     };
     let Some(rec) = recorded(a) else {
         receipt.cleanup_confirmed = true;

@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use casebatch_bundle::closing::{self, Harvest};
-use casebatch_bundle::{
-    AttemptRecord, BundleError, CleanupReceipt, Entry, RECORD_SCHEMA_VERSION, write_json_atomic,
-};
+use casebatch_bundle::{AttemptRecord, BundleError, CleanupReceipt, Entry, write_json_atomic};
 use casebatch_proto::{
     AttemptSummary, CleanupInput, CleanupReport, Failure, FailureCode, Stage, UNANSWERED_WAIT_S,
     Usage,
@@ -77,23 +75,15 @@ impl CaseActivities {
         // grace. Local runtimes clean up what provisioning made here all the same.
         if closing.never_submitted && self.runtimes.executor(env).is_remote() {
             return CleanupReceipt {
-                schema_version: RECORD_SCHEMA_VERSION.into(),
-                marker: env.marker(),
                 cleanup_confirmed: true,
-                killed: Vec::new(),
-                remaining: Vec::new(),
-                scans: 0,
                 message: format!(
                     "runtime `{}` holds nothing of this attempt: its submit never reached it \
                      (no connection), or it refused the job",
                     env.case.runtime_label()
                 ),
-                method: Some("not_submitted".into()),
                 checks: vec!["not_submitted".into()],
-                escaped: Vec::new(),
                 held_job: Some(false),
-                containers: Vec::new(),
-                scheduler_job: None,
+                ..CleanupReceipt::begun(env.marker(), "not_submitted")
             };
         }
         if closing.patient {
