@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use casebatch_bundle::{Bundle, Event, append_jsonl, now_ms, write_final_batch_files};
 use casebatch_proto::pace::PaceAsk;
+use casebatch_proto::share::{AskSlotInput, HeldSlot, SlotAnswer};
 use casebatch_proto::{FinalizeInput, SweepInput, SweepReport};
 use temporalio_sdk::ApplicationFailure;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
@@ -31,6 +32,75 @@ impl CaseActivities {
         crate::pacers::reserve(client, ask)
             .await
             .map_err(unanswered)
+    }
+
+    /// A case's ask for a slot on a shared runtime, with the runtime's capacity as this
+    /// worker last learned it from the agent.
+    pub(crate) async fn ask_slot_for_case(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        input: AskSlotInput,
+    ) -> Result<SlotAnswer, ActivityError> {
+        let _ctx = StageContext::new(ctx, &self.metrics);
+        let unanswered = |message: String| {
+            ActivityError::application(ApplicationFailure::builder(message).build())
+        };
+        let Some(client) = &self.client else {
+            return Err(unanswered(
+                "this worker has no client for shared runtimes".into(),
+            ));
+        };
+        let mut ask = input.ask;
+        let key = ask.runtime.key.clone();
+        ask.capacity = match self.capacities.fresh(&key) {
+            Some(n) => Some(n),
+            None => {
+                self.learn_capacity(&input.bundle_dir, &ask.runtime.name, &key)
+                    .await
+            }
+        };
+        crate::slots::ask(client, ask).await.map_err(unanswered)
+    }
+
+    /// The agent's capacity, asked of it (`None` when it cannot be: the slots keep the last
+    /// they knew).
+    async fn learn_capacity(&self, bundle_dir: &str, name: &str, key: &str) -> Option<u32> {
+        let plan = self.plan(bundle_dir).ok()?;
+        let spec = plan.plan().runtimes.get(name)?.clone();
+        match self.runtimes.agent_capacity(name, &spec).await {
+            Ok(n) => {
+                self.capacities.learned(key, n);
+                Some(n)
+            }
+            Err(why) => {
+                tracing::warn!(
+                    runtime = name,
+                    "the agent's capacity could not be read: {why}"
+                );
+                None
+            }
+        }
+    }
+
+    /// Gives a shared runtime's slot back as its job ends, without holding up the caller: a
+    /// return that does not arrive is made again by the batch as the attempt closes.
+    pub(crate) fn give_slot_back(&self, slot: HeldSlot) {
+        if let Some(client) = self.client.clone() {
+            tokio::spawn(crate::slots::give_back(client, slot));
+        }
+    }
+
+    /// Which batch runs holding slots have closed (for a shared runtime's slots).
+    pub(crate) async fn closed_batch_runs(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        runs: Vec<(String, String)>,
+    ) -> Result<Vec<(String, String)>, ActivityError> {
+        let _ctx = StageContext::new(ctx, &self.metrics);
+        let Some(client) = &self.client else {
+            return Ok(Vec::new());
+        };
+        Ok(crate::slots::closed(client, runs).await)
     }
 
     pub(crate) async fn sweep_batch(

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use casebatch_proto::pace::PaceAsk;
+use casebatch_proto::share::{AskSlotInput, SlotAnswer};
 use casebatch_proto::{
     ActorReport, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation, Failure,
     FinalizeInput, Prepared, ReleaseInput, SettleInput, Settled, StageResult, StartInput,
@@ -80,6 +81,26 @@ impl CaseActivities {
         ask: PaceAsk,
     ) -> Result<u64, ActivityError> {
         self.reserve_start_on_pace(ctx, ask).await
+    }
+
+    /// A case's ask for a slot on a shared runtime (`slots.rs`).
+    #[activity(definition = contracts::AskSlot)]
+    pub async fn ask_slot(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        input: AskSlotInput,
+    ) -> Result<SlotAnswer, ActivityError> {
+        self.ask_slot_for_case(ctx, input).await
+    }
+
+    /// Which batch runs holding a shared runtime's slots have closed (`slots.rs`).
+    #[activity(definition = contracts::ClosedRuns)]
+    pub async fn closed_runs(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        runs: Vec<(String, String)>,
+    ) -> Result<Vec<(String, String)>, ActivityError> {
+        self.closed_batch_runs(ctx, runs).await
     }
 
     /// `supersede`'s force-kill: every agent of the plan kills the batch's jobs at once. The

@@ -334,6 +334,20 @@ pub enum BatchCommand {
         /// The new limit, 1..=512 (the batch's validator refuses others).
         limit: u32,
     },
+    /// Change the priority and weight of a running batch on the runtimes it shares with other
+    /// batches (agents): its cases that ask for a slot from then on are queued by them. Kept
+    /// across continue-as-new; a later `resume` shares at the plan's again.
+    SetShare {
+        #[command(flatten)]
+        batch: BatchRef,
+        /// Priority level, 1..=5: a waiting case of a higher level gets the next free slot.
+        #[arg(long)]
+        priority: u32,
+        /// Weight within the level, 1..=100: slots are split between users, then a user's
+        /// batches, by weight.
+        #[arg(long)]
+        weight: u32,
+    },
     /// Re-run a finished batch's failed cases in a new batch. Passing results (and, with
     /// --class, failures of other classes) are carried over verbatim with `retry_of` lineage;
     /// the source batch is never changed. OOM-killed cases get their memory doubled for that

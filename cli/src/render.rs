@@ -11,6 +11,7 @@ use casebatch_control::{
     DriveEvent, Ending, HistoryView, Observer, ReportView, RunReport, StatusView,
 };
 use casebatch_manifest::{CaseIdentity, Plan, PlanHead};
+use casebatch_proto::share::RuntimeShare;
 use casebatch_proto::{BatchEnd, BatchOutcome, BatchStatus, Counters, Counts, OOM_BOOST_CAP_MB};
 
 use casebatch_views::{RunEnd, RunView, StatusSource};
@@ -697,6 +698,26 @@ fn actions_line(a: &casebatch_proto::TemporalActions, cases: usize) -> String {
     )
 }
 
+/// One shared runtime as the batch sees it: its slots, its fair share, and what waits.
+fn share_line(r: &RuntimeShare) -> String {
+    let share = format!("{:.1}", f64::from(r.fair_share_milli) / 1000.0);
+    let mut line = format!(
+        "  runtime {} (shared): holds {} of {} slots · fair share {} · {} waiting",
+        r.runtime,
+        r.held,
+        r.capacity,
+        share.strip_suffix(".0").unwrap_or(&share),
+        r.waiting
+    );
+    if let Some(position) = r.position {
+        line += &format!(" · next in line after {position}");
+    }
+    if let Some(since) = r.waiting_since_ms {
+        line += &format!(" · held back by other batches since {}", clock(since));
+    }
+    line
+}
+
 fn counters_line(k: &Counters) -> String {
     format!(
         "  adopted {} · re-dispatched {} · retries {} · OOM boosts {} · cleanup unconfirmed {}",
@@ -738,6 +759,16 @@ pub fn status(view: &StatusView) {
             of(e.memory_budget_mb),
             e.waiting
         );
+    }
+    if let Some(share) = &s.share {
+        say!(
+            "  shares its runtimes at priority {} · weight {}",
+            share.priority,
+            share.weight
+        );
+    }
+    for r in &s.shares {
+        say!("{}", share_line(r));
     }
     if let Some(width) = s.width {
         say!(

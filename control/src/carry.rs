@@ -45,6 +45,8 @@ async fn from_result(handle: &Handle) -> Option<Carried> {
         // Carried on: the runner that ends the next run records any still missing.
         unrecorded: prev.status.unrecorded,
         spending: prev.status.spending,
+        // Like the limit: a resume shares at the plan's priority and weight.
+        share: None,
     })
 }
 

@@ -1,4 +1,4 @@
-//! Drain, pause, unpause, cancel and set-concurrency on a running batch.
+//! Drain, pause, unpause, cancel, set-concurrency and set-share on a running batch.
 //!
 //! Each is sent as a Temporal update: the batch's validator checks it first, so an invalid
 //! request (unpause a batch that is not paused, a limit outside 1..=512) is refused instead of
@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use casebatch_proto::Phase;
+use casebatch_proto::share::ShareChange;
 use casebatch_workflows::BatchWorkflow;
 use temporalio_client::{
     WorkflowExecuteUpdateOptions, WorkflowGetResultOptions, WorkflowSignalOptions,
@@ -34,6 +35,8 @@ pub enum Control {
     Cancel,
     /// A new active case limit, taking effect at once.
     SetConcurrency(u32),
+    /// A new priority and weight on shared runtimes, for the batch's next asks.
+    SetShare(ShareChange),
     /// Admissions stop, the batch's running jobs are killed on every runtime, finished work
     /// stays and killed cases are queued again; the run ends as superseded.
     Supersede,
@@ -48,6 +51,7 @@ impl Control {
             Control::Cancel => "cancel",
             Control::Supersede => "supersede",
             Control::SetConcurrency(_) => "set the concurrency of",
+            Control::SetShare(_) => "set the share of",
         }
     }
 
@@ -55,6 +59,7 @@ impl Control {
     fn name(self) -> &'static str {
         match self {
             Control::SetConcurrency(_) => "set-concurrency",
+            Control::SetShare(_) => "set-share",
             other => other.verb(),
         }
     }
@@ -67,6 +72,8 @@ pub enum Applied {
     Phase(Phase),
     /// The limit changed from `before`.
     Concurrency { before: u32 },
+    /// Priority and weight changed from `before`.
+    Share { before: ShareChange },
     /// No worker answered within the wait: sent as a signal, applied when one runs the batch.
     Signalled,
 }
@@ -138,6 +145,10 @@ async fn apply(handle: &Handle, batch_id: &str, control: Control) -> Result<Appl
                 .execute_update(BatchWorkflow::set_concurrency, limit, opts())
                 .await
                 .map(|before| Applied::Concurrency { before }),
+            Control::SetShare(to) => handle
+                .execute_update(BatchWorkflow::set_share, to, opts())
+                .await
+                .map(|before| Applied::Share { before }),
         }
     };
     let wid = handle.info().workflow_id.clone();
@@ -161,6 +172,17 @@ async fn apply(handle: &Handle, batch_id: &str, control: Control) -> Result<Appl
                     handle
                         .signal(BatchWorkflow::set_concurrency_signal, limit, opts())
                         .await
+                }
+                // Checked only: a priority out of range must be refused, not clamped.
+                Control::SetShare(_) => {
+                    return Err(ControlError::Refused {
+                        batch_id: batch_id.to_string(),
+                        action: control.name(),
+                        reason: format!(
+                            "no worker answered within {ANSWER_WITHIN:?}, and a share change \
+                             is applied by a worker only: retry once the batch's worker runs"
+                        ),
+                    });
                 }
             };
             sent.map_err(|e| ControlError::engine_call(format!("signal {wid}"), e))?;

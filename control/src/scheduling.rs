@@ -1,11 +1,15 @@
 //! What a batch workflow needs to know to schedule across runtimes, taken from the plan:
-//! the runtimes' envelopes (admission) and the runtime lists cases were dealt from
-//! (spillover, circuit breakers), both compact and indexed, and empty when unused so a
-//! batch without them starts exactly as before.
+//! the runtimes' envelopes (admission), the runtime lists cases were dealt from (spillover,
+//! circuit breakers) and the runtimes it shares with other batches (fair share), all compact
+//! and indexed, and empty when unused so a batch without them starts exactly as before.
 
 use std::collections::BTreeMap;
 
 use casebatch_manifest::Plan;
+use casebatch_manifest::model::RuntimeKind;
+use casebatch_proto::share::{
+    DEFAULT_PRIORITY, DEFAULT_WEIGHT, ShareInput, ShareSettings, SharedRuntime,
+};
 use casebatch_proto::{CaseLoad, CaseRoute, Envelope, RouteRuntime, Routes};
 
 /// The envelopes the plan's runtimes declare, and each case's load against them; nothing
@@ -36,6 +40,44 @@ pub(crate) fn envelopes(plan: &Plan) -> (Vec<Envelope>, Vec<CaseLoad>) {
         })
         .collect();
     (envelopes, case_loads)
+}
+
+/// The runtimes the batch shares with other batches (agents, keyed by endpoint so two
+/// manifests naming one agent differently share it), and which cases run on each; `None`
+/// when no case runs on one. Cases dealt from a runtime list are not queued for a slot.
+pub(crate) fn shares(plan: &Plan, user: String) -> Option<ShareInput> {
+    let runtimes: Vec<SharedRuntime> = (plan.runtimes.iter())
+        .filter(|(_, s)| s.kind == RuntimeKind::Agent)
+        .filter_map(|(name, s)| {
+            let key = s.endpoint.as_deref()?.trim().trim_end_matches('/');
+            Some(SharedRuntime {
+                name: name.clone(),
+                key: key.to_string(),
+            })
+        })
+        .collect();
+    let cases: Vec<Option<u16>> = (plan.cases.iter())
+        .map(|c| {
+            if c.runtime_spread.len() >= 2 {
+                return None;
+            }
+            let name = c.runtime_name.as_deref()?;
+            let i = runtimes.iter().position(|r| r.name == name)?;
+            u16::try_from(i).ok()
+        })
+        .collect();
+    if cases.iter().all(Option::is_none) {
+        return None;
+    }
+    Some(ShareInput {
+        settings: ShareSettings {
+            user,
+            priority: plan.settings.priority.unwrap_or(DEFAULT_PRIORITY),
+            weight: plan.settings.weight.unwrap_or(DEFAULT_WEIGHT),
+        },
+        runtimes,
+        cases,
+    })
 }
 
 /// The runtime lists cases were dealt from, when some case names two or more runtimes.

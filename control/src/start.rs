@@ -151,7 +151,7 @@ pub(crate) async fn request(
 }
 
 /// `user@host` of this process: `USER`, else `LOGNAME`, else the passwd name of its uid.
-fn user_at_host() -> String {
+pub(crate) fn user_at_host() -> String {
     use std::os::unix::fs::MetadataExt;
     let from_passwd = || {
         let uid = std::fs::metadata("/proc/self").ok()?.uid().to_string();

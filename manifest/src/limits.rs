@@ -10,6 +10,7 @@ use std::ops::RangeInclusive;
 
 /// Active case limit (the running batch's `set_concurrency` accepts the same).
 pub use casebatch_proto::CONCURRENCY_RANGE;
+pub use casebatch_proto::share::{DEFAULT_PRIORITY, DEFAULT_WEIGHT, PRIORITY_RANGE, WEIGHT_RANGE};
 /// Extra whole-case attempts after a retryable failure.
 pub const MAX_RETRIES_RANGE: RangeInclusive<u32> = 0..=5;
 
@@ -100,6 +101,8 @@ pub(crate) fn expected_of_field(field: &str) -> Option<String> {
         "timeout_seconds" => seconds(MAX_TIMEOUT_SECONDS),
         "lifetime" => seconds(MAX_SANDBOX_LIFETIME_SECONDS),
         "prepare_ahead" => whole(&(0..=MAX_PREPARE_AHEAD), ""),
+        "priority" => whole(&PRIORITY_RANGE, " (a higher level goes first)"),
+        "weight" => whole(&WEIGHT_RANGE, ""),
         "max_rate_limit_retries" => whole(&(0..=MAX_RATE_LIMIT_RETRIES), ""),
         "starts_per_minute" => whole(&(1..=MAX_STARTS_PER_MINUTE), ""),
         "epochs" => whole(&EPOCHS_RANGE, ""),

@@ -92,6 +92,15 @@ pub struct Defaults {
     /// from a `runtime:` list (a case's runtime is picked only when it is dispatched).
     #[schemars(range(max = crate::limits::MAX_PREPARE_AHEAD))]
     pub prepare_ahead: Option<u32>,
+    /// Where batches share a runtime (an agent every batch reaches at the same endpoint),
+    /// this batch's priority level, 1 to 5 (default 3): a waiting case of a higher level
+    /// always gets the next free slot; slots already held are not taken back.
+    #[schemars(range(min = 1, max = 5))]
+    pub priority: Option<u32>,
+    /// This batch's weight within its priority level, 1 to 100 (default 1): a shared
+    /// runtime's slots are split between users by weight, then between a user's batches.
+    #[schemars(range(min = 1, max = 100))]
+    pub weight: Option<u32>,
     /// How often a working stage heartbeats to Temporal, in seconds: 1 to 60 (default 4).
     /// Each heartbeat is a Temporal action (metered on Temporal Cloud); a stage whose worker
     /// died is taken over a quarter more than this after its last heartbeat, so a longer
@@ -599,6 +608,11 @@ pub struct BatchSettings {
     /// How fast cases may start (`None`: as fast as the other limits allow).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<RateSpec>,
+    /// Priority level and weight on shared runtimes (`None`: the defaults, 3 and 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
 }
 
 fn is_zero(n: &u32) -> bool {

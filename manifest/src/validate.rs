@@ -3,11 +3,12 @@
 use std::collections::BTreeMap;
 
 use crate::limits::{
-    CONCURRENCY_RANGE, EPOCHS_RANGE, LOG_MB_RANGE, MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS,
-    MAX_FAKE_INFRA_FAILURES, MAX_GPUS, MAX_HEARTBEAT_EVERY_SECONDS, MAX_MEMORY_MB,
-    MAX_PREPARE_AHEAD, MAX_RATE_LIMIT_RETRIES, MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS,
-    MAX_STARTS_PER_MINUTE, RESERVED_ENV_PREFIX, SANDBOX_NETWORKS, SANDBOX_PROVIDERS, SANDBOX_PULLS,
-    TIMEOUT_SECONDS_RANGE,
+    CONCURRENCY_RANGE, DEFAULT_PRIORITY, DEFAULT_WEIGHT, EPOCHS_RANGE, LOG_MB_RANGE,
+    MAX_BATCH_ID_LEN, MAX_CPU, MAX_FAKE_DURATION_MS, MAX_FAKE_INFRA_FAILURES, MAX_GPUS,
+    MAX_HEARTBEAT_EVERY_SECONDS, MAX_MEMORY_MB, MAX_PREPARE_AHEAD, MAX_RATE_LIMIT_RETRIES,
+    MAX_RETRIES_RANGE, MAX_SANDBOX_LIFETIME_SECONDS, MAX_STARTS_PER_MINUTE, PRIORITY_RANGE,
+    RESERVED_ENV_PREFIX, SANDBOX_NETWORKS, SANDBOX_PROVIDERS, SANDBOX_PULLS, TIMEOUT_SECONDS_RANGE,
+    WEIGHT_RANGE,
 };
 use crate::model::{
     BudgetSpec, CommandSpec, Defaults, FakeScript, PassWhen, RateSpec, Resources, RunSpec, Sandbox,
@@ -61,6 +62,42 @@ pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
             format!("prepare_ahead {n} is more than the maximum of {MAX_PREPARE_AHEAD}"),
             format!(
                 "set {p} between 0 and {MAX_PREPARE_AHEAD} (a few ahead keep every freed slot busy)"
+            ),
+        );
+    }
+    if let Some(n) = d.priority
+        && !PRIORITY_RANGE.contains(&n)
+    {
+        let p = path.key("priority");
+        r.at(
+            &p,
+            format!(
+                "priority {n} is outside {}..={}",
+                PRIORITY_RANGE.start(),
+                PRIORITY_RANGE.end()
+            ),
+            format!(
+                "set {p} between {} and {} (higher goes first; default {DEFAULT_PRIORITY})",
+                PRIORITY_RANGE.start(),
+                PRIORITY_RANGE.end()
+            ),
+        );
+    }
+    if let Some(n) = d.weight
+        && !WEIGHT_RANGE.contains(&n)
+    {
+        let p = path.key("weight");
+        r.at(
+            &p,
+            format!(
+                "weight {n} is outside {}..={}",
+                WEIGHT_RANGE.start(),
+                WEIGHT_RANGE.end()
+            ),
+            format!(
+                "set {p} between {} and {} (default {DEFAULT_WEIGHT})",
+                WEIGHT_RANGE.start(),
+                WEIGHT_RANGE.end()
             ),
         );
     }

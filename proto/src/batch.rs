@@ -80,6 +80,10 @@ pub struct BatchInput {
     /// before paces existed (so their histories have no pacing commands).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pace: Option<crate::Pace>,
+    /// How the batch shares the runtimes other batches use too (agents). `None`: on none, or
+    /// started before sharing (its cases ask for no slot, so its history replays unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<crate::share::ShareInput>,
 }
 
 impl BatchInput {
@@ -195,6 +199,9 @@ pub struct Carried {
     /// What the batch's cases have spent so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spending: Option<crate::Spending>,
+    /// The priority and weight an operator set while the batch ran (`set_share`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<crate::share::ShareChange>,
 }
 
 /// A case's final failure that its worker could not write into the bundle (it may not write
@@ -546,6 +553,12 @@ pub struct BatchStatus {
     /// Cases admitted at once now, when rate limits hold the batch below `concurrency`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_width: Option<u32>,
+    /// Per shared runtime: the batch's slots, its fair share, and its place in the queue.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<crate::share::RuntimeShare>,
+    /// The batch's priority and weight on shared runtimes, when it runs on one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<crate::share::ShareChange>,
 }
 
 /// One runtime envelope's use by the batch, in `status`.

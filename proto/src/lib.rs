@@ -14,6 +14,7 @@ pub mod pace;
 pub mod packed;
 pub mod planned_case_v1;
 pub mod runtime_v1;
+pub mod share;
 pub mod stage;
 pub mod token;
 pub mod usage;

@@ -432,6 +432,11 @@ pub struct SettleInput {
     /// `cleanup` round trip through the engine is saved. `None`: `cleanup` follows as ever.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub close_from: Option<AttemptSummary>,
+    /// The slot the job holds on a shared runtime: `settle` gives it back the moment the job
+    /// has ended, before it evaluates and records, so the next case starts at once (the
+    /// batch gives it back again once the attempt closes; a second return is a no-op).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<crate::share::HeldSlot>,
 }
 
 /// What `settle` returns: the actor's report and, for a finished actor, the evaluation and

@@ -115,6 +115,11 @@ impl Runtimes {
 }
 
 impl Runtimes {
+    /// The slots of the agent of runtimes-table entry `name`: what its fair share divides.
+    pub async fn agent_capacity(&self, name: &str, spec: &RuntimeSpec) -> Result<u32, String> {
+        (self.agents.capacity(name, spec).await).map_err(|e| e.to_string())
+    }
+
     /// Kills every job of batch `batch_id` (bundle `bundle_dir`) that the runtimes of its
     /// `plan` hold: each agent of its runtimes table, its Slurm cluster, and this host's
     /// container engine when a case runs in a container (containers elsewhere end with their cases' cleanup, which

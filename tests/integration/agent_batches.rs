@@ -3,82 +3,10 @@
 //! server; every crash is a SIGKILL, and side effects are counted by the harness itself.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::Duration;
 
 use crate::support::*;
-
-/// One `casebatch agent` on a fixed loopback port (a restart must come back where the
-/// manifest's runtimes table points).
-struct Agent {
-    child: Child,
-    port: u16,
-    data_dir: PathBuf,
-    name: String,
-    extra: Vec<String>,
-}
-
-impl Agent {
-    fn start(sb: &Sandbox, name: &str, extra: &[&str]) -> Self {
-        let port = free_port();
-        let data_dir = sb.path(&format!("agent-{name}"));
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let child = launch(sb, name, port, &data_dir, &extra);
-        Self {
-            child,
-            port,
-            data_dir,
-            name: name.into(),
-            extra,
-        }
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// SIGKILL, as a crashed host would.
-    fn kill(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    fn restart(&mut self, sb: &Sandbox) {
-        self.child = launch(sb, &self.name, self.port, &self.data_dir, &self.extra);
-    }
-}
-
-/// Starts an agent and waits until it listens (it writes `agent.addr` once bound).
-fn launch(sb: &Sandbox, name: &str, port: u16, data_dir: &Path, extra: &[String]) -> Child {
-    let addr = data_dir.join("agent.addr");
-    let _ = std::fs::remove_file(&addr);
-    let listen = format!("127.0.0.1:{port}");
-    let data = data_dir.display().to_string();
-    let mut args = vec!["agent", "--listen", &listen, "--data-dir", &data];
-    args.extend(extra.iter().map(String::as_str));
-    // AGENT_NAME reaches harnesses through `pass_env`, read on the agent's host;
-    // AGENT_TOKEN is there for an agent started with `--token-env AGENT_TOKEN`.
-    let child = sb.spawn_env(
-        &args,
-        &format!("agent-{name}.log"),
-        &[("AGENT_NAME", name), ("AGENT_TOKEN", AGENT_TOKEN)],
-    );
-    wait_until(Duration::from_secs(30), "the agent is listening", || {
-        addr.exists()
-    });
-    child
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The token of agents started with `--token-env AGENT_TOKEN`.
-const AGENT_TOKEN: &str = "s3cret-agent-token";
 
 /// A harness that records `<case> <agent>` when it starts, waits for `$SANDBOX/go`, and
 /// records `<case>` again when it ends: each line of `started.log` is one job start.

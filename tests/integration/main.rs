@@ -18,6 +18,7 @@ mod deploy_files;
 mod engine;
 mod environment;
 mod evaluator;
+mod fair_share;
 mod full_disk;
 mod json_views;
 mod lifecycle;

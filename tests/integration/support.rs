@@ -887,3 +887,74 @@ fn a_sandbox_stops_what_it_started_when_it_goes() {
         "killed by the sandbox"
     );
 }
+
+/// One `casebatch agent` on a fixed loopback port (a restart must come back where the
+/// manifest's runtimes table points).
+pub struct Agent {
+    pub child: Child,
+    port: u16,
+    data_dir: PathBuf,
+    pub name: String,
+    extra: Vec<String>,
+}
+
+impl Agent {
+    pub fn start(sb: &Sandbox, name: &str, extra: &[&str]) -> Self {
+        let port = free_port();
+        let data_dir = sb.path(&format!("agent-{name}"));
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let child = launch(sb, name, port, &data_dir, &extra);
+        Self {
+            child,
+            port,
+            data_dir,
+            name: name.into(),
+            extra,
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL, as a crashed host would.
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    pub fn restart(&mut self, sb: &Sandbox) {
+        self.child = launch(sb, &self.name, self.port, &self.data_dir, &self.extra);
+    }
+}
+
+/// Starts an agent and waits until it listens (it writes `agent.addr` once bound).
+fn launch(sb: &Sandbox, name: &str, port: u16, data_dir: &Path, extra: &[String]) -> Child {
+    let addr = data_dir.join("agent.addr");
+    let _ = std::fs::remove_file(&addr);
+    let listen = format!("127.0.0.1:{port}");
+    let data = data_dir.display().to_string();
+    let mut args = vec!["agent", "--listen", &listen, "--data-dir", &data];
+    args.extend(extra.iter().map(String::as_str));
+    // AGENT_NAME reaches harnesses through `pass_env`, read on the agent's host;
+    // AGENT_TOKEN is there for an agent started with `--token-env AGENT_TOKEN`.
+    let child = sb.spawn_env(
+        &args,
+        &format!("agent-{name}.log"),
+        &[("AGENT_NAME", name), ("AGENT_TOKEN", AGENT_TOKEN)],
+    );
+    wait_until(Duration::from_secs(30), "the agent is listening", || {
+        addr.exists()
+    });
+    child
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The token of agents started with `--token-env AGENT_TOKEN`.
+pub const AGENT_TOKEN: &str = "s3cret-agent-token";

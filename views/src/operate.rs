@@ -1,6 +1,7 @@
 //! `batch drain|pause|unpause|cancel|supersede|set-concurrency --json`: an operation's answer.
 
 use casebatch_proto::Phase;
+use casebatch_proto::share::ShareChange;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +20,13 @@ pub enum Effect {
         before: u32,
         /// The limit now.
         after: u32,
+    },
+    /// Applied by a worker: the batch's priority and weight on shared runtimes changed.
+    Share {
+        /// Priority and weight before.
+        before: ShareChange,
+        /// Priority and weight now.
+        after: ShareChange,
     },
     /// No worker answered within the wait: sent as a signal, applied when one runs the batch.
     Signalled,

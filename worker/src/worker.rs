@@ -1,4 +1,4 @@
-//! The worker: registers `BatchWorkflow`, the runtimes' `RuntimeBreaker`s, the shared paces' `RatePacer`s and `CaseActivities`
+//! The worker: registers `BatchWorkflow`, the runtimes' `RuntimeBreaker`s and `RuntimeSlots`, the shared paces' `RatePacer`s and `CaseActivities`
 //! on the casebatch task queue.
 //! Several replicas on one task queue share batches safely: the workflow owns continuation.
 
@@ -9,7 +9,7 @@ use casebatch_activities::{CaseActivities, Stopping};
 use casebatch_attempt::hostname;
 use casebatch_proto::{TASK_QUEUE, host_task_queue};
 use casebatch_telemetry::{Listen, Metrics, Readiness, Telemetry};
-use casebatch_workflows::{BatchWorkflow, RatePacer, RuntimeBreaker};
+use casebatch_workflows::{BatchWorkflow, RatePacer, RuntimeBreaker, RuntimeSlots};
 use temporalio_client::Client;
 use temporalio_common::telemetry::TelemetryOptions;
 use temporalio_common::worker::WorkerDeploymentOptions;
@@ -79,6 +79,7 @@ pub fn build_worker(
         .register_workflow::<BatchWorkflow>()?
         .register_workflow::<RuntimeBreaker>()?
         .register_workflow::<RatePacer>()?
+        .register_workflow::<RuntimeSlots>()?
         // `start` runs here, and consults the runtimes' breakers through the client.
         .register_activities(
             CaseActivities::with_breakers(client.clone())

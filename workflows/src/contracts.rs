@@ -9,6 +9,7 @@
 //! until no such batch can be running.
 
 use casebatch_proto::pace::PaceAsk;
+use casebatch_proto::share::{AskSlotInput, SlotAnswer};
 use casebatch_proto::{
     ActorReport, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation, Failure,
     FinalizeInput, Prepared, ReleaseInput, SettleInput, Settled, StageResult, StartInput,
@@ -93,3 +94,61 @@ contract!(
     /// answers when it may go (µs since the epoch), started by the ask if none runs.
     ReserveStart, "casebatch.reserve_start", PaceAsk => u64
 );
+contract!(
+    /// Ask for a slot on a shared runtime (an agent): the `RuntimeSlots` workflow of the
+    /// runtime answers, started by the ask if none runs. Runs on any worker.
+    AskSlot, "casebatch.ask_slot", AskSlotInput => SlotAnswer
+);
+contract!(
+    /// Which of these batch runs (workflow id, run id) have closed: a runtime's slots
+    /// workflow frees what they held without giving it back.
+    ClosedRuns, "casebatch.closed_runs", Vec<(String, String)> => Vec<(String, String)>
+);
+
+/// The signals between a batch and a shared runtime's slots, typed here (not by the two
+/// workflows' macros) so each side names the other's signal without importing its workflow.
+pub mod slot_signals {
+    use casebatch_proto::share::{SLOT_GRANTED, SLOT_RETURN, Ticket};
+    use temporalio_common::{SignalDefinition, WorkflowDefinition};
+
+    /// A batch, as the slots workflow addresses it.
+    pub struct Batch;
+    /// A runtime's slots, as a batch addresses them.
+    pub struct Slots;
+    /// Slots → batch: this ticket holds a slot now.
+    pub struct SlotGranted;
+    /// Batch → slots: this ticket's slot is given back, or its wait withdrawn.
+    pub struct SlotReturn;
+
+    impl WorkflowDefinition for Batch {
+        type Input = serde_json::Value;
+        type Output = serde_json::Value;
+        fn name(&self) -> &str {
+            "BatchWorkflow"
+        }
+    }
+
+    impl WorkflowDefinition for Slots {
+        type Input = serde_json::Value;
+        type Output = serde_json::Value;
+        fn name(&self) -> &str {
+            "RuntimeSlots"
+        }
+    }
+
+    impl SignalDefinition for SlotGranted {
+        type Workflow = Batch;
+        type Input = Ticket;
+        fn name(&self) -> &str {
+            SLOT_GRANTED
+        }
+    }
+
+    impl SignalDefinition for SlotReturn {
+        type Workflow = Slots;
+        type Input = Ticket;
+        fn name(&self) -> &str {
+            SLOT_RETURN
+        }
+    }
+}

@@ -14,6 +14,7 @@ use temporalio_sdk::WorkflowContext;
 use crate::circuits::Circuits;
 use crate::lifecycle::Lifecycle;
 use crate::rate_limited::RateWidth;
+use crate::runtime_share::RuntimeShares;
 use crate::tail::Tail;
 
 /// The timeline keeps its newest steps only, so history stays compact.
@@ -46,6 +47,8 @@ pub(crate) struct Shared {
     pub heartbeat_timeout: Duration,
     /// The width rate-limited attempts narrow the batch to.
     pub rate: RateWidth,
+    /// The batch's slots on shared runtimes; `None` when it runs on none.
+    pub shares: Option<RuntimeShares>,
 }
 
 impl Shared {

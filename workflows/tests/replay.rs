@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use casebatch_workflows::{BatchWorkflow, RatePacer, RuntimeBreaker};
+use casebatch_workflows::{BatchWorkflow, RatePacer, RuntimeBreaker, RuntimeSlots};
 use temporalio_client::WorkflowHistory;
 use temporalio_common::protos::temporal::api::enums::v1::EventType;
 use temporalio_common::protos::temporal::api::history::v1::History;
@@ -88,6 +88,8 @@ fn replayer() -> WorkflowReplayer {
         .expect("RuntimeBreaker registers")
         .register_workflow::<RatePacer>()
         .expect("RatePacer registers")
+        .register_workflow::<RuntimeSlots>()
+        .expect("RuntimeSlots registers")
         .build();
     WorkflowReplayer::new(options).expect("replayer")
 }

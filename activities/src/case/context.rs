@@ -37,6 +37,8 @@ pub struct CaseActivities {
     pub(crate) metrics: Metrics,
     /// Set by the worker as it begins shutting down.
     pub(crate) stopping: Stopping,
+    /// The shared runtimes' capacities this worker learned (`ask_slot`).
+    pub(crate) capacities: crate::slots::Capacities,
 }
 
 /// Whether this process's worker is shutting down. The SDK cancels the activities still

@@ -46,6 +46,9 @@ impl CaseActivities {
             let awaited = timings.time(Stage::Await, self.await_stage(&ctx, &env, input.job));
             let (job, actor) = awaited.await?;
             drop(awaiting);
+            if let Some(slot) = input.slot {
+                self.give_slot_back(slot);
+            }
             let ended = Ended {
                 job,
                 actor,

@@ -48,6 +48,14 @@ pub async fn dispatch(command: Command) -> CliResult {
             BatchCommand::SetConcurrency { batch, limit } => {
                 ops::control(&batch, ops::Control::SetConcurrency(limit)).await
             }
+            BatchCommand::SetShare {
+                batch,
+                priority,
+                weight,
+            } => {
+                let to = casebatch_proto::share::ShareChange { priority, weight };
+                ops::control(&batch, ops::Control::SetShare(to)).await
+            }
             BatchCommand::RetryFailed(args) => retry::retry_failed(args).await,
             BatchCommand::Diff {
                 a,

@@ -1,4 +1,4 @@
-//! `batch drain | pause | unpause | cancel | supersede | set-concurrency`: operations on the running batch
+//! `batch drain | pause | unpause | cancel | supersede | set-concurrency | set-share`: operations on the running batch
 //! workflow, checked by its validators (a refusal exits 2).
 
 use casebatch_control::Applied;
@@ -33,6 +33,14 @@ pub async fn control(r: &BatchRef, control: Control) -> CliResult {
              `batch run --supersede`"
             .to_string(),
         (Control::SetConcurrency(after), _) => format!("concurrency set to {after}"),
+        (Control::SetShare(to), Applied::Share { before }) => format!(
+            "priority {} → {}, weight {} → {} on its shared runtimes; its next waiting cases \
+             are queued by them",
+            before.priority, to.priority, before.weight, to.weight
+        ),
+        (Control::SetShare(to), _) => {
+            format!("priority {}, weight {}", to.priority, to.weight)
+        }
     };
     if r.json {
         crate::render::json(&ControlView {
@@ -55,6 +63,7 @@ fn operation(control: Control) -> &'static str {
         Control::Unpause => "unpause",
         Control::Cancel => "cancel",
         Control::SetConcurrency(_) => "set-concurrency",
+        Control::SetShare(_) => "set-share",
         Control::Supersede => "supersede",
     }
 }
@@ -65,6 +74,11 @@ fn effect(control: Control, applied: Applied) -> Effect {
         (Control::SetConcurrency(after), Applied::Concurrency { before }) => {
             Effect::Concurrency { before, after }
         }
+        (Control::SetShare(after), Applied::Share { before }) => Effect::Share { before, after },
+        (_, Applied::Share { before }) => Effect::Share {
+            before,
+            after: before,
+        },
         (_, Applied::Concurrency { before }) => Effect::Concurrency {
             before,
             after: before,

@@ -123,6 +123,8 @@ pub(crate) fn build(loaded: Loaded, input: &PlanInput<'_>, r: &mut Report) -> Op
             budget: defaults.budget,
             max_rate_limit_retries: defaults.max_rate_limit_retries,
             rate: defaults.rate,
+            priority: defaults.priority,
+            weight: defaults.weight,
         },
         fingerprint,
         spread: None,

@@ -35,6 +35,8 @@ pub(super) fn overlay(lower: Defaults, upper: &Defaults) -> Defaults {
         fake: u.fake.or(lower.fake),
         oom_auto_boost: u.oom_auto_boost.or(lower.oom_auto_boost),
         prepare_ahead: u.prepare_ahead.or(lower.prepare_ahead),
+        priority: u.priority.or(lower.priority),
+        weight: u.weight.or(lower.weight),
         heartbeat_every_seconds: u.heartbeat_every_seconds.or(lower.heartbeat_every_seconds),
         epochs: u.epochs.or(lower.epochs),
         budget: u.budget.or(lower.budget),

@@ -238,6 +238,24 @@ fn evaluate_error(t: &AgentTarget, what: &str, s: &tonic::Status) -> AgentError 
     ))
 }
 
+impl AgentClient {
+    /// How many jobs the agent of the runtimes-table entry `name` runs at once
+    /// (`--max-concurrent`), asked once: a shared runtime's slots.
+    pub async fn capacity(
+        &self,
+        name: &str,
+        spec: &casebatch_manifest::model::RuntimeSpec,
+    ) -> Result<u32, AgentError> {
+        let t = AgentTarget::from_spec(name, spec)?;
+        let request = t.request(wire::CapacityRequest {}, Some(Duration::from_secs(5)))?;
+        let reply = self.client(&t)?.capacity(request).await;
+        Ok(reply
+            .map_err(status(&t, "capacity"))?
+            .into_inner()
+            .max_concurrent)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,6 +19,7 @@
 mod run;
 mod state;
 
+use casebatch_proto::share::{ShareChange, ShareSettings, Ticket};
 use casebatch_proto::{BatchInput, BatchOutcome, BatchStatus, CONCURRENCY_RANGE, Phase};
 use temporalio_macros::workflow_methods;
 use temporalio_sdk::{SyncWorkflowContext, WorkflowContext, WorkflowContextView, WorkflowResult};
@@ -157,6 +158,54 @@ impl BatchWorkflow {
     #[update_validator(cancel_checked)]
     fn validate_cancel(&self, _ctx: &WorkflowContextView, _: &()) -> Verdict {
         self.check(Control::Cancel)
+    }
+
+    /// A shared runtime's slots granted this ticket a slot (a grant for an earlier run of
+    /// the batch is not this run's).
+    #[signal(name = "slot_granted")]
+    pub fn slot_granted(&mut self, ctx: &mut SyncWorkflowContext<Self>, ticket: Ticket) {
+        self.shared.actions.controls += 1;
+        if ticket.run_id == ctx.run_id()
+            && let Some(shares) = self.shared.shares.as_mut()
+        {
+            shares.grant(ticket.case, ticket.attempt);
+        }
+    }
+
+    /// Sets the batch's priority and weight on its shared runtimes while it runs (its next
+    /// asks carry them). Returns the previous ones.
+    #[update(name = "set_share")]
+    pub fn set_share(
+        &mut self,
+        ctx: &mut SyncWorkflowContext<Self>,
+        to: ShareChange,
+    ) -> ShareChange {
+        self.shared.actions.controls += 1;
+        let Some(shares) = self.shared.shares.as_mut() else {
+            return to;
+        };
+        let before = shares.change(to);
+        let at_ms = crate::shared::epoch_ms(ctx.workflow_time());
+        let note = format!(
+            "share set: priority {} → {}, weight {} → {}",
+            before.priority, to.priority, before.weight, to.weight
+        );
+        self.shared.push_step(at_ms, None, note);
+        before
+    }
+
+    #[update_validator(set_share)]
+    fn validate_set_share(&self, _ctx: &WorkflowContextView, to: &ShareChange) -> Verdict {
+        ShareSettings::check(to.priority, to.weight)?;
+        if self.shared.shares.is_none() {
+            return Err(
+                "this batch runs on no shared runtime (an agent): it has no share to set".into(),
+            );
+        }
+        match self.lifecycle.refuses_admission_changes("set the share") {
+            Some(why) => Err(why.into()),
+            None => Ok(()),
+        }
     }
 
     /// Per-state counts, in-flight cases, counters and the progress timeline.

@@ -28,6 +28,7 @@ use crate::contracts::{Finalize, ReserveStart, Sweep};
 use crate::envelopes::Envelopes;
 use crate::lifecycle::{Control, Lifecycle};
 use crate::pace::{Due, Pacing};
+use crate::runtime_share::RuntimeShares;
 use crate::shared::{cost, note, workflow_ms};
 use crate::visibility;
 
@@ -739,6 +740,7 @@ fn continue_as_new(ctx: &Ctx) -> WorkflowResult<BatchOutcome> {
             concurrency: (s.concurrency != s.input.concurrency).then_some(s.concurrency),
             unrecorded: s.unrecorded.clone(),
             spending: s.spending_now(),
+            share: s.shared.shares.as_ref().map(RuntimeShares::settings),
         });
         input
     });

@@ -13,6 +13,7 @@ use temporalio_sdk::SyncWorkflowContext;
 use crate::circuits::Circuits;
 use crate::envelopes::Envelopes;
 use crate::lifecycle::{Control, Lifecycle};
+use crate::runtime_share::RuntimeShares;
 use crate::shared::{Host, Shared, epoch_ms};
 use crate::tail::Tail;
 
@@ -80,6 +81,7 @@ impl BatchWorkflow {
             .map(Tail::new);
         let heartbeat_timeout = input.heartbeat_timeout();
         let actions = carried.counters.temporal_actions;
+        let shares = RuntimeShares::new(input.share.as_ref(), carried.share);
         Self {
             input,
             slots,
@@ -95,6 +97,7 @@ impl BatchWorkflow {
                 timeline: carried.timeline,
                 actions,
                 heartbeat_timeout,
+                shares,
                 ..Shared::default()
             },
             in_flight: BTreeSet::new(),
@@ -212,6 +215,10 @@ impl BatchWorkflow {
             spending: self.spending_now(),
             budget: self.input.budget,
             rate_width: self.shared.rate.narrowed(self.concurrency.max(1)),
+            shares: (self.shared.shares.as_ref())
+                .map(RuntimeShares::views)
+                .unwrap_or_default(),
+            share: self.shared.shares.as_ref().map(RuntimeShares::settings),
         }
     }
 

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use casebatch_proto::share::HeldSlot;
 use casebatch_proto::{
     ActorStatus, AttemptKey, AttemptSummary, JobRef, SettleInput, Settled, Stage,
 };
@@ -97,6 +98,7 @@ pub(super) fn settle_job<H: Host>(
     close_from: Option<AttemptSummary>,
     host_queue: Option<String>,
     token: &WorkflowCancellationToken,
+    slot: Option<HeldSlot>,
 ) -> LocalBoxFuture<'static, Result<Settled, ActivityExecutionError>> {
     // The actor's limit, then the evaluator's (at least a minute), then slack; a job queued
     // by its runtime's scheduler waits there as long as it takes, watched by heartbeats.
@@ -114,6 +116,7 @@ pub(super) fn settle_job<H: Host>(
         key: key.clone(),
         job,
         close_from,
+        slot,
     };
     let ctx = ctx.clone();
     Box::pin(async move {

@@ -34,10 +34,12 @@ mod outcome;
 mod params;
 mod reattach;
 mod route;
+mod slot;
 mod speculate;
 
 use std::time::Duration;
 
+use casebatch_proto::share::HeldSlot;
 use casebatch_proto::{
     ActorStatus, AttemptKey, AttemptSummary, CaseState, JobRef, SettleShort, Stage, StartResult,
 };
@@ -257,6 +259,10 @@ async fn run_attempt<H: Host>(
     spent: Spent,
     routed: Routed<'_>,
 ) -> AttemptEnd {
+    // On a shared runtime, the job starts once the batch's turn gives it a slot; the slot is
+    // given back once the job has ended (by `settle` at once, and by the batch as the
+    // attempt closes).
+    let slot = slot::acquire(ctx, &key, cancel).await;
     let mut stages = Stages {
         ctx,
         p,
@@ -264,13 +270,19 @@ async fn run_attempt<H: Host>(
         reattach: Reattach::new(p.outage_rules && routed.route.is_none()),
         routed,
         left_behind: Vec::new(),
+        slot: slot.as_ref().map(slot::Slot::held),
     };
     let (mut attempt, job, mut job_may_exist) = stages.start(key).await;
     if let Some(job) = job {
         stages.settle(&mut attempt, job).await;
         job_may_exist = true;
     }
-    stages.close(attempt, job_may_exist, spent).await
+    let given_back = slot.map(|s| slot::give_back(ctx, s, true));
+    let end = stages.close(attempt, job_may_exist, spent).await;
+    if let Some(given_back) = given_back {
+        given_back.await;
+    }
+    end
 }
 
 /// What the stages of one attempt share.
@@ -282,6 +294,8 @@ struct Stages<'a, 'r, H: Host> {
     routed: Routed<'r>,
     /// Attempts this one leaves behind: a speculation's loser, or itself when stranded.
     left_behind: Vec<InFlight>,
+    /// The slot the attempt holds on a shared runtime, for `settle` to give back early.
+    slot: Option<HeldSlot>,
 }
 
 impl<H: Host> Stages<'_, '_, H> {
@@ -396,6 +410,7 @@ impl<H: Host> Stages<'_, '_, H> {
                 close_from,
                 queue,
                 &token,
+                self.slot.clone(),
             );
             if may_race {
                 let loser =

@@ -306,7 +306,17 @@ async fn run_duplicate<H: Host>(
         }
         Ok(StartResult::Started(job) | StartResult::Watched { job, .. }) => {
             let host_queue = job.host_queue.clone();
-            let settle = settle_job(ctx, p, "settle", key, job, None, host_queue.clone(), token);
+            let settle = settle_job(
+                ctx,
+                p,
+                "settle",
+                key,
+                job,
+                None,
+                host_queue.clone(),
+                token,
+                None,
+            );
             (host_queue, CopyEnd::Settled(settle.await))
         }
         Ok(StartResult::Failed {

@@ -1,0 +1,101 @@
+//! The activities' side of shared runtimes' slots (`RuntimeSlots` workflows, one per agent
+//! endpoint): a case's ask, with update-with-start so the first batch to ask starts the
+//! runtime's slots and every later one, on any worker replica, asks the same; the agent's
+//! capacity, learned here and cached; and which batch runs holding slots have closed.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use casebatch_proto::TASK_QUEUE;
+use casebatch_proto::share::{HeldSlot, SlotAnswer, SlotAsk, slots_workflow_id};
+use casebatch_workflows::RuntimeSlots;
+use casebatch_workflows::fair_share::FairQueue;
+use temporalio_client::errors::WorkflowInteractionError;
+use temporalio_client::{
+    Client, UntypedWorkflow, WorkflowDescribeOptions, WorkflowExecutionStatus,
+    WorkflowIdConflictPolicy, WorkflowIdReusePolicy, WorkflowSignalOptions,
+    WorkflowUpdateWithStartOptions,
+};
+
+/// An ask that takes longer fails; the activity's retry asks again.
+const CALL_WITHIN: Duration = Duration::from_secs(10);
+/// How long a worker trusts an agent's capacity it learned (an agent restarted with another
+/// `--max-concurrent` is noticed within this).
+const CAPACITY_FRESH_FOR: Duration = Duration::from_secs(30);
+
+/// The agents' capacities this worker learned, by endpoint.
+#[derive(Default)]
+pub(crate) struct Capacities(Mutex<HashMap<String, (Instant, u32)>>);
+
+impl Capacities {
+    pub(crate) fn fresh(&self, key: &str) -> Option<u32> {
+        let seen = self.0.lock().expect("lock");
+        let (at, n) = seen.get(key)?;
+        (at.elapsed() < CAPACITY_FRESH_FOR).then_some(*n)
+    }
+
+    pub(crate) fn learned(&self, key: &str, n: u32) {
+        let mut seen = self.0.lock().expect("lock");
+        seen.insert(key.to_string(), (Instant::now(), n));
+    }
+}
+
+/// Asks the slots of `ask`'s runtime for a slot.
+pub(crate) async fn ask(client: &Client, ask: SlotAsk) -> Result<SlotAnswer, String> {
+    let id = slots_workflow_id(&ask.runtime.key);
+    let options = WorkflowUpdateWithStartOptions::new(
+        TASK_QUEUE,
+        id.clone(),
+        WorkflowIdConflictPolicy::UseExisting,
+    )
+    .id_reuse_policy(WorkflowIdReusePolicy::AllowDuplicate)
+    .build();
+    let call = client.execute_update_with_start_workflow(
+        RuntimeSlots::run,
+        FairQueue::default(),
+        RuntimeSlots::ask,
+        ask,
+        options,
+    );
+    match tokio::time::timeout(CALL_WITHIN, call).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(e)) => Err(format!("the slots {id} could not be asked: {e}")),
+        Err(_) => Err(format!(
+            "the slots {id} did not answer within {CALL_WITHIN:?}"
+        )),
+    }
+}
+
+/// Gives a held slot back (a signal; the batch gives it back again, so a lost one is
+/// harmless).
+pub(crate) async fn give_back(client: Client, slot: HeldSlot) {
+    let handle = client.get_workflow_handle::<RuntimeSlots>(slot.slots_workflow_id.clone());
+    let sent = handle.signal(
+        RuntimeSlots::give_back,
+        slot.ticket,
+        WorkflowSignalOptions::default(),
+    );
+    if let Ok(Err(e)) = tokio::time::timeout(CALL_WITHIN, sent).await {
+        tracing::debug!(slots = %slot.slots_workflow_id, "an early slot return was not sent: {e}");
+    }
+}
+
+/// Which of `runs` (workflow id, run id) are over: closed, or followed by another run. A
+/// run whose state cannot be read is taken as running.
+pub(crate) async fn closed(client: &Client, runs: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut over = Vec::new();
+    for (workflow_id, run_id) in runs {
+        let handle = client.get_workflow_handle::<UntypedWorkflow>(workflow_id.clone());
+        let described = handle.describe(WorkflowDescribeOptions::default());
+        let closed = match tokio::time::timeout(CALL_WITHIN, described).await {
+            Ok(Ok(d)) => d.status() != WorkflowExecutionStatus::Running || d.run_id() != run_id,
+            Ok(Err(WorkflowInteractionError::NotFound(_))) => true,
+            Ok(Err(_)) | Err(_) => false,
+        };
+        if closed {
+            over.push((workflow_id, run_id));
+        }
+    }
+    over
+}

@@ -1,0 +1,168 @@
+//! A case's slot on a shared runtime ([`crate::runtime_slots`]): asked for before its job
+//! starts, waited for while other batches hold the runtime, given back once the job ended.
+//! A case whose runtime is not shared (or is dealt from a list) asks for nothing.
+
+use std::time::Duration;
+
+use casebatch_proto::AttemptKey;
+use casebatch_proto::share::{AskSlotInput, HeldSlot, SlotAsk, Ticket, slots_workflow_id};
+use futures::future::LocalBoxFuture;
+use temporalio_sdk::{
+    ActivityOptions, SignalWorkflowOptions, WorkflowCancellationToken, WorkflowContext,
+};
+
+use super::options::retry_policy;
+use crate::contracts::AskSlot;
+use crate::contracts::slot_signals::SlotReturn;
+use crate::runtime_share::Turn;
+use crate::shared::{Host, cost, note, workflow_ms};
+
+/// A slot this attempt holds on a shared runtime.
+pub(super) struct Slot {
+    runtime: usize,
+    slots_id: String,
+    ticket: Ticket,
+}
+
+impl Slot {
+    pub(super) fn held(&self) -> HeldSlot {
+        HeldSlot {
+            slots_workflow_id: self.slots_id.clone(),
+            ticket: self.ticket.clone(),
+        }
+    }
+}
+
+/// Asks for a slot for the attempt and waits until it is granted. `None`: the case's runtime
+/// is not shared, the slots did not answer (the runtime's own refusal is then the limit), or
+/// the case was cancelled while it waited.
+pub(super) async fn acquire<H: Host>(
+    ctx: &WorkflowContext<H>,
+    key: &AttemptKey,
+    cancel: &WorkflowCancellationToken,
+) -> Option<Slot> {
+    if key.runtime.is_some() {
+        return None;
+    }
+    let (runtime, shared, share) = ctx.state(|s| {
+        let shares = s.shared().shares.as_ref()?;
+        let (i, runtime) = shares.runtime_of(key.case_index)?;
+        Some((i, runtime.clone(), shares.input().settings.clone()))
+    })?;
+    let ticket = Ticket {
+        workflow_id: ctx.workflow_id().to_string(),
+        run_id: ctx.run_id().to_string(),
+        case: key.case_index,
+        attempt: key.attempt,
+    };
+    let slot = Slot {
+        runtime,
+        slots_id: slots_workflow_id(&shared.key),
+        ticket: ticket.clone(),
+    };
+    let opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(30))
+        .activity_id(format!("case-{}.{}.slot", key.case_index, key.attempt))
+        .summary(format!(
+            "case #{} · attempt {} · slot on {}",
+            key.case_index, key.attempt, shared.name
+        ))
+        .cancellation_token(cancel.clone())
+        .retry_policy(retry_policy(Duration::from_millis(500), 10))
+        .build();
+    let name = shared.name.clone();
+    let ask = AskSlotInput {
+        bundle_dir: key.bundle_dir.clone(),
+        ask: SlotAsk {
+            runtime: shared,
+            ticket,
+            share,
+            capacity: None,
+        },
+    };
+    cost(ctx, |a| a.activities += 1);
+    let answer = match ctx.execute_activity(AskSlot, ask, opts).await {
+        Ok(answer) => answer,
+        Err(_) if cancel.is_cancelled() => {
+            // The ask may have queued the ticket: withdrawn.
+            let _ = give_back(ctx, slot, false).await;
+            return None;
+        }
+        Err(e) => {
+            let why = format!(
+                "the slots of {name} did not answer ({e}): case #{} starts without one",
+                key.case_index
+            );
+            note(ctx, Some(key.case_index), why);
+            return None;
+        }
+    };
+    ctx.state_mut(|s| with_shares(s, |sh| sh.answered(runtime, &answer)));
+    if answer.granted {
+        return Some(slot);
+    }
+    let now = workflow_ms(ctx);
+    if let Some(Turn::HeldBack) = ctx.state_mut(|s| with_shares(s, |sh| sh.waits(runtime, now))) {
+        let why = format!(
+            "held back on {name} by other batches: {} of its {} slots are this batch's fair share, {} waiting ahead",
+            fmt_share(answer.fair_share_milli),
+            answer.capacity,
+            answer.position
+        );
+        note(ctx, None, why);
+    }
+    let (case, attempt) = (key.case_index, key.attempt);
+    temporalio_sdk::workflows::select! {
+        _ = ctx.wait_condition(move |s: &H| {
+            s.shared().shares.as_ref().is_some_and(|sh| sh.is_granted(case, attempt))
+        }) => {}
+        _ = cancel.cancelled() => {}
+    }
+    let granted =
+        ctx.state(|s| (s.shared().shares.as_ref()).is_some_and(|sh| sh.is_granted(case, attempt)));
+    let turn = ctx.state_mut(|s| with_shares(s, |sh| sh.waited(runtime, case, attempt)));
+    if let Some(Turn::Released) = turn {
+        let waited = workflow_ms(ctx).saturating_sub(now);
+        let why = format!(
+            "no longer held back on {name} (waited {:.1}s)",
+            waited as f64 / 1000.0
+        );
+        note(ctx, None, why);
+    }
+    if !granted {
+        let _ = give_back(ctx, slot, false).await;
+        return None;
+    }
+    Some(slot)
+}
+
+/// Gives the slot back (or withdraws its wait): the signal is sent at once; the future only
+/// tells when the slots workflow has it. A cancelling batch still gives its slots back.
+pub(super) fn give_back<H: Host>(
+    ctx: &WorkflowContext<H>,
+    slot: Slot,
+    held: bool,
+) -> LocalBoxFuture<'static, ()> {
+    if held {
+        ctx.state_mut(|s| with_shares(s, |sh| sh.returned(slot.runtime)));
+    }
+    let options = SignalWorkflowOptions::builder()
+        .cancellation_token(WorkflowCancellationToken::new())
+        .build();
+    let handle = ctx.external_workflow(slot.slots_id, None);
+    let sent = handle.signal(SlotReturn, slot.ticket, options);
+    Box::pin(async move {
+        let _ = sent.await;
+    })
+}
+
+fn with_shares<H: Host, T>(
+    s: &mut H,
+    f: impl FnOnce(&mut crate::runtime_share::RuntimeShares) -> T,
+) -> Option<T> {
+    s.shared_mut().shares.as_mut().map(f)
+}
+
+fn fmt_share(milli: u32) -> String {
+    let s = format!("{:.1}", f64::from(milli) / 1000.0);
+    s.strip_suffix(".0").map(str::to_string).unwrap_or(s)
+}
