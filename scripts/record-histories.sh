@@ -524,3 +524,29 @@ cb batch run --manifest "$WORK/finalized.yaml" --output-dir "$WORK/out" > /dev/n
 show finalized "" finalized
 has_patch finalized finalize-as-activity
 fi
+
+# 23. Two users' batches sharing one agent of 2 slots (`RuntimeSlots`): cases ask for a slot,
+# wait for the grant signal and give it back. The batch of one, and the agent's slots.
+if [ "${STEP:-all}" = all ] || [ "${STEP:-}" = 23 ]; then
+SLOTS_DIR="$WORK/slots-agent"; mkdir -p "$SLOTS_DIR"
+"$BIN" agent --listen 127.0.0.1:0 --data-dir "$SLOTS_DIR" --max-concurrent 2 > "$WORK/slots-agent.log" 2>&1 & SLOTS_AGENT=$!
+for _ in $(seq 1 100); do [ -s "$SLOTS_DIR/agent.addr" ] && break; sleep 0.1; done
+for b in shared-slots-a shared-slots-b; do
+  cat > "$WORK/$b.yaml" <<YAML
+batch_id: $b
+runtimes: {box: {kind: agent, endpoint: 'http://$(cat "$SLOTS_DIR/agent.addr")'}}
+defaults: {runtime: box, concurrency: 4, harness: 'sleep 1; echo {} > "\$CASEBATCH_RESULT"'}
+tasks: [{task_id: s0}, {task_id: s1}, {task_id: s2}, {task_id: s3}, {task_id: s4}, {task_id: s5}]
+YAML
+done
+USER=ann cb batch run --manifest "$WORK/shared-slots-a.yaml" --output-dir "$WORK/out" > "$WORK/shared-slots-a.log" & OTHER=$!
+USER=bob cb batch run --manifest "$WORK/shared-slots-b.yaml" --output-dir "$WORK/out" > "$WORK/shared-slots-b.log"
+wait "$OTHER"
+for b in shared-slots-a shared-slots-b; do grep -q "6 succeeded" "$WORK/$b.log" || { cat "$WORK/$b.log"; exit 1; }; done
+show shared-slots-a "" shared-slots
+if [ ! -f "$OUT/slots-shared.json" ] || [ -n "${FORCE:-}" ]; then
+  cb batch history --batch-id shared-slots-a --output-dir "$WORK/out" --slots box --out "$OUT/slots-shared.json" > /dev/null
+  echo "recorded slots-shared"
+fi
+kill "$SLOTS_AGENT" 2>/dev/null || true
+fi

@@ -392,6 +392,10 @@ pub enum BatchCommand {
         /// instead of the batch's.
         #[arg(long, conflicts_with = "breaker")]
         pace: bool,
+        /// The history of the slots of this shared runtime (an agent of the batch's plan)
+        /// instead of the batch's.
+        #[arg(long, conflicts_with_all = ["breaker", "pace"])]
+        slots: Option<String>,
         /// Where to write the history.
         #[arg(long)]
         out: PathBuf,

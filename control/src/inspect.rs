@@ -229,6 +229,8 @@ pub enum HistoryOf<'a> {
     Breaker(&'a str),
     /// The shared pace of the plan's `rate_key`.
     Pace,
+    /// The slots of this shared runtime (an agent) of the plan.
+    Slots(&'a str),
 }
 
 /// Writes a run's history as JSON (the latest run unless `run_id` names one); returns the
@@ -254,6 +256,14 @@ pub async fn history(
                 what: "--pace",
                 value: plan.batch_id.clone(),
                 hint: "the batch's plan names no defaults.rate.rate_key",
+            })?,
+        HistoryOf::Slots(name) => (plan.runtimes.get(name))
+            .and_then(|spec| spec.endpoint.as_deref())
+            .map(|e| casebatch_proto::share::slots_workflow_id(e.trim().trim_end_matches('/')))
+            .ok_or(ControlError::BadArgument {
+                what: "--slots",
+                value: name.to_string(),
+                hint: "name an agent of the batch's runtimes table",
             })?,
         HistoryOf::Breaker(name) => plan
             .breaker_id(name, &casebatch_attempt::hostname())

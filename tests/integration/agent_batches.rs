@@ -3,7 +3,6 @@
 //! server; every crash is a SIGKILL, and side effects are counted by the harness itself.
 
 use std::collections::BTreeSet;
-use std::process::Child;
 use std::time::Duration;
 
 use crate::support::*;
@@ -174,35 +173,6 @@ fn a_worker_replica_killed_mid_batch_leaves_its_jobs_to_the_other() {
         assert_eq!(r["attempts"], 1, "c{i}: {r:#}");
         assert_eq!(r["job_starts"], 1, "c{i}: {r:#}");
     }
-}
-
-/// A standalone server with two `casebatch worker` replicas polling it, so a batch starts only
-/// once both poll: these tests are about replicas sharing a batch, not about which came up
-/// first.
-fn replicas_on_a_cluster(sb: &Sandbox) -> (Cluster, Child, Child) {
-    let cluster = Cluster::start(sb);
-    let out = sb.out().display().to_string();
-    // AGENT_NAME is in the manifests' pass_env: harnesses and evaluators read it on their
-    // agent; `worker` here says a process ran on a worker.
-    let replica = |log: &str| {
-        let w = sb.spawn_env(
-            &[
-                "worker",
-                "--output-dir",
-                &out,
-                "--address",
-                &cluster.address,
-            ],
-            log,
-            &[("AGENT_NAME", "worker")],
-        );
-        wait_until(Duration::from_secs(60), "the replica polls", || {
-            sb.read(log).contains("worker polling")
-        });
-        w
-    };
-    let (w1, w2) = (replica("w1.log"), replica("w2.log"));
-    (cluster, w1, w2)
 }
 
 /// The pids of the workers running the batch's `settle` activities, once `n` of them run

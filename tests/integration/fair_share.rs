@@ -304,3 +304,69 @@ fn a_share_out_of_range_is_refused_by_the_manifest_check() {
         "{text}"
     );
 }
+
+#[test]
+fn a_worker_replica_and_the_agent_killed_while_a_hundred_cases_wait_lose_no_place() {
+    let sb = Sandbox::engine();
+    let (cluster, mut w1, mut w2) = replicas_on_a_cluster(&sb);
+    let mut agent = Agent::start(&sb, "box", &["--max-concurrent", "4"]);
+    let out = sb.out().display().to_string();
+    let mut runners = [("ann", "k1"), ("bob", "k2")].map(|(user, batch)| {
+        let m = sb.write(
+            &format!("{batch}.yaml"),
+            &manifest(batch, &agent, 60, 60, ""),
+        );
+        let args = [
+            "batch",
+            "run",
+            "--no-worker",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--output-dir",
+            &out,
+            "--address",
+            &cluster.address,
+        ];
+        let runner = sb.spawn_env(&args, &format!("{batch}.log"), &[("USER", user)]);
+        (batch, runner)
+    });
+    // 120 cases, 4 slots: once both batches have run a few, over a hundred wait.
+    wait_until(Duration::from_secs(120), "both batches run", || {
+        starts_of(&sb, "k1") >= 4 && starts_of(&sb, "k2") >= 4
+    });
+    w1.kill().unwrap();
+    w1.wait().unwrap();
+    agent.kill();
+    agent.restart(&sb);
+    let killed_at = {
+        let text = sb.read("jobs.log");
+        let last = text.lines().last().unwrap().split_whitespace().last();
+        last.unwrap().parse::<f64>().unwrap()
+    };
+    for (batch, runner) in &mut runners {
+        let code = wait_child(runner, Duration::from_secs(300));
+        assert_eq!(code, 0, "{}", sb.read(&format!("{batch}.log")));
+    }
+    assert_eq!(stop(&mut w2), 0);
+
+    // Every case's job started once: no waiting case was lost or run twice.
+    for batch in ["k1", "k2"] {
+        assert_eq!(starts_of(&sb, batch), 60, "{batch}: one job per case");
+        let summary = sb.json(&sb.bundle(batch).join("batch_summary.json"));
+        assert_eq!(summary["counts"]["succeeded"], 60, "{summary:#}");
+    }
+    // After the kills the two users still share the agent evenly.
+    let jobs = jobs(&sb);
+    let from = killed_at + 5.0;
+    let to = ["k1", "k2"]
+        .map(|b| last_end(&jobs, b))
+        .into_iter()
+        .fold(f64::INFINITY, f64::min);
+    assert!(to - from >= 10.0, "they shared for {:.1}s only", to - from);
+    let k1 = slot_seconds(&jobs, Some("k1"), from, to) / slot_seconds(&jobs, None, from, to);
+    assert!(
+        (0.4..=0.6).contains(&k1),
+        "after the kills, k1 held {:.0}% of the busy slots",
+        k1 * 100.0
+    );
+}

@@ -958,3 +958,32 @@ impl Drop for Agent {
 
 /// The token of agents started with `--token-env AGENT_TOKEN`.
 pub const AGENT_TOKEN: &str = "s3cret-agent-token";
+
+/// A standalone server with two `casebatch worker` replicas polling it, so a batch starts only
+/// once both poll: these tests are about replicas sharing a batch, not about which came up
+/// first.
+pub fn replicas_on_a_cluster(sb: &Sandbox) -> (Cluster, Child, Child) {
+    let cluster = Cluster::start(sb);
+    let out = sb.out().display().to_string();
+    // AGENT_NAME is in the manifests' pass_env: harnesses and evaluators read it on their
+    // agent; `worker` here says a process ran on a worker.
+    let replica = |log: &str| {
+        let w = sb.spawn_env(
+            &[
+                "worker",
+                "--output-dir",
+                &out,
+                "--address",
+                &cluster.address,
+            ],
+            log,
+            &[("AGENT_NAME", "worker")],
+        );
+        wait_until(Duration::from_secs(60), "the replica polls", || {
+            sb.read(log).contains("worker polling")
+        });
+        w
+    };
+    let (w1, w2) = (replica("w1.log"), replica("w2.log"));
+    (cluster, w1, w2)
+}

@@ -57,6 +57,8 @@ const EXPECTED: &[&str] = &[
     "activities-searchattr-resumed.json",
     "activities-searchattr-retries.json",
     "activities-searchattr-throttled.json",
+    // Two users' batches sharing an agent's slots (`RuntimeSlots`): asks, grants, returns.
+    "activities-shared-slots.json",
     "activities-speculated.json",
     // `start` settles short jobs (the `start-settles-short-jobs` patch).
     "activities-start-settled-crashed-runner.json",
@@ -66,6 +68,8 @@ const EXPECTED: &[&str] = &[
     "breaker-failover.json",
     // The shared pace of `activities-paced-shared` (a `RatePacer` workflow).
     "pacer-shared.json",
+    // The agent's slots of `activities-shared-slots` (a `RuntimeSlots` workflow).
+    "slots-shared.json",
     // The old local-activity pipeline: can no longer be recorded, never delete them.
     "cancelled.json",
     "completed-local.json",

@@ -69,8 +69,18 @@ pub async fn dispatch(command: Command) -> CliResult {
                 run_id,
                 breaker,
                 pace,
+                slots,
                 out,
-            } => status::history(&batch, run_id, breaker.as_deref(), pace, &out).await,
+            } => {
+                use casebatch_control::HistoryOf;
+                let of = match (breaker.as_deref(), pace, slots.as_deref()) {
+                    (Some(name), _, _) => HistoryOf::Breaker(name),
+                    (None, true, _) => HistoryOf::Pace,
+                    (None, false, Some(name)) => HistoryOf::Slots(name),
+                    (None, false, None) => HistoryOf::Batch,
+                };
+                status::history(&batch, run_id, of, &out).await
+            }
         },
         Command::Run(args) => run::run_one(args).await,
         Command::Worker(args) => worker::run(args).await,

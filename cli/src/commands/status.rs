@@ -119,16 +119,9 @@ pub fn list(output_dir: &Path, json: bool) -> CliResult {
 pub async fn history(
     r: &BatchRef,
     run_id: Option<String>,
-    breaker: Option<&str>,
-    pace: bool,
+    of: casebatch_control::HistoryOf<'_>,
     out: &std::path::Path,
 ) -> CliResult {
-    use casebatch_control::HistoryOf;
-    let of = match (breaker, pace) {
-        (Some(name), _) => HistoryOf::Breaker(name),
-        (None, true) => HistoryOf::Pace,
-        (None, false) => HistoryOf::Batch,
-    };
     let wid =
         casebatch_control::history(&r.location()?, &r.engine.choice(), run_id, of, out).await?;
     if r.json {
