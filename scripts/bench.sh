@@ -19,6 +19,9 @@
 #   ONLY=aged scripts/bench.sh  # only an agent with 300,000 ended jobs against a fresh one
 #   ONLY=huge scripts/bench.sh  # only 100,000 simulated cases (HUGE=N): completes, peak RSS,
 #                               # `batch status` every 5 s during the run (median, slowest)
+#   ONLY=shared scripts/bench.sh # only one agent of 8 slots shared by two users: 200 x sleep 2
+#                               # at 64 alone, then with 16 x sleep 2 at 8 from another user
+#                               # (shares, completion, slot utilization; fair share, issue 59)
 #   ONLY=slurm scripts/bench.sh # only 300 x sleep 1 at 32 through a Slurm runtime against xargs -P 32
 #                               # of `sbatch --wait`, on a one-node cluster of the bench's own
 #                               # (scripts/slurm-cluster.sh; Slurm calls per case counted)
@@ -494,6 +497,97 @@ exec %s "$@"
       c["sbatch"] / (n * runs), c["squeue"] / (n * runs), c["scancel"] / (n * runs) }' "$WORK/calls"
 }
 
+# One agent of 8 slots shared by two users (docs/sharing.md). Each round: 200 x `sleep 2` at
+# 64 from ann alone; then the same with 16 x `sleep 2` at 8 from bob started once ann's batch
+# fills the agent. Every job records its start and end on the boot clock; from those: the
+# agent's utilization (busy slot-seconds / (8 x the span)), bob's share while both run and
+# bob's span (fair-share time: 16 jobs x 2 s / 4 slots = 8 s), and the runners' CPU.
+shared_agent() {
+  local dir="$WORK/agent-shared" apid addr round
+  mkdir -p "$dir"; rm -f "$dir/agent.addr"
+  # Jobs read BENCH_JOBS on the agent's host (`pass_env`): where they record themselves.
+  BENCH_JOBS="$WORK/jobs" "$BIN" agent --listen 127.0.0.1:0 --data-dir "$dir" --max-concurrent 8 \
+    > "$WORK/agent-shared.log" 2>&1 &
+  apid=$!
+  for _ in $(seq 1 300); do [ -s "$dir/agent.addr" ] && break; sleep 0.1; done
+  addr=$(cat "$dir/agent.addr")
+  shared_manifest() { # batch-id cases width
+    printf "batch_id: %s\nruntimes: {box: {kind: agent, endpoint: 'http://%s'}}\n" "$1" "$addr"
+    printf "defaults:\n  runtime: box\n  concurrency: %s\n  pass_env: [BENCH_JOBS]\n" "$3"
+    # shellcheck disable=SC2016 # expanded by the harness's shell
+    printf '  harness: '"'"'read up _ < /proc/uptime; echo "$CASEBATCH_BATCH_ID s $up" >> "$BENCH_JOBS"; sleep 2; read up _ < /proc/uptime; echo "$CASEBATCH_BATCH_ID e $up" >> "$BENCH_JOBS"; echo {} > "$CASEBATCH_RESULT"'"'"'\n'
+    echo "tasks:"
+    for i in $(seq 1 "$2"); do echo "  - {task_id: c$i}"; done
+  }
+  for round in $(seq 1 "$RUNS"); do
+    for mode in alone shared; do
+      local out="$WORK/shared-$round-$mode" jobs="$WORK/jobs" wide narrow wpid npid wcpu=0 ncpu=0 c
+      mkdir -p "$out"; : > "$jobs"
+      wide="wide-$round-$mode"; narrow="narrow-$round-$mode"
+      shared_manifest "$wide" 200 64 > "$out/$wide.yaml"
+      shared_manifest "$narrow" 16 8 > "$out/$narrow.yaml"
+      USER=ann "$BIN" batch run --manifest "$out/$wide.yaml" --output-dir "$out" > "$WORK/$wide.log" 2>&1 &
+      wpid=$!; npid=""
+      while kill -0 "$wpid" 2>/dev/null; do
+        c=$(cpu_of "$wpid"); [ -n "$c" ] && wcpu=$c
+        if [ -n "$npid" ]; then c=$(cpu_of "$npid"); [ -n "$c" ] && ncpu=$c; fi
+        if [ "$mode" = shared ] && [ -z "$npid" ] && [ "$(grep -c "^$wide s" "$jobs")" -ge 24 ]; then
+          USER=bob "$BIN" batch run --manifest "$out/$narrow.yaml" --output-dir "$out" > "$WORK/$narrow.log" 2>&1 &
+          npid=$!
+        fi
+        sleep 0.2
+      done
+      wait "$wpid" || { echo "shared bench: $wide failed"; cat "$WORK/$wide.log"; exit 1; }
+      [ -z "$npid" ] || wait "$npid" || { echo "shared bench: $narrow failed"; cat "$WORK/$narrow.log"; exit 1; }
+      python3 - "$jobs" "$wide" "$narrow" "$mode" "$wcpu" "$ncpu" >> "$WORK/shared.rows" <<'PY'
+import sys
+path, wide, narrow, mode, wcpu, ncpu = sys.argv[1:]
+open_, jobs = {}, []
+for line in open(path):
+    b, edge, t = line.split()
+    if edge == "s":
+        open_.setdefault(b, []).append(float(t))
+    else:
+        jobs.append((b, open_[b].pop(0), float(t)))
+def busy(frm, to, batch=None):
+    return sum(max(0.0, min(e, to) - max(s, frm)) for b, s, e in jobs if batch in (None, b))
+first = min(s for _, s, _ in jobs)
+last_start = max(s for b, s, _ in jobs if b == wide)
+# Alone: from the first start to the wide batch's last start (its tail drains, unrefilled).
+util_alone = busy(first, last_start) / (8 * (last_start - first))
+if mode == "alone":
+    print(f"alone {util_alone:.4f} - - - {float(wcpu) * 1000 / 200:.2f}")
+else:
+    n = [(s, e) for b, s, e in jobs if b == narrow]
+    frm, to = min(s for s, _ in n), max(e for _, e in n)
+    share = busy(frm, to, narrow) / busy(frm, to)
+    util_shared = busy(frm, to) / (8 * (to - frm))
+    cpu = (float(wcpu) + float(ncpu)) * 1000 / 216
+    print(f"shared {util_alone:.4f} {util_shared:.4f} {share:.4f} {to - frm:.2f} {cpu:.2f}")
+PY
+      rm -rf "$out"
+    done
+  done
+  kill "$apid" 2>/dev/null || true
+  awk '{ print }' "$WORK/shared.rows" >&2
+  python3 - "$WORK/shared.rows" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+med = lambda xs: statistics.median(xs)
+alone = [float(r[1]) for r in rows if r[0] == "alone"]
+sh = [r for r in rows if r[0] == "shared"]
+print(f"agent of 8 slots, one batch alone (200 x sleep 2 at 64): utilization {100 * med(alone):.1f}% "
+      f"({' / '.join(f'{100 * x:.1f}' for x in alone)}) · runner CPU "
+      f"{med([float(r[5]) for r in rows if r[0] == 'alone']):.1f} ms/case")
+print(f"two users sharing it (+16 x sleep 2 at 8): small batch's share {100 * med([float(r[3]) for r in sh]):.1f}% "
+      f"({' / '.join(f'{100 * float(r[3]):.1f}' for r in sh)}), its span {med([float(r[4]) for r in sh]):.1f}s "
+      f"(fair-share time 8 s; {' / '.join(r[4] for r in sh)}), utilization while both ran "
+      f"{100 * med([float(r[2]) for r in sh]):.1f}% ({' / '.join(f'{100 * float(r[2]):.1f}' for r in sh)}) · "
+      f"runners' CPU {med([float(r[5]) for r in sh]):.1f} ms/case")
+PY
+}
+
+if [ "${ONLY:-}" = shared ]; then shared_agent; exit 0; fi
 if [ "${ONLY:-}" = slurm ]; then slurm_vs_sbatch_wait; exit 0; fi
 if [ "${ONLY:-}" = huge ]; then huge_batch; exit 0; fi
 if [ "${ONLY:-}" = containers ]; then containers_vs_podman_run; exit 0; fi

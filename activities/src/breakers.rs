@@ -15,17 +15,16 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use casebatch_bundle::now_ms;
+use casebatch_proto::Circuit;
 use casebatch_proto::breaker::{
     Ask, BreakerAnswer, BreakerAsk, BreakerSettings, BreakerState, Grant,
 };
-use casebatch_proto::{Circuit, TASK_QUEUE};
 use casebatch_workflows::RuntimeBreaker;
 use casebatch_workflows::breaker::BreakerInput;
 use temporalio_client::errors::WorkflowQueryError;
-use temporalio_client::{
-    Client, WorkflowIdConflictPolicy, WorkflowIdReusePolicy, WorkflowQueryOptions,
-    WorkflowUpdateWithStartOptions,
-};
+use temporalio_client::{Client, WorkflowQueryOptions};
+
+use crate::shared_workflows::start_or_ask;
 
 /// How long a worker trusts a breaker state it read.
 const FRESH_FOR: Duration = Duration::from_secs(1);
@@ -158,13 +157,7 @@ impl Breakers {
     async fn ask(&self, of: &BreakerOf, ask: Ask) -> Option<BreakerAnswer> {
         let client = self.client.as_ref()?;
         let id = of.id();
-        let options = WorkflowUpdateWithStartOptions::new(
-            TASK_QUEUE,
-            id.clone(),
-            WorkflowIdConflictPolicy::UseExisting,
-        )
-        .id_reuse_policy(WorkflowIdReusePolicy::AllowDuplicate)
-        .build();
+        let options = start_or_ask(&id);
         let input = BreakerInput {
             runtime: of.runtime.clone(),
             state: BreakerState::default(),

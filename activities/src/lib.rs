@@ -13,6 +13,7 @@ mod breakers;
 mod case;
 mod pacers;
 mod registry;
+mod shared_workflows;
 mod slots;
 mod timings;
 pub mod trace;

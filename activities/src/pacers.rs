@@ -4,13 +4,12 @@
 
 use std::time::Duration;
 
-use casebatch_proto::TASK_QUEUE;
 use casebatch_proto::pace::{PaceAsk, pacer_workflow_id};
 use casebatch_workflows::RatePacer;
 use casebatch_workflows::pace::Gcra;
-use temporalio_client::{
-    Client, WorkflowIdConflictPolicy, WorkflowIdReusePolicy, WorkflowUpdateWithStartOptions,
-};
+use temporalio_client::Client;
+
+use crate::shared_workflows::start_or_ask;
 
 /// An ask that takes longer fails; the activity's retry asks again, and the batch paces
 /// itself if none answers.
@@ -24,13 +23,7 @@ pub async fn reserve(client: &Client, ask: PaceAsk) -> Result<u64, String> {
         .clone()
         .ok_or("a pace without a rate_key is the batch's own, not a shared one")?;
     let id = pacer_workflow_id(&key);
-    let options = WorkflowUpdateWithStartOptions::new(
-        TASK_QUEUE,
-        id.clone(),
-        WorkflowIdConflictPolicy::UseExisting,
-    )
-    .id_reuse_policy(WorkflowIdReusePolicy::AllowDuplicate)
-    .build();
+    let options = start_or_ask(&id);
     let call = client.execute_update_with_start_workflow(
         RatePacer::run,
         Gcra::default(),

@@ -7,16 +7,16 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use casebatch_proto::TASK_QUEUE;
 use casebatch_proto::share::{HeldSlot, SlotAnswer, SlotAsk, slots_workflow_id};
 use casebatch_workflows::RuntimeSlots;
 use casebatch_workflows::fair_share::FairQueue;
 use temporalio_client::errors::WorkflowInteractionError;
 use temporalio_client::{
     Client, UntypedWorkflow, WorkflowDescribeOptions, WorkflowExecutionStatus,
-    WorkflowIdConflictPolicy, WorkflowIdReusePolicy, WorkflowSignalOptions,
-    WorkflowUpdateWithStartOptions,
+    WorkflowSignalOptions,
 };
+
+use crate::shared_workflows::start_or_ask;
 
 /// An ask that takes longer fails; the activity's retry asks again.
 const CALL_WITHIN: Duration = Duration::from_secs(10);
@@ -44,13 +44,7 @@ impl Capacities {
 /// Asks the slots of `ask`'s runtime for a slot.
 pub(crate) async fn ask(client: &Client, ask: SlotAsk) -> Result<SlotAnswer, String> {
     let id = slots_workflow_id(&ask.runtime.key);
-    let options = WorkflowUpdateWithStartOptions::new(
-        TASK_QUEUE,
-        id.clone(),
-        WorkflowIdConflictPolicy::UseExisting,
-    )
-    .id_reuse_policy(WorkflowIdReusePolicy::AllowDuplicate)
-    .build();
+    let options = start_or_ask(&id);
     let call = client.execute_update_with_start_workflow(
         RuntimeSlots::run,
         FairQueue::default(),

@@ -55,7 +55,7 @@ pub(crate) fn batch_input(
         budget: budget(plan, opts),
         max_rate_limit_retries: plan.settings.max_rate_limit_retries,
         pace: plan.settings.rate.clone().map(Into::into),
-        share: scheduling::shares(plan, crate::start::user_at_host()),
+        share: scheduling::shares(plan, crate::user::user_at_host()),
     };
     // Only cases dealt from a `runtime:` list are raced.
     if input.routes.is_some() && !opts.no_speculation {

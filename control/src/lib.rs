@@ -41,6 +41,7 @@ mod space;
 mod start;
 #[cfg(test)]
 mod test_plan;
+mod user;
 mod workflow;
 
 pub use compare::{BatchDiff, Listed, diff, list};

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use casebatch_attempt::hostname;
 use casebatch_bundle::{Bundle, Event, append_jsonl};
 use casebatch_manifest::Plan;
 use casebatch_proto::visibility::{memo, outcome, search_attr};
@@ -96,7 +95,7 @@ fn start_options(
 fn memo_fields(bundle: &Bundle, plan: &Plan) -> BTreeMap<String, serde_json::Value> {
     BTreeMap::from([
         (memo::MANIFEST.into(), json!(plan.provenance.manifest_path)),
-        (memo::OWNER.into(), json!(user_at_host())),
+        (memo::OWNER.into(), json!(crate::user::user_at_host())),
         (memo::CASES.into(), json!(plan.cases.len())),
         (memo::FINGERPRINT.into(), json!(plan.fingerprint)),
         (
@@ -148,26 +147,6 @@ pub(crate) async fn request(
         search_attributes,
         input,
     })
-}
-
-/// `user@host` of this process: `USER`, else `LOGNAME`, else the passwd name of its uid.
-pub(crate) fn user_at_host() -> String {
-    use std::os::unix::fs::MetadataExt;
-    let from_passwd = || {
-        let uid = std::fs::metadata("/proc/self").ok()?.uid().to_string();
-        let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-        passwd.lines().find_map(|l| {
-            let mut f = l.split(':');
-            let name = f.next()?;
-            (f.nth(1)? == uid).then(|| name.to_string())
-        })
-    };
-    let user = ["USER", "LOGNAME"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
-        .or_else(from_passwd)
-        .unwrap_or_else(|| "unknown".into());
-    format!("{user}@{}", hostname())
 }
 
 /// Whether the namespace has every `Casebatch*` search attribute registered with its type.

@@ -96,6 +96,16 @@ fn last_end(jobs: &[Job], batch: &str) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The boot-clock time of the newest job record: about now.
+fn last_record(sb: &Sandbox) -> f64 {
+    let text = sb.read("jobs.log");
+    let last = text
+        .lines()
+        .last()
+        .and_then(|l| l.split_whitespace().last());
+    last.expect("a job record").parse().unwrap()
+}
+
 fn starts_of(sb: &Sandbox, batch: &str) -> usize {
     let prefix = format!("{batch} ");
     (sb.read("jobs.log").lines())
@@ -231,17 +241,12 @@ fn a_higher_priority_takes_the_next_free_slots_and_a_new_weight_moves_a_share() 
     // `even` asks for three times `low`'s weight while both run.
     let o = sb.op_with("set-share", "even", &["--priority", "3", "--weight", "3"]);
     assert_exit(&o, 0);
-    let changed_at = {
-        let text = sb.read("jobs.log");
-        let last = text
-            .lines()
-            .last()
-            .unwrap()
-            .split_whitespace()
-            .last()
-            .unwrap();
-        last.parse::<f64>().unwrap()
-    };
+    let changed_at = last_record(&sb);
+    // Sixteen more jobs (about 8 s at 4 slots) at the new weights, then the urgent batch.
+    let before = starts_of(&sb, "low") + starts_of(&sb, "even");
+    wait_until(Duration::from_secs(60), "16 more jobs started", || {
+        starts_of(&sb, "low") + starts_of(&sb, "even") >= before + 16
+    });
     // A batch at priority 5 arrives: each of its 8 cases takes the next free slots.
     let mut urgent = run_as(
         &sb,
@@ -273,17 +278,21 @@ fn a_higher_priority_takes_the_next_free_slots_and_a_new_weight_moves_a_share() 
         overtaken, 0,
         "no lower-priority job started while urgent cases waited"
     );
-    // Between the weight change (plus a few seconds to take hold) and the urgent batch.
-    let (from, to) = (changed_at + 4.0, urgent_from);
-    if to - from >= 6.0 {
-        let even_part =
-            slot_seconds(&jobs, Some("even"), from, to) / slot_seconds(&jobs, None, from, to);
-        assert!(
-            (0.65..=0.85).contains(&even_part),
-            "at weight 3 against 1, `even` held {:.0}% of the slots",
-            even_part * 100.0
-        );
-    }
+    // From when the new weight took hold (the jobs started before it end within 2 s) to the
+    // urgent batch.
+    let (from, to) = (changed_at + 2.0, urgent_from);
+    assert!(
+        to - from >= 4.0,
+        "the new weight held for {:.1}s only",
+        to - from
+    );
+    let even_part =
+        slot_seconds(&jobs, Some("even"), from, to) / slot_seconds(&jobs, None, from, to);
+    assert!(
+        (0.6..=0.9).contains(&even_part),
+        "at weight 3 against 1, `even` held {:.0}% of the slots",
+        even_part * 100.0
+    );
     let timeline = status(&sb, "even")["status"]["timeline"].to_string();
     assert!(
         timeline.contains("share set: priority 3 → 3, weight 1 → 3"),
@@ -338,11 +347,7 @@ fn a_worker_replica_and_the_agent_killed_while_a_hundred_cases_wait_lose_no_plac
     w1.wait().unwrap();
     agent.kill();
     agent.restart(&sb);
-    let killed_at = {
-        let text = sb.read("jobs.log");
-        let last = text.lines().last().unwrap().split_whitespace().last();
-        last.unwrap().parse::<f64>().unwrap()
-    };
+    let killed_at = last_record(&sb);
     for (batch, runner) in &mut runners {
         let code = wait_child(runner, Duration::from_secs(300));
         assert_eq!(code, 0, "{}", sb.read(&format!("{batch}.log")));
