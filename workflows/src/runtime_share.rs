@@ -13,6 +13,9 @@ pub(crate) struct RuntimeShares {
     granted: BTreeSet<(u32, u32)>,
     /// Per runtime of `input.runtimes`: what `status` shows.
     views: Vec<RuntimeShare>,
+    /// Bumped by every `set_share`; per runtime, the generation its slots were last told.
+    generation: u64,
+    told: Vec<u64>,
 }
 
 /// What a case's wait for a slot changed, for the timeline.
@@ -32,16 +35,19 @@ impl RuntimeShares {
             input.settings.priority = c.priority;
             input.settings.weight = c.weight;
         }
-        let views = (input.runtimes.iter())
+        let views: Vec<RuntimeShare> = (input.runtimes.iter())
             .map(|r| RuntimeShare {
                 runtime: r.name.clone(),
                 ..RuntimeShare::default()
             })
             .collect();
+        let told = vec![0; views.len()];
         Some(Self {
             input,
             granted: BTreeSet::new(),
             views,
+            generation: 0,
+            told,
         })
     }
 
@@ -62,7 +68,22 @@ impl RuntimeShares {
             weight: s.weight,
         };
         (s.priority, s.weight) = (to.priority, to.weight);
+        self.generation += 1;
         before
+    }
+
+    /// Which `set_share` the batch is at: waiting cases wake when it changes.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Whether the caller is the first to see that `runtime`'s slots have not been told of the
+    /// latest share (it tells them; the others go on waiting).
+    pub(crate) fn claim_push(&mut self, runtime: usize) -> bool {
+        let told = &mut self.told[runtime];
+        let first = *told != self.generation;
+        *told = self.generation;
+        first
     }
 
     pub(crate) fn settings(&self) -> ShareChange {

@@ -60,17 +60,8 @@ pub(super) async fn acquire<H: Host>(
         slots_id: slots_workflow_id(&shared.key),
         ticket: ticket.clone(),
     };
-    let opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(30))
-        .activity_id(format!("case-{}.{}.slot", key.case_index, key.attempt))
-        .summary(format!(
-            "case #{} · attempt {} · slot on {}",
-            key.case_index, key.attempt, shared.name
-        ))
-        .cancellation_token(cancel.clone())
-        .retry_policy(retry_policy(Duration::from_millis(500), 10))
-        .build();
     let name = shared.name.clone();
-    let ask = AskSlotInput {
+    let mut ask = AskSlotInput {
         bundle_dir: key.bundle_dir.clone(),
         ask: SlotAsk {
             runtime: shared,
@@ -79,8 +70,7 @@ pub(super) async fn acquire<H: Host>(
             capacity: None,
         },
     };
-    cost(ctx, |a| a.activities += 1);
-    let answer = match ctx.execute_activity(AskSlot, ask, opts).await {
+    let answer = match ask_slot(ctx, key, &ask, cancel, 0).await {
         Ok(answer) => answer,
         Err(_) if cancel.is_cancelled() => {
             // The ask may have queued the ticket: withdrawn.
@@ -111,14 +101,39 @@ pub(super) async fn acquire<H: Host>(
         note(ctx, None, why);
     }
     let (case, attempt) = (key.case_index, key.attempt);
-    temporalio_sdk::workflows::select! {
-        _ = ctx.wait_condition(move |s: &H| {
-            s.shared().shares.as_ref().is_some_and(|sh| sh.is_granted(case, attempt))
-        }) => {}
-        _ = cancel.cancelled() => {}
+    let granted_now =
+        move |s: &H| (s.shared().shares.as_ref()).is_some_and(|sh| sh.is_granted(case, attempt));
+    let mut reasks = 0;
+    loop {
+        let seen = ctx.state(|s| s.shared().shares.as_ref().map(|sh| sh.generation()));
+        temporalio_sdk::workflows::select! {
+            _ = ctx.wait_condition(move |s: &H| {
+                granted_now(s) || s.shared().shares.as_ref().map(|sh| sh.generation()) != seen
+            }) => {}
+            _ = cancel.cancelled() => {}
+        }
+        if cancel.is_cancelled() || ctx.state(granted_now) {
+            break;
+        }
+        // The batch's share changed: the first case waiting on this runtime tells its slots
+        // (a known ticket is not queued again; the batch's weight and priority are).
+        if ctx.state_mut(|s| with_shares(s, |sh| sh.claim_push(runtime))) == Some(true) {
+            reasks += 1;
+            ask.ask.share =
+                ctx.state(|s| (s.shared().shares.as_ref()).map(|sh| sh.input().settings.clone()))?;
+            if let Ok(answer) = ask_slot(ctx, key, &ask, cancel, reasks).await {
+                ctx.state_mut(|s| {
+                    with_shares(s, |sh| {
+                        sh.answered(runtime, &answer);
+                        if answer.granted {
+                            sh.grant(case, attempt);
+                        }
+                    })
+                });
+            }
+        }
     }
-    let granted =
-        ctx.state(|s| (s.shared().shares.as_ref()).is_some_and(|sh| sh.is_granted(case, attempt)));
+    let granted = ctx.state(granted_now);
     let turn = ctx.state_mut(|s| with_shares(s, |sh| sh.waited(runtime, case, attempt)));
     if let Some(Turn::Released) = turn {
         let waited = workflow_ms(ctx).saturating_sub(now);
@@ -133,6 +148,35 @@ pub(super) async fn acquire<H: Host>(
         return None;
     }
     Some(slot)
+}
+
+/// The `ask_slot` activity for the attempt (`again`: how many times it asked before).
+async fn ask_slot<H: Host>(
+    ctx: &WorkflowContext<H>,
+    key: &AttemptKey,
+    ask: &AskSlotInput,
+    cancel: &WorkflowCancellationToken,
+    again: u32,
+) -> Result<casebatch_proto::share::SlotAnswer, temporalio_sdk::ActivityExecutionError> {
+    let suffix = if again == 0 {
+        String::new()
+    } else {
+        format!(".r{again}")
+    };
+    let opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(30))
+        .activity_id(format!(
+            "case-{}.{}.slot{suffix}",
+            key.case_index, key.attempt
+        ))
+        .summary(format!(
+            "case #{} · attempt {} · slot on {}",
+            key.case_index, key.attempt, ask.ask.runtime.name
+        ))
+        .cancellation_token(cancel.clone())
+        .retry_policy(retry_policy(Duration::from_millis(500), 10))
+        .build();
+    cost(ctx, |a| a.activities += 1);
+    ctx.execute_activity(AskSlot, ask.clone(), opts).await
 }
 
 /// Gives the slot back (or withdraws its wait): the signal is sent at once; the future only
