@@ -169,7 +169,7 @@ fn a_narrow_batch_of_another_user_gets_half_of_an_agent_a_wide_batch_fills() {
     );
     // The wide batch alone keeps the agent busy: a freed slot goes to its next case at once.
     // Before slots were shared, a full agent refused each waiting case, which retried after
-    // up to 5 s: 20 to 41 % of the slots were busy here. What is left idle now is the
+    // up to 5 s: the issue measured 20 to 41 % of the slots busy in this window. What is left idle now is the
     // engine's: a grant crosses two workflow tasks, and on the embedded dev server one in a
     // hundred waits 0.5 to 1 s to be dispatched (docs/benchmarks.md).
     let wide_last_start = (jobs.iter().filter(|j| j.batch == "wide"))
