@@ -21,17 +21,16 @@ impl CaseActivities {
     ) -> Result<u64, ActivityError> {
         // Counted as an action; the ask is short and sends no heartbeat.
         let _ctx = StageContext::new(ctx, &self.metrics);
-        let unanswered = |message: String| {
-            ActivityError::application(ApplicationFailure::builder(message).build())
-        };
-        let Some(client) = &self.client else {
-            return Err(unanswered(
-                "this worker has no client for the shared paces".into(),
-            ));
-        };
+        let client = self.shared_client("the shared paces")?;
         crate::pacers::reserve(client, ask)
             .await
             .map_err(unanswered)
+    }
+
+    /// The client for the namespace's shared workflows (`what`, for the error).
+    fn shared_client(&self, what: &str) -> Result<&temporalio_client::Client, ActivityError> {
+        (self.client.as_ref())
+            .ok_or_else(|| unanswered(format!("this worker has no client for {what}")))
     }
 
     /// A case's ask for a slot on a shared runtime, with the runtime's capacity as this
@@ -42,14 +41,7 @@ impl CaseActivities {
         input: AskSlotInput,
     ) -> Result<SlotAnswer, ActivityError> {
         let _ctx = StageContext::new(ctx, &self.metrics);
-        let unanswered = |message: String| {
-            ActivityError::application(ApplicationFailure::builder(message).build())
-        };
-        let Some(client) = &self.client else {
-            return Err(unanswered(
-                "this worker has no client for shared runtimes".into(),
-            ));
-        };
+        let client = self.shared_client("shared runtimes")?;
         let mut ask = input.ask;
         let key = ask.runtime.key.clone();
         ask.capacity = match self.capacities.fresh(&key) {
@@ -178,4 +170,9 @@ impl CaseActivities {
             ActivityError::application(ApplicationFailure::builder(message).build())
         })?
     }
+}
+
+/// A shared workflow that could not be asked: the activity fails (and is retried).
+fn unanswered(message: String) -> ActivityError {
+    ActivityError::application(ApplicationFailure::builder(message).build())
 }

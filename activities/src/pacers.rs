@@ -2,18 +2,12 @@
 //! `rate_key`): book one start with update-with-start, so the first batch to ask starts the
 //! key's pacer and every later one, on any worker replica, asks the same one.
 
-use std::time::Duration;
-
 use casebatch_proto::pace::{PaceAsk, pacer_workflow_id};
 use casebatch_workflows::RatePacer;
 use casebatch_workflows::pace::Gcra;
 use temporalio_client::Client;
 
-use crate::shared_workflows::start_or_ask;
-
-/// An ask that takes longer fails; the activity's retry asks again, and the batch paces
-/// itself if none answers.
-const CALL_WITHIN: Duration = Duration::from_secs(10);
+use crate::shared_workflows::{answer_within, start_or_ask};
 
 /// Books one start on the pace of `ask`'s key: when it may go, µs since the epoch.
 pub async fn reserve(client: &Client, ask: PaceAsk) -> Result<u64, String> {
@@ -31,11 +25,5 @@ pub async fn reserve(client: &Client, ask: PaceAsk) -> Result<u64, String> {
         ask,
         options,
     );
-    match tokio::time::timeout(CALL_WITHIN, call).await {
-        Ok(Ok(at_us)) => Ok(at_us),
-        Ok(Err(e)) => Err(format!("the shared pace {id} could not be asked: {e}")),
-        Err(_) => Err(format!(
-            "the shared pace {id} did not answer within {CALL_WITHIN:?}"
-        )),
-    }
+    answer_within(&format!("the shared pace {id}"), call).await
 }

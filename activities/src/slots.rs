@@ -16,10 +16,8 @@ use temporalio_client::{
     WorkflowSignalOptions,
 };
 
-use crate::shared_workflows::start_or_ask;
+use crate::shared_workflows::{CALL_WITHIN, answer_within, start_or_ask};
 
-/// An ask that takes longer fails; the activity's retry asks again.
-const CALL_WITHIN: Duration = Duration::from_secs(10);
 /// How long a worker trusts an agent's capacity it learned (an agent restarted with another
 /// `--max-concurrent` is noticed within this).
 const CAPACITY_FRESH_FOR: Duration = Duration::from_secs(30);
@@ -52,13 +50,7 @@ pub(crate) async fn ask(client: &Client, ask: SlotAsk) -> Result<SlotAnswer, Str
         ask,
         options,
     );
-    match tokio::time::timeout(CALL_WITHIN, call).await {
-        Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(e)) => Err(format!("the slots {id} could not be asked: {e}")),
-        Err(_) => Err(format!(
-            "the slots {id} did not answer within {CALL_WITHIN:?}"
-        )),
-    }
+    answer_within(&format!("the slots {id}"), call).await
 }
 
 /// Gives a held slot back (a signal; the batch gives it back again, so a lost one is

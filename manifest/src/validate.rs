@@ -16,43 +16,44 @@ use crate::model::{
 };
 use crate::report::{FieldPath, Report};
 
+/// `field` of `path`, when set, within `range`: refused otherwise, with `hint` after the fix.
+fn within(
+    r: &mut Report,
+    path: &FieldPath,
+    field: &str,
+    value: Option<u32>,
+    range: &std::ops::RangeInclusive<u32>,
+    hint: &str,
+) {
+    let Some(n) = value.filter(|n| !range.contains(n)) else {
+        return;
+    };
+    let (lo, hi) = (range.start(), range.end());
+    let p = path.key(field);
+    r.at(
+        &p,
+        format!("{field} {n} is outside {lo}..={hi}"),
+        format!("set {p} between {lo} and {hi}{hint}"),
+    );
+}
+
 pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
-    if let Some(c) = d.concurrency
-        && !CONCURRENCY_RANGE.contains(&c)
-    {
-        let p = path.key("concurrency");
-        r.at(
-            &p,
-            format!(
-                "concurrency {c} is outside {}..={}",
-                CONCURRENCY_RANGE.start(),
-                CONCURRENCY_RANGE.end()
-            ),
-            format!(
-                "set {p} between {} and {} (start at 1-2 and raise it after a canary)",
-                CONCURRENCY_RANGE.start(),
-                CONCURRENCY_RANGE.end()
-            ),
-        );
-    }
-    if let Some(m) = d.max_retries
-        && !MAX_RETRIES_RANGE.contains(&m)
-    {
-        let p = path.key("max_retries");
-        r.at(
-            &p,
-            format!(
-                "max_retries {m} is outside {}..={}",
-                MAX_RETRIES_RANGE.start(),
-                MAX_RETRIES_RANGE.end()
-            ),
-            format!(
-                "set {p} between {} and {}",
-                MAX_RETRIES_RANGE.start(),
-                MAX_RETRIES_RANGE.end()
-            ),
-        );
-    }
+    within(
+        r,
+        path,
+        "concurrency",
+        d.concurrency,
+        &CONCURRENCY_RANGE,
+        " (start at 1-2 and raise it after a canary)",
+    );
+    within(
+        r,
+        path,
+        "max_retries",
+        d.max_retries,
+        &MAX_RETRIES_RANGE,
+        "",
+    );
     if let Some(n) = d.prepare_ahead
         && n > MAX_PREPARE_AHEAD
     {
@@ -65,42 +66,10 @@ pub(crate) fn defaults(d: &Defaults, path: &FieldPath, r: &mut Report) {
             ),
         );
     }
-    if let Some(n) = d.priority
-        && !PRIORITY_RANGE.contains(&n)
-    {
-        let p = path.key("priority");
-        r.at(
-            &p,
-            format!(
-                "priority {n} is outside {}..={}",
-                PRIORITY_RANGE.start(),
-                PRIORITY_RANGE.end()
-            ),
-            format!(
-                "set {p} between {} and {} (higher goes first; default {DEFAULT_PRIORITY})",
-                PRIORITY_RANGE.start(),
-                PRIORITY_RANGE.end()
-            ),
-        );
-    }
-    if let Some(n) = d.weight
-        && !WEIGHT_RANGE.contains(&n)
-    {
-        let p = path.key("weight");
-        r.at(
-            &p,
-            format!(
-                "weight {n} is outside {}..={}",
-                WEIGHT_RANGE.start(),
-                WEIGHT_RANGE.end()
-            ),
-            format!(
-                "set {p} between {} and {} (default {DEFAULT_WEIGHT})",
-                WEIGHT_RANGE.start(),
-                WEIGHT_RANGE.end()
-            ),
-        );
-    }
+    let hint = format!(" (higher goes first; default {DEFAULT_PRIORITY})");
+    within(r, path, "priority", d.priority, &PRIORITY_RANGE, &hint);
+    let hint = format!(" (default {DEFAULT_WEIGHT})");
+    within(r, path, "weight", d.weight, &WEIGHT_RANGE, &hint);
     if let Some(n) = d.heartbeat_every_seconds
         && !(1..=MAX_HEARTBEAT_EVERY_SECONDS).contains(&n)
     {
