@@ -115,6 +115,18 @@ impl Slurm {
         });
     }
 
+    /// Waits until the controller has written its job state after `event` (a file written
+    /// by the event) last changed: what Slurm knew then is on disk. Two modification times
+    /// on one file system order two events; no duration is measured.
+    fn wait_for_state_saved_after(&self, event: &std::path::Path) {
+        let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let since = modified(event).expect("the event's file");
+        let state = self.dir.join("state/job_state");
+        wait_until(Duration::from_secs(30), "slurmctld saves its state", || {
+            modified(&state).is_some_and(|saved| saved > since)
+        });
+    }
+
     /// Starts the controller again on the same state directory, as after a crash.
     fn restart_controller(&self) {
         let o = Command::new("slurmctld")
@@ -291,9 +303,13 @@ fn a_controller_killed_and_restarted_mid_batch_loses_nothing_and_runs_nothing_tw
         &manifest("ctld", 6, 6, &recorded("sleep 10"), ""),
     );
     let mut runner = sb.spawn_batch_with_env(&m, "runner.log", &slurm.env());
-    wait_until(Duration::from_secs(90), "6 Slurm jobs running", || {
-        slurm.running() == 6
+    wait_until(Duration::from_secs(90), "6 harnesses started", || {
+        runs_per_case(&sb).len() == 6
     });
+    // Slurm writes its state up to seconds after a change; a controller killed before that
+    // forgets the jobs it started (casebatch then re-dispatches them as `JOB_LOST`, and
+    // Slurm may run them again). This drill is a crash once the running jobs are saved.
+    slurm.wait_for_state_saved_after(&sb.path("runs"));
     slurm.kill("slurmctld");
     // The waits ride out a controller that does not answer.
     wait_until(
