@@ -526,7 +526,9 @@ has_patch finalized finalize-as-activity
 fi
 
 # 23. Two users' batches sharing one agent of 2 slots (`RuntimeSlots`): cases ask for a slot,
-# wait for the grant signal and give it back. The batch of one, and the agent's slots.
+# wait for the grant signal and give it back from `settle` (the patch
+# slot-returns-by-activity; `activities-shared-slots.json` was recorded before it, when the
+# batch signalled the slots too). The batch of one, and the agent's slots.
 if [ "${STEP:-all}" = all ] || [ "${STEP:-}" = 23 ]; then
 SLOTS_DIR="$WORK/slots-agent"; mkdir -p "$SLOTS_DIR"
 "$BIN" agent --listen 127.0.0.1:0 --data-dir "$SLOTS_DIR" --max-concurrent 2 > "$WORK/slots-agent.log" 2>&1 & SLOTS_AGENT=$!
@@ -543,7 +545,8 @@ USER=ann cb batch run --manifest "$WORK/shared-slots-a.yaml" --output-dir "$WORK
 USER=bob cb batch run --manifest "$WORK/shared-slots-b.yaml" --output-dir "$WORK/out" > "$WORK/shared-slots-b.log"
 wait "$OTHER"
 for b in shared-slots-a shared-slots-b; do grep -q "6 succeeded" "$WORK/$b.log" || { cat "$WORK/$b.log"; exit 1; }; done
-show shared-slots-a "" shared-slots
+show shared-slots-a "" shared-slots-returned
+has_patch shared-slots-returned slot-returns-by-activity
 if [ ! -f "$OUT/slots-shared.json" ] || [ -n "${FORCE:-}" ]; then
   cb batch history --batch-id shared-slots-a --output-dir "$WORK/out" --slots box --out "$OUT/slots-shared.json" > /dev/null
   echo "recorded slots-shared"

@@ -74,12 +74,31 @@ impl CaseActivities {
         }
     }
 
-    /// Gives a shared runtime's slot back as its job ends, without holding up the caller: a
-    /// return that does not arrive is made again by the batch as the attempt closes.
-    pub(crate) fn give_slot_back(&self, slot: HeldSlot) {
-        if let Some(client) = self.client.clone() {
-            tokio::spawn(crate::slots::give_back(client, slot));
-        }
+    /// Gives a shared runtime's slot back as its job ends, without holding up the caller; the
+    /// handle tells whether the slots have it (a return that did not arrive is made again by
+    /// the batch as the attempt closes).
+    pub(crate) fn give_slot_back(&self, slot: HeldSlot) -> tokio::task::JoinHandle<bool> {
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            match client {
+                Some(client) => crate::slots::give_back(&client, slot).await.is_ok(),
+                None => false,
+            }
+        })
+    }
+
+    /// The batch's return of a slot its `settle` did not give back (or of a wait withdrawn):
+    /// an error, retried by the engine, until the slots have it.
+    pub(crate) async fn return_slot_of_case(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        slot: HeldSlot,
+    ) -> Result<(), ActivityError> {
+        let _ctx = StageContext::new(ctx, &self.metrics);
+        let client = self.shared_client("shared runtimes")?;
+        crate::slots::give_back(client, slot)
+            .await
+            .map_err(unanswered)
     }
 
     /// Which batch runs holding slots have closed (for a shared runtime's slots).

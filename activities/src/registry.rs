@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use casebatch_proto::pace::PaceAsk;
-use casebatch_proto::share::{AskSlotInput, SlotAnswer};
+use casebatch_proto::share::{AskSlotInput, HeldSlot, SlotAnswer};
 use casebatch_proto::{
     ActorReport, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation, Failure,
     FinalizeInput, Prepared, ReleaseInput, SettleInput, Settled, StageResult, StartInput,
@@ -91,6 +91,16 @@ impl CaseActivities {
         input: AskSlotInput,
     ) -> Result<SlotAnswer, ActivityError> {
         self.ask_slot_for_case(ctx, input).await
+    }
+
+    /// A batch's return of a slot on a shared runtime (`slots.rs`).
+    #[activity(definition = contracts::ReturnSlot)]
+    pub async fn return_slot(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        slot: HeldSlot,
+    ) -> Result<(), ActivityError> {
+        self.return_slot_of_case(ctx, slot).await
     }
 
     /// Which batch runs holding a shared runtime's slots have closed (`slots.rs`).

@@ -53,17 +53,24 @@ pub(crate) async fn ask(client: &Client, ask: SlotAsk) -> Result<SlotAnswer, Str
     answer_within(&format!("the slots {id}"), call).await
 }
 
-/// Gives a held slot back (a signal; the batch gives it back again, so a lost one is
-/// harmless).
-pub(crate) async fn give_back(client: Client, slot: HeldSlot) {
-    let handle = client.get_workflow_handle::<RuntimeSlots>(slot.slots_workflow_id.clone());
+/// Gives a held slot back, or withdraws its wait: a signal from this client, never from the
+/// batch's workflow. The slots signal the batch (its grants); while the batch signalled
+/// back, the engine held both workflows half a second at each crossing, and the agent idled
+/// a quarter of the time (docs/benchmarks.md).
+pub(crate) async fn give_back(client: &Client, slot: HeldSlot) -> Result<(), String> {
+    let id = &slot.slots_workflow_id;
+    let handle = client.get_workflow_handle::<RuntimeSlots>(id.clone());
     let sent = handle.signal(
         RuntimeSlots::give_back,
         slot.ticket,
         WorkflowSignalOptions::default(),
     );
-    if let Ok(Err(e)) = tokio::time::timeout(CALL_WITHIN, sent).await {
-        tracing::debug!(slots = %slot.slots_workflow_id, "an early slot return was not sent: {e}");
+    match tokio::time::timeout(CALL_WITHIN, sent).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("the slot could not be given back to {id}: {e}")),
+        Err(_) => Err(format!(
+            "{id} did not take the slot back within {CALL_WITHIN:?}"
+        )),
     }
 }
 

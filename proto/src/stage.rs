@@ -434,7 +434,8 @@ pub struct SettleInput {
     pub close_from: Option<AttemptSummary>,
     /// The slot the job holds on a shared runtime: `settle` gives it back the moment the job
     /// has ended, before it evaluates and records, so the next case starts at once (the
-    /// batch gives it back again once the attempt closes; a second return is a no-op).
+    /// batch gives it back again once the attempt closes unless `settle` says the slots have
+    /// it; a second return is a no-op).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot: Option<crate::share::HeldSlot>,
 }
@@ -457,6 +458,10 @@ pub struct Settled {
     /// Heartbeats the settle sent (Temporal actions).
     #[serde(default, skip_serializing_if = "crate::is_zero_u32")]
     pub heartbeats: u32,
+    /// `settle` gave the attempt's slot on a shared runtime back, and the slots have it: the
+    /// batch gives it back no more.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub slot_returned: bool,
 }
 
 /// Input of `sweep`: kill every job of a batch on every runtime of its plan.

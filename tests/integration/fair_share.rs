@@ -167,18 +167,18 @@ fn a_narrow_batch_of_another_user_gets_half_of_an_agent_a_wide_batch_fills() {
         "the narrow batch took {:.1}s, over twice its fair-share time of 8s",
         to - from
     );
-    // The wide batch alone keeps the agent busy: a freed slot goes to its next case at once.
-    // Before slots were shared, a full agent refused each waiting case, which retried after
-    // up to 5 s: the issue measured 20 to 41 % of the slots busy in this window. What is left idle now is the
-    // engine's: a grant crosses two workflow tasks, and on the embedded dev server one in a
-    // hundred waits 0.5 to 1 s to be dispatched (docs/benchmarks.md).
+    // The wide batch alone keeps the agent busy: a freed slot goes to its next case at once,
+    // within 10 % of the agent's ceiling. Before slots were shared, a full agent refused each
+    // waiting case, which retried after up to 5 s: the issue measured 20 to 41 % of the slots
+    // busy in this window. Before the batch stopped signalling the slots that signal it, the
+    // engine held both workflows half a second at each crossing: about 80 %.
     let wide_last_start = (jobs.iter().filter(|j| j.batch == "wide"))
         .map(|j| j.start)
         .fold(0.0, f64::max);
     let (alone_from, alone_to) = (to, wide_last_start);
     let busy = slot_seconds(&jobs, None, alone_from, alone_to) / (8.0 * (alone_to - alone_from));
     assert!(
-        busy >= 0.7,
+        busy >= 0.9,
         "alone, the wide batch kept {:.0}% of the agent's slots busy",
         busy * 100.0
     );

@@ -9,7 +9,7 @@
 //! until no such batch can be running.
 
 use casebatch_proto::pace::PaceAsk;
-use casebatch_proto::share::{AskSlotInput, SlotAnswer};
+use casebatch_proto::share::{AskSlotInput, HeldSlot, SlotAnswer};
 use casebatch_proto::{
     ActorReport, AttemptKey, AwaitInput, CleanupInput, CleanupReport, Evaluation, Failure,
     FinalizeInput, Prepared, ReleaseInput, SettleInput, Settled, StageResult, StartInput,
@@ -98,6 +98,11 @@ contract!(
     /// Ask for a slot on a shared runtime (an agent): the `RuntimeSlots` workflow of the
     /// runtime answers, started by the ask if none runs. Runs on any worker.
     AskSlot, "casebatch.ask_slot", AskSlotInput => SlotAnswer
+);
+contract!(
+    /// Give a slot on a shared runtime back (or withdraw its wait): from an activity, so
+    /// the batch's workflow never signals the slots that signal it. Runs on any worker.
+    ReturnSlot, "casebatch.return_slot", HeldSlot => ()
 );
 contract!(
     /// Which of these batch runs (workflow id, run id) have closed: a runtime's slots

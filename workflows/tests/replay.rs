@@ -57,7 +57,10 @@ const EXPECTED: &[&str] = &[
     "activities-searchattr-resumed.json",
     "activities-searchattr-retries.json",
     "activities-searchattr-throttled.json",
-    // Two users' batches sharing an agent's slots (`RuntimeSlots`): asks, grants, returns.
+    // Two users' batches sharing an agent's slots (`RuntimeSlots`): asks, grants, returns;
+    // before the batch stopped signalling its returns (the `slot-returns-by-activity` patch)
+    // and after it.
+    "activities-shared-slots-returned.json",
     "activities-shared-slots.json",
     "activities-speculated.json",
     // `start` settles short jobs (the `start-settles-short-jobs` patch).
@@ -68,7 +71,8 @@ const EXPECTED: &[&str] = &[
     "breaker-failover.json",
     // The shared pace of `activities-paced-shared` (a `RatePacer` workflow).
     "pacer-shared.json",
-    // The agent's slots of `activities-shared-slots` (a `RuntimeSlots` workflow).
+    // The agent's slots of `activities-shared-slots` (a `RuntimeSlots` workflow; the file
+    // kept from before the patch, whose slots take a return from either side alike).
     "slots-shared.json",
     // The old local-activity pipeline: can no longer be recorded, never delete them.
     "cancelled.json",

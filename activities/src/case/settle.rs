@@ -46,15 +46,17 @@ impl CaseActivities {
             let awaited = timings.time(Stage::Await, self.await_stage(&ctx, &env, input.job));
             let (job, actor) = awaited.await?;
             drop(awaiting);
-            if let Some(slot) = input.slot {
-                self.give_slot_back(slot);
-            }
+            // Given back at once, while the job is evaluated; `settle` says whether it arrived.
+            let given_back = input.slot.map(|slot| self.give_slot_back(slot));
             let ended = Ended {
                 job,
                 actor,
                 close_from: input.close_from,
             };
-            let settled = self.settle_ended(&ctx, &env, ended, timings).await?;
+            let mut settled = self.settle_ended(&ctx, &env, ended, timings).await?;
+            if let Some(given_back) = given_back {
+                settled.slot_returned = given_back.await.unwrap_or(false);
+            }
             self.metrics.stage("settle", began.elapsed());
             Ok(settled)
         }
@@ -185,6 +187,7 @@ impl CaseActivities {
             collect_failure,
             closed: None,
             heartbeats: 0,
+            slot_returned: false,
         };
         if let Some(mut summary) = close_from {
             summary.apply_settled(&settled);

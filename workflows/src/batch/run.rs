@@ -23,7 +23,9 @@ use super::state::BatchWorkflow;
 use crate::admission::{
     CircuitWidth, Concurrency, Gate, Lane, Load, Paced, Policy, ProvisionAhead, WithinBudget, gate,
 };
-use crate::case::{CaseDone, CaseParams, CleanedUp, LeftBehind, Pipeline, run_case};
+use crate::case::{
+    CaseDone, CaseParams, CleanedUp, LeftBehind, Pipeline, run_case, slot_returns_by_activity,
+};
 use crate::contracts::{Finalize, ReserveStart, Sweep};
 use crate::envelopes::Envelopes;
 use crate::lifecycle::{Control, Lifecycle};
@@ -131,6 +133,7 @@ struct Run {
     start_settles: bool,
     outage_rules: bool,
     rate_limit_rules: bool,
+    slot_returns_by_activity: bool,
     /// This run upserts search attributes.
     visible: bool,
     /// ... at most once per `visibility::UPSERT_EVERY_MS` while cases finish.
@@ -183,6 +186,9 @@ impl Run {
         }
         let visible = visibility::of_run(ctx, ctx.state(|s| s.input.search_attributes));
         let throttled = visibility::throttled(ctx, visible);
+        // After every other marker, for the same reason.
+        let shares = ctx.state(|s| s.shared.shares.is_some());
+        let slot_returns_by_activity = slot_returns_by_activity(ctx, shares);
         cost(ctx, |a| a.runs += 1);
         let (segment, counts) = ctx.state(|s| (s.segment, Counts::of(&s.slots)));
         let started = format!(
@@ -197,6 +203,7 @@ impl Run {
             start_settles,
             outage_rules,
             rate_limit_rules,
+            slot_returns_by_activity,
             visible,
             throttled,
             unpublished: false,
@@ -408,6 +415,7 @@ impl Run {
                 settle_closes: self.settle_closes,
                 start_settles: self.start_settles,
                 outage_rules: self.outage_rules,
+                slot_returns_by_activity: self.slot_returns_by_activity,
                 ahead,
             }
         });

@@ -38,6 +38,8 @@ pub(super) struct InFlight {
     pub(super) held_job: bool,
     /// `start` never reached the runtime: its cleanup asks nothing of it.
     pub(super) never_submitted: bool,
+    /// `settle` gave the attempt's slot back, and the slots have it.
+    pub(super) slot_returned: bool,
 }
 
 impl InFlight {
@@ -53,6 +55,7 @@ impl InFlight {
         match result {
             Ok(settled) => {
                 cost(ctx, |a| a.heartbeats += settled.heartbeats);
+                self.slot_returned = settled.slot_returned;
                 apply_settled(s, &self.key, &settled);
                 recorded = settled.closed;
             }

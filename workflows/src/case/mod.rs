@@ -49,7 +49,9 @@ use self::attempt::{AttemptEnd, InFlight, settle_job};
 use self::cleanup::{Leftovers, clean_up, clean_up_with};
 use self::options::stage_options;
 use self::outcome::{decide_attempt, mark_error, summary_cleanup_ok};
-pub(crate) use self::params::{CaseDone, CaseParams, CleanedUp, LeftBehind, Pipeline};
+pub(crate) use self::params::{
+    CaseDone, CaseParams, CleanedUp, LeftBehind, Pipeline, slot_returns_by_activity,
+};
 use self::reattach::{Reattach, is_unanswered};
 use self::route::{Route, Routed, dispatch, spill_over};
 use crate::contracts::Start;
@@ -260,9 +262,9 @@ async fn run_attempt<H: Host>(
     routed: Routed<'_>,
 ) -> AttemptEnd {
     // On a shared runtime, the job starts once the batch's turn gives it a slot; the slot is
-    // given back once the job has ended (by `settle` at once, and by the batch as the
+    // given back once the job has ended (by `settle` at once, else by the batch as the
     // attempt closes).
-    let slot = slot::acquire(ctx, &key, cancel).await;
+    let slot = slot::acquire(ctx, &key, cancel, p.slot_returns_by_activity).await;
     let mut stages = Stages {
         ctx,
         p,
@@ -277,7 +279,7 @@ async fn run_attempt<H: Host>(
         stages.settle(&mut attempt, job).await;
         job_may_exist = true;
     }
-    let given_back = slot.map(|s| slot::give_back(ctx, s, true));
+    let given_back = slot.map(|s| slot::give_back(ctx, s, true, attempt.slot_returned));
     let end = stages.close(attempt, job_may_exist, spent).await;
     if let Some(given_back) = given_back {
         given_back.await;
@@ -382,6 +384,7 @@ impl<H: Host> Stages<'_, '_, H> {
             closed: false,
             held_job: job.is_some() || settled.is_some(),
             never_submitted,
+            slot_returned: false,
         };
         if let Some(settled) = settled {
             // As a `settle` would have: its summary, and closed when it was final.

@@ -74,6 +74,16 @@ impl Pipeline {
     }
 }
 
+/// Patch id recorded by runs that give a shared runtime's slots back from activities, never
+/// by a signal from the batch's workflow ([`CaseParams::slot_returns_by_activity`]).
+pub(crate) const SLOT_RETURNS_BY_ACTIVITY: &str = "slot-returns-by-activity";
+
+/// Whether this run keeps [`SLOT_RETURNS_BY_ACTIVITY`]: asked once, at the start of a run
+/// that shares a runtime.
+pub(crate) fn slot_returns_by_activity<H: Host>(ctx: &WorkflowContext<H>, shares: bool) -> bool {
+    shares && marked(ctx, SLOT_RETURNS_BY_ACTIVITY)
+}
+
 /// `ctx.patched(id)`, counting the marker it records (a Temporal action).
 fn marked<H: Host>(ctx: &WorkflowContext<H>, id: &str) -> bool {
     let on = ctx.patched(id);
@@ -105,6 +115,9 @@ pub(crate) struct CaseParams {
     /// a failed probe costs the case nothing, an unanswered job is asked about again or left
     /// stranded, never started twice unseen.
     pub outage_rules: bool,
+    /// The run gives slots back from activities ([`SLOT_RETURNS_BY_ACTIVITY`]); runs
+    /// recorded before it signal the slots from the workflow.
+    pub slot_returns_by_activity: bool,
     /// Admitted ahead of a free slot: provision the first attempt's environment, then wait
     /// for the batch to grant a slot ([`ahead`]).
     pub ahead: bool,

@@ -12,8 +12,8 @@ use temporalio_sdk::{
 };
 
 use super::options::retry_policy;
-use crate::contracts::AskSlot;
 use crate::contracts::slot_signals::SlotReturn;
+use crate::contracts::{AskSlot, ReturnSlot};
 use crate::runtime_share::Turn;
 use crate::shared::{Host, cost, note, workflow_ms};
 
@@ -22,6 +22,8 @@ pub(super) struct Slot {
     runtime: usize,
     slots_id: String,
     ticket: Ticket,
+    /// Given back by an activity (this run keeps [`super::params::SLOT_RETURNS_BY_ACTIVITY`]).
+    by_activity: bool,
 }
 
 impl Slot {
@@ -40,6 +42,7 @@ pub(super) async fn acquire<H: Host>(
     ctx: &WorkflowContext<H>,
     key: &AttemptKey,
     cancel: &WorkflowCancellationToken,
+    by_activity: bool,
 ) -> Option<Slot> {
     if key.runtime.is_some() {
         return None;
@@ -59,6 +62,7 @@ pub(super) async fn acquire<H: Host>(
         runtime,
         slots_id: slots_workflow_id(&shared.key),
         ticket: ticket.clone(),
+        by_activity,
     };
     let name = shared.name.clone();
     let mut ask = AskSlotInput {
@@ -74,7 +78,7 @@ pub(super) async fn acquire<H: Host>(
         Ok(answer) => answer,
         Err(_) if cancel.is_cancelled() => {
             // The ask may have queued the ticket: withdrawn.
-            let _ = give_back(ctx, slot, false).await;
+            let _ = give_back(ctx, slot, false, false).await;
             return None;
         }
         Err(e) => {
@@ -144,7 +148,7 @@ pub(super) async fn acquire<H: Host>(
         note(ctx, None, why);
     }
     if !granted {
-        let _ = give_back(ctx, slot, false).await;
+        let _ = give_back(ctx, slot, false, false).await;
         return None;
     }
     Some(slot)
@@ -179,15 +183,42 @@ async fn ask_slot<H: Host>(
     ctx.execute_activity(AskSlot, ask.clone(), opts).await
 }
 
-/// Gives the slot back (or withdraws its wait): the signal is sent at once; the future only
-/// tells when the slots workflow has it. A cancelling batch still gives its slots back.
-pub(super) fn give_back<H: Host>(
-    ctx: &WorkflowContext<H>,
+/// Gives the slot back (or withdraws its wait) unless `settle` did (`returned`): the command
+/// is sent at once; the future only tells when the slots workflow has it. A cancelling batch
+/// still gives its slots back.
+pub(super) fn give_back<'a, H: Host>(
+    ctx: &'a WorkflowContext<H>,
     slot: Slot,
     held: bool,
-) -> LocalBoxFuture<'static, ()> {
+    returned: bool,
+) -> LocalBoxFuture<'a, ()> {
     if held {
         ctx.state_mut(|s| with_shares(s, |sh| sh.returned(slot.runtime)));
+    }
+    if returned {
+        return Box::pin(async {});
+    }
+    if slot.by_activity {
+        // Never a signal from here: the slots signal this workflow, and signals crossing
+        // between two workflows hold both in the engine (see `ReturnSlot`).
+        let ticket = &slot.ticket;
+        let opts = ActivityOptions::with_start_to_close_timeout(Duration::from_secs(30))
+            .activity_id(format!(
+                "case-{}.{}.slot-return",
+                ticket.case, ticket.attempt
+            ))
+            .summary(format!(
+                "case #{} · attempt {} · slot given back",
+                ticket.case, ticket.attempt
+            ))
+            .cancellation_token(WorkflowCancellationToken::new())
+            .retry_policy(retry_policy(Duration::from_millis(500), 10))
+            .build();
+        cost(ctx, |a| a.activities += 1);
+        let returned = ctx.execute_activity(ReturnSlot, slot.held(), opts);
+        return Box::pin(async move {
+            let _ = returned.await;
+        });
     }
     let options = SignalWorkflowOptions::builder()
         .cancellation_token(WorkflowCancellationToken::new())

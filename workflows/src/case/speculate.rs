@@ -90,6 +90,7 @@ pub(super) async fn race<H: Host>(
         closed: false,
         held_job: false,
         never_submitted: false,
+        slot_returned: false,
     };
     let dup_token = cancel.child_token();
     ctx.state_mut(|s| with_tail(s, |t| t.duplicates += 1));
