@@ -44,6 +44,7 @@ impl CaseActivities {
         let client = self.shared_client("shared runtimes")?;
         let mut ask = input.ask;
         let key = ask.runtime.key.clone();
+        self.asked.now(&key);
         ask.capacity = match self.capacities.fresh(&key) {
             Some(n) => Some(n),
             None => {

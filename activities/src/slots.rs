@@ -4,16 +4,19 @@
 //! capacity, learned here and cached; and which batch runs holding slots have closed.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use casebatch_proto::share::{HeldSlot, SlotAnswer, SlotAsk, slots_workflow_id};
+use casebatch_proto::share::{
+    HeldSlot, PRIORITY_RANGE, SlotAnswer, SlotAsk, SlotsView, slots_workflow_id,
+};
+use casebatch_telemetry::Metrics;
 use casebatch_workflows::RuntimeSlots;
 use casebatch_workflows::fair_share::FairQueue;
 use temporalio_client::errors::WorkflowInteractionError;
 use temporalio_client::{
     Client, UntypedWorkflow, WorkflowDescribeOptions, WorkflowExecutionStatus,
-    WorkflowSignalOptions,
+    WorkflowQueryOptions, WorkflowSignalOptions,
 };
 
 use crate::shared_workflows::{CALL_WITHIN, answer_within, start_or_ask};
@@ -37,6 +40,64 @@ impl Capacities {
         let mut seen = self.0.lock().expect("lock");
         seen.insert(key.to_string(), (Instant::now(), n));
     }
+}
+
+/// How often a worker serving metrics reads the slots it asked of, and for how long after its
+/// last ask.
+const WATCH_EVERY: Duration = Duration::from_secs(5);
+const WATCH_FOR: Duration = Duration::from_secs(15 * 60);
+
+/// The shared runtimes this worker asked for slots, by endpoint, with when it last did: the
+/// ones whose slots its metrics show.
+#[derive(Default)]
+pub(crate) struct Asked(Mutex<HashMap<String, Instant>>);
+
+impl Asked {
+    pub(crate) fn now(&self, key: &str) {
+        let mut asked = self.0.lock().expect("lock");
+        asked.insert(key.to_string(), Instant::now());
+    }
+
+    /// The endpoints asked within [`WATCH_FOR`] (the others are forgotten).
+    fn recent(&self) -> Vec<String> {
+        let mut asked = self.0.lock().expect("lock");
+        asked.retain(|_, at| at.elapsed() < WATCH_FOR);
+        asked.keys().cloned().collect()
+    }
+}
+
+/// Keeps the slots metrics of the runtimes this worker asked of: every [`WATCH_EVERY`], each
+/// one's `state`, read from its slots workflow (the one count every replica shares, so the
+/// figures agree across workers and drop to zero when the queue drains, with no ask).
+pub(crate) async fn watch(client: Client, asked: Arc<Asked>, metrics: Metrics) {
+    let mut every = tokio::time::interval(WATCH_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        for endpoint in asked.recent() {
+            let id = slots_workflow_id(&endpoint);
+            let handle = client.get_workflow_handle::<RuntimeSlots>(id.clone());
+            let query = handle.query(RuntimeSlots::state, (), WorkflowQueryOptions::default());
+            match tokio::time::timeout(CALL_WITHIN, query).await {
+                Ok(Ok(view)) => {
+                    let waiting = waiting_by_priority(&view);
+                    metrics.slots(&endpoint, view.capacity, view.held, waiting);
+                }
+                Ok(Err(e)) => tracing::debug!(slots = %id, "the slots could not be read: {e}"),
+                Err(_) => tracing::debug!(slots = %id, "the slots did not answer in time"),
+            }
+        }
+    }
+}
+
+/// Cases waiting at each priority level, every level listed.
+fn waiting_by_priority(view: &SlotsView) -> Vec<(u32, u32)> {
+    (PRIORITY_RANGE)
+        .map(|level| {
+            let at_level = view.batches.iter().filter(|b| b.priority == level);
+            (level, at_level.map(|b| b.waiting).sum())
+        })
+        .collect()
 }
 
 /// Asks the slots of `ask`'s runtime for a slot.

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use temporalio_common::telemetry::HistogramBucketOverrides;
 use temporalio_common::telemetry::metrics::{
-    CoreMeter, Counter, HistogramDuration, MetricAttributes, MetricKeyValue, MetricParameters,
-    NewAttributes, NoOpCoreMeter, UpDownCounter,
+    CoreMeter, Counter, Gauge, HistogramDuration, MetricAttributes, MetricKeyValue,
+    MetricParameters, NewAttributes, NoOpCoreMeter, UpDownCounter,
 };
 
 /// casebatch's histograms, by the name they are created with: the exporter appends the unit
@@ -53,6 +53,9 @@ pub struct Metrics {
     temporal_actions: Counter,
     usage_tokens: Counter,
     usage_cost: Counter,
+    slots_capacity: Gauge,
+    slots_held: Gauge,
+    slots_waiting: Gauge,
 }
 
 /// How one attempt ended, as its `cleanup` (or the `settle` that closed it) recorded it.
@@ -142,6 +145,19 @@ impl Metrics {
                 ATTEMPT_DURATION,
                 "How long each attempt took, from its dispatch to its end, by outcome and runtime",
             )),
+            slots_capacity: meter.gauge(params(
+                "casebatch_slots_capacity",
+                "A shared runtime's slots (an agent's --max-concurrent), by endpoint, as its \
+                 slots workflow last said",
+            )),
+            slots_held: meter.gauge(params(
+                "casebatch_slots_held",
+                "A shared runtime's slots held by cases of any batch, by endpoint",
+            )),
+            slots_waiting: meter.gauge(params(
+                "casebatch_slots_waiting",
+                "Cases of any batch waiting for a shared runtime's slot, by endpoint and priority",
+            )),
             meter,
         }
     }
@@ -223,6 +239,26 @@ impl Metrics {
     pub fn stage(&self, stage: &'static str, took: Duration) {
         self.stage_duration
             .record(took, &self.attributes(&[("stage", stage)]));
+    }
+
+    /// A shared runtime's slots as its slots workflow answered: the same for every worker that
+    /// reads them (aggregate with `max`, not `sum`). `waiting`: cases per priority level,
+    /// every level given (zeros too, so a drained level reads 0).
+    pub fn slots(
+        &self,
+        endpoint: &str,
+        capacity: u32,
+        held: u32,
+        waiting: impl IntoIterator<Item = (u32, u32)>,
+    ) {
+        let at = self.attributes(&[("endpoint", endpoint)]);
+        self.slots_capacity.record(u64::from(capacity), &at);
+        self.slots_held.record(u64::from(held), &at);
+        for (priority, cases) in waiting {
+            let level = priority.to_string();
+            let at = self.attributes(&[("endpoint", endpoint), ("priority", &level)]);
+            self.slots_waiting.record(u64::from(cases), &at);
+        }
     }
 
     /// Counts a job as awaited until the returned guard is dropped.

@@ -375,3 +375,75 @@ fn a_worker_replica_and_the_agent_killed_while_a_hundred_cases_wait_lose_no_plac
         k1 * 100.0
     );
 }
+
+/// A worker serving metrics shows a shared agent's slots as its slots workflow counts them:
+/// its capacity, the slots held, the cases waiting at their priority (and none at the others),
+/// the same as `batch status`; and none waiting once the queue drains, with no ask since.
+#[test]
+fn a_shared_agent_s_waiting_cases_are_in_the_metrics_by_priority_until_they_drain() {
+    let sb = Sandbox::engine();
+    let agent = Agent::start(&sb, "box", &["--max-concurrent", "2"]);
+    let gated =
+        r#"while [ ! -e "$SANDBOX/go" ]; do sleep 0.05; done; echo '{}' > "$CASEBATCH_RESULT""#;
+    let mut m = manifest("queued", &agent, 6, 6, "  priority: 4\n");
+    m = m.replace(&SLEEP2.replace('\'', "''"), &gated.replace('\'', "''"));
+    let m = sb.write("queued.yaml", &m);
+    let mut runner = sb.spawn_batch_without_worker(&m, "run.log");
+    let addr_file = sb.path("metrics.addr");
+    let out = sb.out().display().to_string();
+    let mut worker = sb.spawn(
+        &[
+            "worker",
+            "--output-dir",
+            &out,
+            "--metrics-bind",
+            "127.0.0.1:0",
+            "--metrics-address-file",
+            addr_file.to_str().unwrap(),
+        ],
+        "worker.log",
+    );
+    wait_until(Duration::from_secs(60), "the worker listens", || {
+        addr_file.exists()
+    });
+    let port: u16 = (sb.read("metrics.addr").trim().rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap();
+    let endpoint = agent.endpoint();
+    let at = |priority: &'static str| [("endpoint", endpoint.as_str()), ("priority", priority)];
+    let scrape = || http_get(port, "/metrics").map(|r| r.1).unwrap_or_default();
+    let mut text = String::new();
+    wait_until(
+        Duration::from_secs(60),
+        "4 cases waiting at priority 4",
+        || {
+            text = scrape();
+            metric(&text, "casebatch_slots_waiting", &at("4")) == 4.0
+                && metric(&text, "casebatch_slots_held", &at("4")[..1]) == 2.0
+        },
+    );
+    assert_eq!(
+        metric(&text, "casebatch_slots_capacity", &at("4")[..1]),
+        2.0,
+        "{text}"
+    );
+    for other in ["1", "2", "3", "5"] {
+        assert_eq!(
+            metric(&text, "casebatch_slots_waiting", &at(other)),
+            0.0,
+            "priority {other}: {text}"
+        );
+    }
+    let share = &status(&sb, "queued")["status"]["shares"][0];
+    assert_eq!(share["waiting"], 4, "{share:#}");
+    assert_eq!(share["held"], 2, "{share:#}");
+
+    sb.write("go", "");
+    finish(&sb, &mut runner, "run");
+    wait_until(Duration::from_secs(30), "none waiting or held", || {
+        text = scrape();
+        metric(&text, "casebatch_slots_waiting", &at("4")) == 0.0
+            && metric(&text, "casebatch_slots_held", &at("4")[..1]) == 0.0
+    });
+    assert_eq!(stop(&mut worker), 0, "{}", sb.read("worker.log"));
+}

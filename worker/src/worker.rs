@@ -43,6 +43,8 @@ pub struct Workers {
     ready: Option<Readiness>,
     /// Told before shutdown begins, so waits cut short by it hand their jobs back.
     stopping: Stopping,
+    /// Keeps the shared runtimes' slots metrics while the process serves metrics.
+    slots_metrics: Option<std::pin::Pin<Box<dyn Future<Output = ()>>>>,
 }
 
 /// The SDK runtime workers run on. With `telemetry`, its worker metrics land there, beside
@@ -74,6 +76,13 @@ pub fn build_worker(
     let metrics = telemetry.map_or_else(Metrics::disabled, |t| t.metrics.clone());
     let stopping = Stopping::default();
     let build = WorkerDeploymentOptions::from_build_id(BUILD_ID.into());
+    let activities = CaseActivities::with_breakers(client.clone())
+        .with_metrics(metrics.clone())
+        .with_stopping(stopping.clone());
+    let slots_metrics = (telemetry.is_some())
+        .then(|| activities.slots_metrics())
+        .flatten()
+        .map(|watch| Box::pin(watch) as std::pin::Pin<Box<dyn Future<Output = ()>>>);
     let shared = WorkerOptions::new(TASK_QUEUE)
         .deployment_options(build.clone())
         .register_workflow::<BatchWorkflow>()?
@@ -81,11 +90,7 @@ pub fn build_worker(
         .register_workflow::<RatePacer>()?
         .register_workflow::<RuntimeSlots>()?
         // `start` runs here, and consults the runtimes' breakers through the client.
-        .register_activities(
-            CaseActivities::with_breakers(client.clone())
-                .with_metrics(metrics.clone())
-                .with_stopping(stopping.clone()),
-        )
+        .register_activities(activities)
         // A crashed worker's sticky queue is abandoned quickly.
         .sticky_queue_schedule_to_start_timeout(Duration::from_secs(3))
         .graceful_shutdown_period(Duration::from_secs(2))
@@ -109,6 +114,7 @@ pub fn build_worker(
         host: Worker::new(runtime, client, host)?,
         ready: telemetry.map(|t| t.ready.clone()),
         stopping,
+        slots_metrics,
     })
 }
 
@@ -165,7 +171,20 @@ where
     let stop_shared = workers.shared.shutdown_handle();
     let stop_host = workers.host.shutdown_handle();
     let (shared, host) = (workers.shared.run(), workers.host.run());
-    let run = async { tokio::join!(shared, host) };
+    let slots_metrics = workers.slots_metrics.take();
+    let run = async {
+        // The watch runs as long as the workers do: they end it.
+        let watch = async {
+            if let Some(watch) = slots_metrics {
+                watch.await;
+            }
+            std::future::pending::<std::convert::Infallible>().await
+        };
+        tokio::select! {
+            ran = async { tokio::join!(shared, host) } => ran,
+            never = watch => match never {},
+        }
+    };
     tokio::pin!(run);
     tokio::pin!(until);
     // Connected (the client is) and polling from here on, until shutdown begins.

@@ -39,6 +39,8 @@ pub struct CaseActivities {
     pub(crate) stopping: Stopping,
     /// The shared runtimes' capacities this worker learned (`ask_slot`).
     pub(crate) capacities: crate::slots::Capacities,
+    /// The shared runtimes this worker asked for slots ([`CaseActivities::slots_metrics`]).
+    pub(crate) asked: Arc<crate::slots::Asked>,
 }
 
 /// Whether this process's worker is shutting down. The SDK cancels the activities still
@@ -89,6 +91,17 @@ impl CaseActivities {
     /// The same, recording into `metrics`.
     pub fn with_metrics(self, metrics: Metrics) -> Self {
         Self { metrics, ..self }
+    }
+
+    /// What keeps the slots metrics of the shared runtimes these activities ask of (run it
+    /// beside the worker while it serves metrics); `None` without a client.
+    pub fn slots_metrics(&self) -> Option<impl std::future::Future<Output = ()> + use<>> {
+        let client = self.client.clone()?;
+        Some(crate::slots::watch(
+            client,
+            self.asked.clone(),
+            self.metrics.clone(),
+        ))
     }
 
     /// The same, handing jobs back once `stopping` is set.
