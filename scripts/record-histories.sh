@@ -553,3 +553,28 @@ if [ ! -f "$OUT/slots-shared.json" ] || [ -n "${FORCE:-}" ]; then
 fi
 kill "$SLOTS_AGENT" 2>/dev/null || true
 fi
+
+# 24. Backpressure: a batch whose agent's `queue_limit` (2) is reached waits to be admitted
+# (it asks the queue, sleeps, asks again), then runs once the other batch's gate opens.
+if [ "${STEP:-all}" = all ] || [ "${STEP:-}" = 24 ]; then
+LIMIT_DIR="$WORK/limit-agent"; mkdir -p "$LIMIT_DIR"
+"$BIN" agent --listen 127.0.0.1:0 --data-dir "$LIMIT_DIR" --max-concurrent 1 > "$WORK/limit-agent.log" 2>&1 & LIMIT_AGENT=$!
+for _ in $(seq 1 100); do [ -s "$LIMIT_DIR/agent.addr" ] && break; sleep 0.1; done
+for b in queue-first:'' queue-held:', queue_limit: 2'; do
+  cat > "$WORK/${b%%:*}.yaml" <<YAML
+batch_id: ${b%%:*}
+runtimes: {box: {kind: agent, endpoint: 'http://$(cat "$LIMIT_DIR/agent.addr")'${b#*:}}}
+defaults: {runtime: box, concurrency: 4, harness: 'while [ ! -e "$WORK/queue-gate" ]; do sleep 0.05; done; echo {} > "\$CASEBATCH_RESULT"'}
+tasks: [{task_id: q0}, {task_id: q1}, {task_id: q2}, {task_id: q3}]
+YAML
+done
+USER=ann cb batch run --manifest "$WORK/queue-first.yaml" --output-dir "$WORK/out" > "$WORK/queue-first.log" & OTHER=$!
+until cb batch status --batch-id queue-first --output-dir "$WORK/out" 2>/dev/null | grep -q "3 waiting"; do sleep 0.2; done
+USER=bob cb batch run --manifest "$WORK/queue-held.yaml" --output-dir "$WORK/out" > "$WORK/queue-held.log" & HELD=$!
+until cb batch status --batch-id queue-held --output-dir "$WORK/out" 2>/dev/null | grep -q "waiting to be admitted"; do sleep 0.2; done
+touch "$WORK/queue-gate"
+wait "$OTHER" "$HELD"
+for b in queue-first queue-held; do grep -q "4 succeeded" "$WORK/$b.log" || { cat "$WORK/$b.log"; exit 1; }; done
+show queue-held "" queue-limit-held
+kill "$LIMIT_AGENT" 2>/dev/null || true
+fi

@@ -102,6 +102,23 @@ impl CaseActivities {
             .map_err(unanswered)
     }
 
+    /// How many cases wait for each of these shared runtimes' slots (0 where no slots
+    /// workflow runs); an error, retried by the engine, when one cannot be read.
+    pub(crate) async fn slots_waiting_on(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        keys: Vec<String>,
+    ) -> Result<Vec<u32>, ActivityError> {
+        let _ctx = StageContext::new(ctx, &self.metrics);
+        let client = self.shared_client("shared runtimes")?;
+        let mut waiting = Vec::with_capacity(keys.len());
+        for key in &keys {
+            let view = crate::slots::read(client, key).await.map_err(unanswered)?;
+            waiting.push(view.map_or(0, |v| v.waiting));
+        }
+        Ok(waiting)
+    }
+
     /// Which batch runs holding slots have closed (for a shared runtime's slots).
     pub(crate) async fn closed_batch_runs(
         self: Arc<Self>,

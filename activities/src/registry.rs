@@ -103,6 +103,16 @@ impl CaseActivities {
         self.return_slot_of_case(ctx, slot).await
     }
 
+    /// How many cases wait for each of these shared runtimes' slots (`slots.rs`).
+    #[activity(definition = contracts::SlotsWaiting)]
+    pub async fn slots_waiting(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        keys: Vec<String>,
+    ) -> Result<Vec<u32>, ActivityError> {
+        self.slots_waiting_on(ctx, keys).await
+    }
+
     /// Which batch runs holding a shared runtime's slots have closed (`slots.rs`).
     #[activity(definition = contracts::ClosedRuns)]
     pub async fn closed_runs(

@@ -13,7 +13,7 @@ use casebatch_proto::share::{
 use casebatch_telemetry::Metrics;
 use casebatch_workflows::RuntimeSlots;
 use casebatch_workflows::fair_share::FairQueue;
-use temporalio_client::errors::WorkflowInteractionError;
+use temporalio_client::errors::{WorkflowInteractionError, WorkflowQueryError};
 use temporalio_client::{
     Client, UntypedWorkflow, WorkflowDescribeOptions, WorkflowExecutionStatus,
     WorkflowQueryOptions, WorkflowSignalOptions,
@@ -75,18 +75,33 @@ pub(crate) async fn watch(client: Client, asked: Arc<Asked>, metrics: Metrics) {
     loop {
         every.tick().await;
         for endpoint in asked.recent() {
-            let id = slots_workflow_id(&endpoint);
-            let handle = client.get_workflow_handle::<RuntimeSlots>(id.clone());
-            let query = handle.query(RuntimeSlots::state, (), WorkflowQueryOptions::default());
-            match tokio::time::timeout(CALL_WITHIN, query).await {
-                Ok(Ok(view)) => {
+            match read(&client, &endpoint).await {
+                Ok(Some(view)) => {
                     let waiting = waiting_by_priority(&view);
                     metrics.slots(&endpoint, view.capacity, view.held, waiting);
                 }
-                Ok(Err(e)) => tracing::debug!(slots = %id, "the slots could not be read: {e}"),
-                Err(_) => tracing::debug!(slots = %id, "the slots did not answer in time"),
+                Ok(None) => {
+                    metrics.slots(&endpoint, 0, 0, waiting_by_priority(&SlotsView::default()))
+                }
+                Err(why) => tracing::debug!("{why}"),
             }
         }
+    }
+}
+
+/// The slots of the runtime keyed `key`, as their workflow counts them; `None` when none
+/// runs (never asked, or ended idle).
+pub(crate) async fn read(client: &Client, key: &str) -> Result<Option<SlotsView>, String> {
+    let id = slots_workflow_id(key);
+    let handle = client.get_workflow_handle::<RuntimeSlots>(id.clone());
+    let query = handle.query(RuntimeSlots::state, (), WorkflowQueryOptions::default());
+    match tokio::time::timeout(CALL_WITHIN, query).await {
+        Ok(Ok(view)) => Ok(Some(view)),
+        Ok(Err(WorkflowQueryError::NotFound(_))) => Ok(None),
+        Ok(Err(e)) => Err(format!("the slots {id} could not be read: {e}")),
+        Err(_) => Err(format!(
+            "the slots {id} did not answer within {CALL_WITHIN:?}"
+        )),
     }
 }
 

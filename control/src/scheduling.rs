@@ -53,6 +53,7 @@ pub(crate) fn shares(plan: &Plan, user: String) -> Option<ShareInput> {
             Some(SharedRuntime {
                 name: name.clone(),
                 key: key.to_string(),
+                queue_limit: s.queue_limit,
             })
         })
         .collect();

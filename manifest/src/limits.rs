@@ -51,6 +51,8 @@ pub const BREAKER_FAILURES_RANGE: RangeInclusive<u64> = 1..=100;
 pub const BREAKER_COOLDOWN_S_RANGE: RangeInclusive<u64> = 1..=3600;
 /// An agent's `unreachable_grace_s`: how long a worker retries it while it is unreachable.
 pub const UNREACHABLE_GRACE_S_RANGE: RangeInclusive<u64> = 1..=600;
+/// An agent's `queue_limit`: cases waiting for its slots past which new batches wait.
+pub const QUEUE_LIMIT_RANGE: RangeInclusive<u64> = 1..=100_000;
 
 /// Largest `resources.memory_mb`: 1 TiB. Converted to bytes (`* 1024 * 1024`) and doubled by
 /// OOM boosts, which must not overflow.
@@ -115,6 +117,7 @@ pub(crate) fn expected_of_field(field: &str) -> Option<String> {
         "breaker_failures" => whole(&BREAKER_FAILURES_RANGE, ""),
         "breaker_cooldown_s" => whole(&BREAKER_COOLDOWN_S_RANGE, " of seconds"),
         "unreachable_grace_s" => whole(&UNREACHABLE_GRACE_S_RANGE, " of seconds"),
+        "queue_limit" => whole(&QUEUE_LIMIT_RANGE, " of waiting cases"),
         _ => return None,
     })
 }

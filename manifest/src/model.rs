@@ -360,6 +360,12 @@ pub struct RuntimeSpec {
     #[schemars(range(min = 1, max = 600))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unreachable_grace_s: Option<u64>,
+    /// `agent` only: a new batch waits to be admitted (it is not refused) while this many
+    /// cases or more, of every batch, wait for the agent's slots (1..=100000; default: no
+    /// limit).
+    #[schemars(range(min = 1, max = 100000))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_limit: Option<u32>,
     /// `slurm` only: the partition jobs are submitted to (default: the cluster's default).
     #[schemars(pattern(r"^[A-Za-z0-9_.-]+$"))]
     #[serde(default, skip_serializing_if = "Option::is_none")]

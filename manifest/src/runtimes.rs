@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::limits::{
     BREAKER_COOLDOWN_S_RANGE as BREAKER_COOLDOWN_S, BREAKER_FAILURES_RANGE as BREAKER_FAILURES,
-    CONCURRENCY_RANGE, MAX_MEMORY_MB, MAX_RUNTIME_NAME_LEN,
+    CONCURRENCY_RANGE, MAX_MEMORY_MB, MAX_RUNTIME_NAME_LEN, QUEUE_LIMIT_RANGE as QUEUE_LIMIT,
     UNREACHABLE_GRACE_S_RANGE as UNREACHABLE_GRACE_S,
 };
 use crate::model::{BUILT_IN, RuntimeKind, RuntimeSpec};
@@ -35,6 +35,7 @@ pub(crate) const ENTRY_FIELDS: &[&str] = &[
     "breaker_failures",
     "breaker_cooldown_s",
     "unreachable_grace_s",
+    "queue_limit",
     "partition",
     "account",
     "qos",
@@ -278,6 +279,7 @@ fn entry(value: &Value, path: &FieldPath, base: &Path, r: &mut Report) -> Option
     let breaker_failures: Option<u32> = o.opt("breaker_failures", r);
     let breaker_cooldown_s: Option<u64> = o.opt("breaker_cooldown_s", r);
     let unreachable_grace_s: Option<u64> = o.opt("unreachable_grace_s", r);
+    let queue_limit: Option<u32> = o.opt("queue_limit", r);
     let settings = [
         (
             "breaker_failures",
@@ -296,6 +298,12 @@ fn entry(value: &Value, path: &FieldPath, base: &Path, r: &mut Report) -> Option
             unreachable_grace_s,
             UNREACHABLE_GRACE_S,
             "the seconds a worker keeps retrying the unreachable agent",
+        ),
+        (
+            "queue_limit",
+            queue_limit.map(u64::from),
+            QUEUE_LIMIT,
+            "the waiting cases past which new batches wait to be admitted",
         ),
     ];
     for (field, value, range, fix) in settings {
@@ -353,6 +361,7 @@ fn entry(value: &Value, path: &FieldPath, base: &Path, r: &mut Report) -> Option
         ("token_file", token_file.is_some()),
         ("tls_ca", tls_ca.is_some()),
         ("unreachable_grace_s", unreachable_grace_s.is_some()),
+        ("queue_limit", queue_limit.is_some()),
     ];
     if kind != RuntimeKind::Agent {
         for (field, _) in agent_only.iter().filter(|(_, set)| *set) {
@@ -428,6 +437,7 @@ fn entry(value: &Value, path: &FieldPath, base: &Path, r: &mut Report) -> Option
         breaker_failures,
         breaker_cooldown_s,
         unreachable_grace_s,
+        queue_limit,
         partition,
         account,
         qos,

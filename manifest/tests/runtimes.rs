@@ -69,6 +69,7 @@ fn cases_carry_the_kind_and_the_table_name_and_built_ins_still_work() {
             breaker_failures: None,
             breaker_cooldown_s: None,
             unreachable_grace_s: None,
+            queue_limit: None,
             partition: None,
             account: None,
             qos: None,
@@ -623,17 +624,18 @@ fn envelopes_are_checked_and_a_case_that_could_never_fit_is_refused() {
 }
 
 #[test]
-fn breaker_settings_and_the_unreachable_grace_are_checked() {
+fn breaker_settings_the_unreachable_grace_and_the_queue_limit_are_checked() {
     let dir = workspace();
     let text = SPREAD.replace(
         r#"box-a: {kind: agent, endpoint: "http://127.0.0.1:7301"}"#,
-        r#"box-a: {kind: agent, endpoint: "http://127.0.0.1:7301", breaker_failures: 5, breaker_cooldown_s: 60, unreachable_grace_s: 4}"#,
+        r#"box-a: {kind: agent, endpoint: "http://127.0.0.1:7301", breaker_failures: 5, breaker_cooldown_s: 60, unreachable_grace_s: 4, queue_limit: 500}"#,
     );
     let plan = load(&write(dir.path(), "m.yaml", &text)).unwrap_or_else(|e| panic!("{e}"));
     let spec = &plan.runtimes["box-a"];
     assert_eq!(spec.breaker().failures, 5);
     assert_eq!(spec.breaker().cooldown_s, 60);
     assert_eq!(spec.unreachable_grace_s, Some(4));
+    assert_eq!(spec.queue_limit, Some(500));
     // Unset: the defaults docs/runtimes.md names.
     assert_eq!(plan.runtimes["box-b"].breaker().failures, 3);
     assert_eq!(plan.runtimes["box-b"].breaker().cooldown_s, 30);
@@ -656,6 +658,12 @@ fn breaker_settings_and_the_unreachable_grace_are_checked() {
             "unreachable_grace_s: 601",
             "unreachable_grace_s",
             "outside 1..=600",
+        ),
+        (
+            "queue_limit: 500",
+            "queue_limit: 0",
+            "queue_limit",
+            "outside 1..=100000",
         ),
     ] {
         let err = refuse("m.yaml", &text.replace(from, to));

@@ -112,6 +112,10 @@ pub struct SharedRuntime {
     pub name: String,
     /// What the slots workflow is keyed by: the agent's endpoint.
     pub key: String,
+    /// A batch starts nothing while this many cases or more wait for the runtime's slots
+    /// (the runtime's `queue_limit`): it waits to be admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_limit: Option<u32>,
 }
 
 /// `ask`: a ticket wants a slot on the runtime named `runtime`.

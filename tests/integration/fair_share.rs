@@ -13,12 +13,29 @@ use crate::support::*;
 /// `sleep 2`, its start and end recorded as `<batch> <case> s|e <uptime seconds>`.
 const SLEEP2: &str = r#"read up _ < /proc/uptime; echo "$CASEBATCH_BATCH_ID $CASEBATCH_CASE_ID s $up" >> "$SANDBOX/jobs.log"; sleep 2; read up _ < /proc/uptime; echo "$CASEBATCH_BATCH_ID $CASEBATCH_CASE_ID e $up" >> "$SANDBOX/jobs.log"; echo '{}' > "$CASEBATCH_RESULT""#;
 
+/// Like [`SLEEP2`], but each job runs until the file `go` exists.
+const GATED: &str = r#"read up _ < /proc/uptime; echo "$CASEBATCH_BATCH_ID $CASEBATCH_CASE_ID s $up" >> "$SANDBOX/jobs.log"; while [ ! -e "$SANDBOX/go" ]; do sleep 0.05; done; read up _ < /proc/uptime; echo "$CASEBATCH_BATCH_ID $CASEBATCH_CASE_ID e $up" >> "$SANDBOX/jobs.log"; echo '{}' > "$CASEBATCH_RESULT""#;
+
 fn manifest(batch: &str, agent: &Agent, cases: usize, width: usize, extra: &str) -> String {
+    manifest_of(batch, agent, "", cases, width, SLEEP2, extra)
+}
+
+/// A batch of `cases` running `harness` at `width` on the agent (its table entry followed by
+/// `on_box`, its `defaults` by `extra`).
+fn manifest_of(
+    batch: &str,
+    agent: &Agent,
+    on_box: &str,
+    cases: usize,
+    width: usize,
+    harness: &str,
+    extra: &str,
+) -> String {
     let mut m = format!(
-        "batch_id: {batch}\nruntimes:\n  box: {{kind: agent, endpoint: '{}'}}\n\
+        "batch_id: {batch}\nruntimes:\n  box: {{kind: agent, endpoint: '{}'{on_box}}}\n\
          defaults:\n  concurrency: {width}\n  runtime: box\n  pass_env: [SANDBOX]\n  harness: '{}'\n{extra}tasks:\n",
         agent.endpoint(),
-        SLEEP2.replace('\'', "''")
+        harness.replace('\'', "''")
     );
     for i in 0..cases {
         m.push_str(&format!("  - {{task_id: c{i}}}\n"));
@@ -117,6 +134,15 @@ fn status(sb: &Sandbox, batch: &str) -> serde_json::Value {
     let o = sb.op_with("status", batch, &["--json"]);
     assert_exit(&o, 0);
     serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// `status --json`, or `null` while the batch has no bundle yet.
+fn status_soon(sb: &Sandbox, batch: &str) -> serde_json::Value {
+    let o = sb.op_with("status", batch, &["--json"]);
+    (o.status.success())
+        .then(|| serde_json::from_slice(&o.stdout).ok())
+        .flatten()
+        .unwrap_or_default()
 }
 
 #[test]
@@ -383,10 +409,7 @@ fn a_worker_replica_and_the_agent_killed_while_a_hundred_cases_wait_lose_no_plac
 fn a_shared_agent_s_waiting_cases_are_in_the_metrics_by_priority_until_they_drain() {
     let sb = Sandbox::engine();
     let agent = Agent::start(&sb, "box", &["--max-concurrent", "2"]);
-    let gated =
-        r#"while [ ! -e "$SANDBOX/go" ]; do sleep 0.05; done; echo '{}' > "$CASEBATCH_RESULT""#;
-    let mut m = manifest("queued", &agent, 6, 6, "  priority: 4\n");
-    m = m.replace(&SLEEP2.replace('\'', "''"), &gated.replace('\'', "''"));
+    let m = manifest_of("queued", &agent, "", 6, 6, GATED, "  priority: 4\n");
     let m = sb.write("queued.yaml", &m);
     let mut runner = sb.spawn_batch_without_worker(&m, "run.log");
     let addr_file = sb.path("metrics.addr");
@@ -446,4 +469,58 @@ fn a_shared_agent_s_waiting_cases_are_in_the_metrics_by_priority_until_they_drai
             && metric(&text, "casebatch_slots_held", &at("4")[..1]) == 0.0
     });
     assert_eq!(stop(&mut worker), 0, "{}", sb.read("worker.log"));
+}
+
+/// Backpressure: while the agent's queue holds its `queue_limit` of waiting cases, a new batch
+/// starts nothing and says it waits to be admitted; once the queue is below the limit, it is
+/// admitted and runs to the end.
+#[test]
+fn a_new_batch_waits_to_be_admitted_while_the_agent_s_queue_is_at_its_limit() {
+    let sb = Sandbox::engine();
+    let agent = Agent::start(&sb, "box", &["--max-concurrent", "1"]);
+    // ann's 8 gated cases: one holds the agent's slot, 7 wait.
+    let ann = manifest_of("first", &agent, "", 8, 8, GATED, "");
+    let mut first = run_as(&sb, "ann", &ann, "first");
+    wait_until(Duration::from_secs(60), "7 of ann's cases waiting", || {
+        status_soon(&sb, "first")["status"]["shares"][0]["waiting"] == 7
+    });
+    let limited = manifest_of("second", &agent, ", queue_limit: 4", 2, 2, GATED, "");
+    let mut second = run_as(&sb, "bob", &limited, "second");
+    let says = |batch: &str, what: &str| {
+        status_soon(&sb, batch)["status"]["timeline"]
+            .to_string()
+            .contains(what)
+    };
+    let held = "waiting to be admitted: 7 cases wait for box's slots (its queue_limit is 4)";
+    wait_until(Duration::from_secs(60), "bob's batch held back", || {
+        says("second", held)
+    });
+    assert_eq!(starts_of(&sb, "second"), 0, "held back, it started nothing");
+    assert_eq!(
+        status(&sb, "second")["status"]["shares"][0]["waiting"],
+        0,
+        "nor did it ask for a slot"
+    );
+
+    sb.write("go", "");
+    finish(&sb, &mut first, "first");
+    finish(&sb, &mut second, "second");
+    assert!(says(
+        "second",
+        "admitted: the queues are below their limits"
+    ));
+    // Admitted once fewer than 4 waited: at least 4 more of ann's cases had been granted the
+    // one slot, so 4 of ann's jobs had ended before bob's first began.
+    let jobs = jobs(&sb);
+    let mut ann_ends: Vec<f64> = (jobs.iter().filter(|j| j.batch == "first"))
+        .map(|j| j.end)
+        .collect();
+    ann_ends.sort_by(f64::total_cmp);
+    let bob_first = (jobs.iter().filter(|j| j.batch == "second"))
+        .map(|j| j.start)
+        .fold(f64::MAX, f64::min);
+    assert!(
+        bob_first >= ann_ends[3],
+        "bob's first job began at {bob_first}, before ann's fourth ended ({ann_ends:?})"
+    );
 }

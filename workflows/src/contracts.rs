@@ -105,6 +105,12 @@ contract!(
     ReturnSlot, "casebatch.return_slot", HeldSlot => ()
 );
 contract!(
+    /// How many cases of every batch wait for each of these shared runtimes' slots (by
+    /// slots key; 0 where no slots workflow runs): a new batch with a `queue_limit` asks
+    /// before it admits a case. Runs on any worker.
+    SlotsWaiting, "casebatch.slots_waiting", Vec<String> => Vec<u32>
+);
+contract!(
     /// Which of these batch runs (workflow id, run id) have closed: a runtime's slots
     /// workflow frees what they held without giving it back.
     ClosedRuns, "casebatch.closed_runs", Vec<(String, String)> => Vec<(String, String)>

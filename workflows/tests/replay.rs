@@ -47,6 +47,8 @@ const EXPECTED: &[&str] = &[
     "activities-prepared-ahead.json",
     "activities-prepared-cancelled.json",
     "activities-prepared-drained.json",
+    // A batch held back by its agent's `queue_limit`, then admitted.
+    "activities-queue-limit-held.json",
     // Rate-limited attempts waiting on timers (the `rate-limit-rules` patch).
     "activities-rate-limited.json",
     "activities-resumed.json",

@@ -261,6 +261,7 @@ mod tests {
             breaker_failures: None,
             breaker_cooldown_s: None,
             unreachable_grace_s: None,
+            queue_limit: None,
             partition: None,
             account: None,
             qos: None,

@@ -52,6 +52,7 @@ fn env(root: &std::path::Path, endpoint: &str, token_file: Option<String>) -> At
         breaker_failures: None,
         breaker_cooldown_s: None,
         unreachable_grace_s: None,
+        queue_limit: None,
         partition: None,
         account: None,
         qos: None,

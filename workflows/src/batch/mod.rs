@@ -16,6 +16,7 @@
 //!            └─ every case terminal ────────────────→ end: Completed
 //! ```
 
+mod queue_limit;
 mod run;
 mod state;
 

@@ -57,6 +57,8 @@ type Timer = LocalBoxFuture<'static, ()>;
 
 pub(super) async fn run(ctx: &Ctx) -> WorkflowResult<BatchOutcome> {
     let mut run = Run::begin(ctx);
+    // A new batch behind a shared runtime's full queue waits here to be admitted.
+    super::queue_limit::wait_for_room(ctx).await;
     loop {
         // What this pass decides on: controls arriving while it awaits act on the next.
         let (phase, seen) = ctx.state(|s| (s.lifecycle, s.shared.wakeups));
