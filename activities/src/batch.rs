@@ -95,11 +95,23 @@ impl CaseActivities {
         ctx: ActivityContext,
         slot: HeldSlot,
     ) -> Result<(), ActivityError> {
+        if ctx.info().attempt <= 1 {
+            self.record_slot_wait(&slot);
+        }
         let _ctx = StageContext::new(ctx, &self.metrics);
         let client = self.shared_client("shared runtimes")?;
         crate::slots::give_back(client, slot)
             .await
             .map_err(unanswered)
+    }
+
+    /// Records how long the slot's case waited for it, if the slot carries its wait (the
+    /// first activity to get the slot: `settle`, else the batch's return of it).
+    pub(crate) fn record_slot_wait(&self, slot: &HeldSlot) {
+        if let Some(w) = &slot.wait {
+            let waited = std::time::Duration::from_millis(w.waited_ms);
+            self.metrics.slot_wait(&w.endpoint, w.priority, waited);
+        }
     }
 
     /// How many cases wait for each of these shared runtimes' slots (0 where no slots

@@ -45,6 +45,21 @@ pub struct Ticket {
 pub struct HeldSlot {
     pub slots_workflow_id: String,
     pub ticket: Ticket,
+    /// How long the ticket waited for the slot, for the first activity that gets the slot to
+    /// record (then dropped, so no other records it again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<SlotWait>,
+}
+
+/// A ticket's wait for its slot, from its ask to its grant, on the engine's clock (workflow
+/// time, as Temporal's own timers keep).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct SlotWait {
+    /// The slots' key: the agent's endpoint.
+    pub endpoint: String,
+    /// The priority the ticket asked at.
+    pub priority: u32,
+    pub waited_ms: u64,
 }
 
 /// How a batch shares: its user (the owner), its priority level and its weight.

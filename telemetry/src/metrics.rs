@@ -14,6 +14,7 @@ use temporalio_common::telemetry::metrics::{
 /// (`casebatch_stage_duration_seconds`).
 const STAGE_DURATION: &str = "casebatch_stage_duration";
 const ATTEMPT_DURATION: &str = "casebatch_attempt_duration";
+const SLOT_WAIT: &str = "casebatch_slot_wait";
 /// The SDK's histogram of how long an activity ran: a `settle` lasts as long as its harness.
 const ACTIVITY_EXECUTION_LATENCY: &str = "activity_execution_latency";
 
@@ -28,10 +29,15 @@ pub const DURATION_BUCKETS: [f64; 18] = [
 /// The exporter's buckets for the histograms above (matched as a part of the metric's name).
 pub(crate) fn bucket_overrides() -> HistogramBucketOverrides {
     HistogramBucketOverrides {
-        overrides: [STAGE_DURATION, ATTEMPT_DURATION, ACTIVITY_EXECUTION_LATENCY]
-            .into_iter()
-            .map(|name| (name.to_string(), DURATION_BUCKETS.to_vec()))
-            .collect(),
+        overrides: [
+            STAGE_DURATION,
+            ATTEMPT_DURATION,
+            SLOT_WAIT,
+            ACTIVITY_EXECUTION_LATENCY,
+        ]
+        .into_iter()
+        .map(|name| (name.to_string(), DURATION_BUCKETS.to_vec()))
+        .collect(),
     }
 }
 
@@ -56,6 +62,7 @@ pub struct Metrics {
     slots_capacity: Gauge,
     slots_held: Gauge,
     slots_waiting: Gauge,
+    slot_wait: HistogramDuration,
 }
 
 /// How one attempt ended, as its `cleanup` (or the `settle` that closed it) recorded it.
@@ -153,6 +160,11 @@ impl Metrics {
             slots_held: meter.gauge(params(
                 "casebatch_slots_held",
                 "A shared runtime's slots held by cases of any batch, by endpoint",
+            )),
+            slot_wait: meter.histogram_duration(params(
+                SLOT_WAIT,
+                "How long each case waited for a shared runtime's slot, from its ask to its \
+                 grant, by endpoint and priority",
             )),
             slots_waiting: meter.gauge(params(
                 "casebatch_slots_waiting",
@@ -259,6 +271,14 @@ impl Metrics {
             let at = self.attributes(&[("endpoint", endpoint), ("priority", &level)]);
             self.slots_waiting.record(u64::from(cases), &at);
         }
+    }
+
+    /// A case waited `waited` for its slot on the shared runtime at `endpoint`. Call once per
+    /// grant.
+    pub fn slot_wait(&self, endpoint: &str, priority: u32, waited: Duration) {
+        let level = priority.to_string();
+        let at = self.attributes(&[("endpoint", endpoint), ("priority", &level)]);
+        self.slot_wait.record(waited, &at);
     }
 
     /// Counts a job as awaited until the returned guard is dropped.

@@ -885,7 +885,13 @@ fn a_runtime_left_dead_fails_no_case_and_only_probes_try_it_once_its_circuit_ope
     assert_exit(&sb.run_batch(&sb.write("up.yaml", &up)), 0);
     let both_up = began.elapsed();
 
+    // Left dead: its endpoint now a port that refuses every connection.
     b.kill();
+    let dead = DeadPort::new();
+    let (down, probed) = (
+        down.replace(&b.endpoint(), &dead.endpoint()),
+        probed.replace(&b.endpoint(), &dead.endpoint()),
+    );
     let began = std::time::Instant::now();
     let o = sb.run_batch(&sb.write("down.yaml", &down));
     let one_down = began.elapsed();

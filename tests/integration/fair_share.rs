@@ -404,7 +404,9 @@ fn a_worker_replica_and_the_agent_killed_while_a_hundred_cases_wait_lose_no_plac
 
 /// A worker serving metrics shows a shared agent's slots as its slots workflow counts them:
 /// its capacity, the slots held, the cases waiting at their priority (and none at the others),
-/// the same as `batch status`; and none waiting once the queue drains, with no ask since.
+/// the same as `batch status`; and none waiting once the queue drains, with no ask since. How
+/// long each case waited for its slot is a histogram: the four that waited for the gate
+/// waited at least as long as the test held it.
 #[test]
 fn a_shared_agent_s_waiting_cases_are_in_the_metrics_by_priority_until_they_drain() {
     let sb = Sandbox::engine();
@@ -457,10 +459,12 @@ fn a_shared_agent_s_waiting_cases_are_in_the_metrics_by_priority_until_they_drai
             "priority {other}: {text}"
         );
     }
+    let held_from = std::time::Instant::now();
     let share = &status(&sb, "queued")["status"]["shares"][0];
     assert_eq!(share["waiting"], 4, "{share:#}");
     assert_eq!(share["held"], 2, "{share:#}");
 
+    let held_for = held_from.elapsed().as_secs_f64();
     sb.write("go", "");
     finish(&sb, &mut runner, "run");
     wait_until(Duration::from_secs(30), "none waiting or held", || {
@@ -468,6 +472,28 @@ fn a_shared_agent_s_waiting_cases_are_in_the_metrics_by_priority_until_they_drai
         metric(&text, "casebatch_slots_waiting", &at("4")) == 0.0
             && metric(&text, "casebatch_slots_held", &at("4")[..1]) == 0.0
     });
+    let waits = |what: &str| {
+        metric(
+            &text,
+            &format!("casebatch_slot_wait_seconds_{what}"),
+            &at("4"),
+        )
+    };
+    assert_eq!(waits("count"), 6.0, "every case waited once: {text}");
+    let quick = metric(
+        &text,
+        "casebatch_slot_wait_seconds_bucket",
+        &[
+            ("endpoint", endpoint.as_str()),
+            ("priority", "4"),
+            ("le", "2.5"),
+        ],
+    );
+    assert!(quick >= 2.0, "the first two were granted at once: {text}");
+    assert!(
+        waits("sum") >= 4.0 * held_for * 0.9,
+        "four cases waited through the {held_for:.1}s the gate was held: {text}"
+    );
     assert_eq!(stop(&mut worker), 0, "{}", sb.read("worker.log"));
 }
 
@@ -481,11 +507,23 @@ fn a_new_batch_waits_to_be_admitted_while_the_agent_s_queue_is_at_its_limit() {
     // ann's 8 gated cases: one holds the agent's slot, 7 wait.
     let ann = manifest_of("first", &agent, "", 8, 8, GATED, "");
     let mut first = run_as(&sb, "ann", &ann, "first");
+    // `status` is asked once the runner has started its batch's workflow: asked while the
+    // runner was starting it, it once did not return (4 runs of this test side by side).
+    let started = |batch: &str| {
+        sb.read(&format!("{batch}.log"))
+            .contains(&format!("workflow casebatch-{batch}"))
+    };
+    wait_until(Duration::from_secs(60), "ann's batch started", || {
+        started("first")
+    });
     wait_until(Duration::from_secs(60), "7 of ann's cases waiting", || {
         status_soon(&sb, "first")["status"]["shares"][0]["waiting"] == 7
     });
     let limited = manifest_of("second", &agent, ", queue_limit: 4", 2, 2, GATED, "");
     let mut second = run_as(&sb, "bob", &limited, "second");
+    wait_until(Duration::from_secs(60), "bob's batch started", || {
+        started("second")
+    });
     let says = |batch: &str, what: &str| {
         status_soon(&sb, batch)["status"]["timeline"]
             .to_string()

@@ -281,6 +281,42 @@ pub fn stop(child: &mut Child) -> i32 {
     wait_child(child, Duration::from_secs(30))
 }
 
+/// A loopback port held bound and never listening, for a runtime that is dead: a connection
+/// to it is refused, and no server another test starts can take it while this lives (one
+/// did take a killed agent's port, and answered for the dead runtime).
+pub struct DeadPort {
+    _socket: std::os::fd::OwnedFd,
+    port: u16,
+}
+
+impl DeadPort {
+    pub fn new() -> Self {
+        use nix::sys::socket::{
+            AddressFamily, SockFlag, SockType, SockaddrIn, bind, getsockname, socket,
+        };
+        use std::os::fd::AsRawFd;
+        let socket = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        bind(socket.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0)).unwrap();
+        let port = getsockname::<SockaddrIn>(socket.as_raw_fd())
+            .unwrap()
+            .port();
+        Self {
+            _socket: socket,
+            port,
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
 /// A loopback port nothing listens on (yet).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

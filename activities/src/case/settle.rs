@@ -36,9 +36,13 @@ impl CaseActivities {
         ctx: ActivityContext,
         input: SettleInput,
     ) -> Result<Settled, ActivityError> {
+        let first_try = ctx.info().attempt <= 1;
         let ctx = StageContext::new(ctx, &self.metrics);
         let began = Instant::now();
         let env = self.env(&input.key)?;
+        if first_try && let Some(slot) = &input.slot {
+            self.record_slot_wait(slot);
+        }
         let span = attempt_span(&env);
         async move {
             let mut timings = ctx.timings();

@@ -275,11 +275,14 @@ async fn run_attempt<H: Host>(
         slot: slot.as_ref().map(slot::Slot::held),
     };
     let (mut attempt, job, mut job_may_exist) = stages.start(key).await;
+    // A `settle` records the slot's wait; else the batch's return of the slot does.
+    let settling = job.is_some();
     if let Some(job) = job {
         stages.settle(&mut attempt, job).await;
         job_may_exist = true;
     }
-    let given_back = slot.map(|s| slot::give_back(ctx, s, true, attempt.slot_returned));
+    let given_back =
+        slot.map(|s| slot::give_back(ctx, s.recorded(settling), true, attempt.slot_returned));
     let end = stages.close(attempt, job_may_exist, spent).await;
     if let Some(given_back) = given_back {
         given_back.await;

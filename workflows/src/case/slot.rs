@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use casebatch_proto::AttemptKey;
-use casebatch_proto::share::{AskSlotInput, HeldSlot, SlotAsk, Ticket, slots_workflow_id};
+use casebatch_proto::share::{
+    AskSlotInput, HeldSlot, SlotAsk, SlotWait, Ticket, slots_workflow_id,
+};
 use futures::future::LocalBoxFuture;
 use temporalio_sdk::{
     ActivityOptions, SignalWorkflowOptions, WorkflowCancellationToken, WorkflowContext,
@@ -21,9 +23,13 @@ use crate::shared::{Host, cost, note, workflow_ms};
 pub(super) struct Slot {
     runtime: usize,
     slots_id: String,
+    /// The slots' key (the agent's endpoint).
+    endpoint: String,
     ticket: Ticket,
     /// Given back by an activity (this run keeps [`super::params::SLOT_RETURNS_BY_ACTIVITY`]).
     by_activity: bool,
+    /// How long it waited, until an activity that gets the slot has recorded it.
+    wait: Option<SlotWait>,
 }
 
 impl Slot {
@@ -31,7 +37,24 @@ impl Slot {
         HeldSlot {
             slots_workflow_id: self.slots_id.clone(),
             ticket: self.ticket.clone(),
+            wait: self.wait.clone(),
         }
+    }
+
+    /// The same, its wait recorded already (by the `settle` that got the slot).
+    pub(super) fn recorded(self, recorded: bool) -> Self {
+        let wait = self.wait.filter(|_| !recorded);
+        Self { wait, ..self }
+    }
+
+    /// Granted now: it waited since `asked_at` (workflow time).
+    fn granted<H: Host>(mut self, ctx: &WorkflowContext<H>, asked_at: u64, priority: u32) -> Self {
+        self.wait = Some(SlotWait {
+            endpoint: self.endpoint.clone(),
+            priority,
+            waited_ms: workflow_ms(ctx).saturating_sub(asked_at),
+        });
+        self
     }
 }
 
@@ -61,9 +84,12 @@ pub(super) async fn acquire<H: Host>(
     let slot = Slot {
         runtime,
         slots_id: slots_workflow_id(&shared.key),
+        endpoint: shared.key.clone(),
         ticket: ticket.clone(),
         by_activity,
+        wait: None,
     };
+    let (priority, asked_at) = (share.priority, workflow_ms(ctx));
     let name = shared.name.clone();
     let mut ask = AskSlotInput {
         bundle_dir: key.bundle_dir.clone(),
@@ -92,7 +118,7 @@ pub(super) async fn acquire<H: Host>(
     };
     ctx.state_mut(|s| with_shares(s, |sh| sh.answered(runtime, &answer)));
     if answer.granted {
-        return Some(slot);
+        return Some(slot.granted(ctx, asked_at, priority));
     }
     let now = workflow_ms(ctx);
     if let Some(Turn::HeldBack) = ctx.state_mut(|s| with_shares(s, |sh| sh.waits(runtime, now))) {
@@ -151,7 +177,7 @@ pub(super) async fn acquire<H: Host>(
         let _ = give_back(ctx, slot, false, false).await;
         return None;
     }
-    Some(slot)
+    Some(slot.granted(ctx, asked_at, priority))
 }
 
 /// The `ask_slot` activity for the attempt (`again`: how many times it asked before).
